@@ -1,0 +1,310 @@
+#!/usr/bin/env python3
+"""Build a kernelhost guest image for one template: kernel, initramfs, read-only erofs root.
+
+    python3 guest-image/build.py [--image-dir DIR] [--force] TEMPLATE...
+
+Output goes to ``DIR/<template>-<key>/`` (``vmlinuz``, ``initrd.img``, ``rootfs.erofs``,
+``manifest.json``) and ``DIR/<template>`` is a symlink to the newest build. ``key`` hashes every
+input (this directory, the channel codec, the template's package list, the host's apt sources
+and architecture), so an unchanged template is never rebuilt. ``DIR`` defaults to
+``$KERNELHOST_IMAGE_DIR`` or ``/var/cache/kernelhost/images``.
+
+Stages: rootfs (mmdebstrap from the host's apt sources) -> kernel (the distribution's cloud
+kernel, taken out of that rootfs) -> overlay (agent, codec, init, kernelspec) -> erofs ->
+initramfs (static busybox + the virtio/erofs/overlay modules in dependency order).
+
+Standard library only: it runs before the project's virtualenv exists.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import lzma
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+CODEC = REPO / "kernelhost" / "channel" / "codec.py"
+DEFAULT_IMAGE_DIR = "/var/cache/kernelhost/images"
+
+BASE_PACKAGES = [
+    "python3", "python3-ipykernel", "python3-jupyter-client", "python3-zmq", "python3-msgpack",
+    "busybox", "tini",
+]
+KERNEL_PACKAGE = "linux-image-cloud-amd64"
+# Loaded by the initramfs; their dependencies are added and ordered from modules.dep.
+INITRAMFS_MODULES = [
+    "virtio_pci", "virtio_mmio", "virtio_blk", "virtio_console", "virtio_rng", "erofs", "overlay",
+]
+EXCLUDED_PATHS = [
+    "/usr/share/man/*", "/usr/share/doc/*", "/usr/share/info/*", "/usr/share/locale/*",
+    "/usr/share/lintian/*", "/usr/share/bug/*",
+]
+
+
+def log(msg: str) -> None:
+    print(f"[image {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def run(cmd: list[str], **kw) -> subprocess.CompletedProcess:
+    return subprocess.run(cmd, check=True, **kw)
+
+
+def load_templates() -> dict:
+    return json.loads((HERE / "templates.json").read_text())
+
+
+def codename() -> str:
+    for line in Path("/etc/os-release").read_text().splitlines():
+        if line.startswith("VERSION_CODENAME="):
+            return line.split("=", 1)[1].strip('"')
+    raise SystemExit("cannot tell the distribution's codename from /etc/os-release")
+
+
+def host_sources(suite: str) -> tuple[str, str]:
+    """The host's enabled apt sources for ``suite`` (deb822 text, one-line text)."""
+    stanzas, lines = [], []
+    sources_d = Path("/etc/apt/sources.list.d")
+    for path in sorted(sources_d.glob("*.sources")) if sources_d.is_dir() else []:
+        for stanza in path.read_text().split("\n\n"):
+            body = [ln for ln in stanza.splitlines() if ln.strip() and not ln.startswith("#")]
+            fields = {ln.split(":", 1)[0].strip().lower(): ln.split(":", 1)[1].strip()
+                      for ln in body if ":" in ln and not ln.startswith((" ", "\t"))}
+            if "deb" not in fields.get("types", "").split():
+                continue
+            if fields.get("enabled", "yes").lower() == "no":
+                continue
+            if not any(s.split("-")[0] == suite for s in fields.get("suites", "").split()):
+                continue
+            stanzas.append("\n".join(body))
+    list_files = [Path("/etc/apt/sources.list")]
+    list_files += sorted(sources_d.glob("*.list")) if sources_d.is_dir() else []
+    for path in list_files:
+        if not path.is_file():
+            continue
+        for ln in path.read_text().splitlines():
+            words = ln.split()
+            if words and words[0] == "deb" and any(w.split("-")[0] == suite for w in words[1:]):
+                lines.append(ln)
+    if not stanzas and not lines:
+        raise SystemExit(f"no enabled apt source for '{suite}' on this host; configure apt first")
+    return "\n\n".join(stanzas) + ("\n" if stanzas else ""), "\n".join(lines) + ("\n" if lines else "")
+
+
+def image_key(template: str, spec: dict, sources: tuple[str, str]) -> str:
+    h = hashlib.sha256()
+    inputs = sorted(p for p in HERE.rglob("*") if p.is_file() and "__pycache__" not in p.parts)
+    for path in [*inputs, CODEC]:
+        h.update(str(path.relative_to(REPO)).encode() + b"\0" + path.read_bytes() + b"\0")
+    h.update(json.dumps([template, spec, sources, platform.machine()], sort_keys=True).encode())
+    return h.hexdigest()[:16]
+
+
+def build_rootfs(root: Path, packages: list[str], suite: str, sources: tuple[str, str],
+                 work: Path) -> None:
+    mirrors = []
+    if sources[0]:
+        (work / "host.sources").write_text(sources[0])
+        mirrors.append(str(work / "host.sources"))
+    if sources[1]:
+        (work / "host.list").write_text(sources[1])
+        mirrors.append(str(work / "host.list"))
+    cmd = [
+        "mmdebstrap", "--variant=essential", "--mode=root", "--format=directory",
+        "--aptopt=APT::Install-Recommends \"false\"",
+        "--include=" + ",".join([*BASE_PACKAGES, KERNEL_PACKAGE, *packages]),
+        *[f"--dpkgopt=path-exclude={p}" for p in EXCLUDED_PATHS],
+        "--dpkgopt=path-include=/usr/share/doc/*/copyright",
+        suite, str(root), *mirrors,
+    ]
+    log("rootfs: mmdebstrap " + ", ".join([*BASE_PACKAGES, KERNEL_PACKAGE, *packages]))
+    run(cmd, stdout=subprocess.DEVNULL)
+
+
+def take_kernel(root: Path, out: Path) -> tuple[str, Path]:
+    kernels = sorted((root / "boot").glob("vmlinuz-*"))
+    if not kernels:
+        raise SystemExit(f"{KERNEL_PACKAGE} did not install a kernel into {root}/boot")
+    version = kernels[-1].name.removeprefix("vmlinuz-")
+    shutil.copy2(kernels[-1], out / "vmlinuz")
+    modules = out.parent / "modules"
+    shutil.copytree(root / "lib" / "modules" / version, modules, symlinks=True)
+    for path in [root / "boot", root / "lib" / "modules"]:
+        shutil.rmtree(path)
+        path.mkdir()
+    log(f"kernel: {version}")
+    return version, modules
+
+
+def install_overlay(root: Path) -> None:
+    opt = root / "opt" / "kernelhost"
+    opt.mkdir(parents=True, exist_ok=True)
+    shutil.copy2(HERE / "agent" / "kernelhost_agent.py", opt / "kernelhost_agent.py")
+    shutil.copy2(HERE / "agent" / "launch_kernel.py", opt / "launch_kernel.py")
+    shutil.copy2(CODEC, opt / "codec.py")
+    spec_dir = root / "usr" / "local" / "share" / "jupyter" / "kernels" / "kernelhost"
+    spec_dir.mkdir(parents=True, exist_ok=True)
+    (spec_dir / "kernel.json").write_text(json.dumps({
+        "argv": ["/usr/bin/python3", "/opt/kernelhost/launch_kernel.py", "-f", "{connection_file}"],
+        "display_name": "Python 3 (kernelhost)", "language": "python",
+        "interrupt_mode": "signal", "metadata": {"debugger": False},
+    }, indent=1))
+    init = root / "sbin" / "kernelhost-init"
+    shutil.copy2(HERE / "rootfs-init", init)
+    init.chmod(0o755)
+    (root / "home" / "user").mkdir(parents=True, exist_ok=True)
+    (root / "etc" / "hostname").write_text("sandbox\n")
+    (root / "etc" / "hosts").write_text("127.0.0.1 localhost sandbox\n::1 localhost\n")
+    run(["chroot", str(root), "python3", "-m", "compileall", "-q", "/opt/kernelhost"])
+
+
+def module_order(modules: Path, wanted: list[str]) -> list[str]:
+    """Module files (relative to ``modules``) for ``wanted`` and their deps, deps first."""
+    deps: dict[str, list[str]] = {}
+    by_name: dict[str, str] = {}
+    for line in (modules / "modules.dep").read_text().splitlines():
+        mod, _, rest = line.partition(":")
+        deps[mod] = rest.split()
+        name = Path(mod).name.split(".ko")[0].replace("-", "_")
+        by_name[name] = mod
+    builtin = (modules / "modules.builtin").read_text() if (modules / "modules.builtin").exists() else ""
+    builtin_names = {Path(ln).name.split(".ko")[0].replace("-", "_") for ln in builtin.split()}
+    order: list[str] = []
+
+    def visit(mod: str) -> None:
+        if mod in order:
+            return
+        for dep in deps.get(mod, []):
+            visit(dep)
+        order.append(mod)
+
+    for name in wanted:
+        if name in by_name:
+            visit(by_name[name])
+        elif name not in builtin_names:
+            raise SystemExit(f"kernel module {name!r} is neither a module nor built in")
+    return order
+
+
+def build_initramfs(modules: Path, out: Path, work: Path) -> list[str]:
+    tree = work / "initramfs"
+    (tree / "bin").mkdir(parents=True)
+    (tree / "modules").mkdir()
+    busybox = shutil.which("busybox") or "/bin/busybox"
+    shutil.copy2(busybox, tree / "bin" / "busybox")
+    shutil.copy2(HERE / "init", tree / "init")
+    (tree / "init").chmod(0o755)
+    names = []
+    for mod in module_order(modules, INITRAMFS_MODULES):
+        src = modules / mod
+        name = Path(mod).name
+        data = src.read_bytes()
+        if name.endswith(".xz"):
+            data, name = lzma.decompress(data), name[:-3]
+        elif name.endswith(".zst"):
+            data = run(["zstd", "-dc", str(src)], capture_output=True).stdout
+            name = name[:-4]
+        (tree / "modules" / name).write_bytes(data)
+        names.append(name)
+    (tree / "modules.order").write_text("\n".join(names) + "\n")
+    files = run(["find", ".", "-mindepth", "1"], cwd=tree, capture_output=True, text=True).stdout
+    cpio = run(["cpio", "-o", "-H", "newc", "--quiet"], cwd=tree, input=files.encode(),
+               capture_output=True).stdout
+    run(["gzip", "-9"], input=cpio, stdout=open(out / "initrd.img", "wb"))
+    log(f"initramfs: busybox + {len(names)} modules")
+    return names
+
+
+def build(template: str, spec: dict, image_dir: Path, force: bool) -> Path:
+    suite = codename()
+    sources = host_sources(suite)
+    key = image_key(template, spec, sources)
+    final = image_dir / f"{template}-{key}"
+    link = image_dir / template
+    if (final / "manifest.json").exists() and not force:
+        log(f"{template}: up to date ({final})")
+        _point(link, final)
+        return final
+    image_dir.mkdir(parents=True, exist_ok=True)
+    os.chmod(image_dir, 0o755)
+    t0 = time.monotonic()
+    work = Path(tempfile.mkdtemp(prefix=f".build-{template}-", dir=image_dir))
+    try:
+        out = work / "out"
+        out.mkdir()
+        root = work / "rootfs"
+        build_rootfs(root, list(spec.get("packages", [])), suite, sources, work)
+        kernel_version, modules = take_kernel(root, out)
+        log("overlay: agent, codec, init, kernelspec")
+        install_overlay(root)
+        log("rootfs: packing erofs (lz4hc)")
+        run(["mkfs.erofs", "-zlz4hc", "--quiet", str(out / "rootfs.erofs"), str(root)],
+            stdout=subprocess.DEVNULL)
+        build_initramfs(modules, out, work)
+        packages = run(["chroot", str(root), "dpkg-query", "-W", "-f=${Package} ${Version}\\n"],
+                       capture_output=True, text=True).stdout.split("\n")
+        manifest = {
+            "template": template, "key": key, "description": spec.get("description", ""),
+            "kernel_version": kernel_version, "suite": suite, "arch": platform.machine(),
+            "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "build_seconds": round(time.monotonic() - t0, 1),
+            "sizes": {p.name: p.stat().st_size for p in out.iterdir()},
+            "packages": [p for p in packages if p],
+        }
+        (out / "manifest.json").write_text(json.dumps(manifest, indent=1))
+        for p in out.iterdir():
+            p.chmod(0o644)
+        out.chmod(0o755)
+        if final.exists():
+            shutil.rmtree(final)
+        out.rename(final)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    _point(link, final)
+    sizes = ", ".join(f"{k} {v / 2**20:.1f} MiB" for k, v in manifest["sizes"].items())
+    log(f"{template}: built in {manifest['build_seconds']} s -> {final} ({sizes})")
+    return final
+
+
+def _point(link: Path, target: Path) -> None:
+    tmp = link.with_name(f".{link.name}.tmp")
+    if tmp.is_symlink() or tmp.exists():
+        tmp.unlink()
+    tmp.symlink_to(target.name)
+    tmp.replace(link)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("templates", nargs="*", help="templates to build (default: all)")
+    parser.add_argument("--image-dir", default=os.environ.get("KERNELHOST_IMAGE_DIR", DEFAULT_IMAGE_DIR))
+    parser.add_argument("--force", action="store_true", help="rebuild even if up to date")
+    parser.add_argument("--print-path", action="store_true", help="print image dirs, build nothing")
+    args = parser.parse_args()
+    templates = load_templates()
+    names = args.templates or list(templates)
+    unknown = [n for n in names if n not in templates]
+    if unknown:
+        raise SystemExit(f"unknown template(s) {', '.join(unknown)}; valid: {', '.join(templates)}")
+    if args.print_path:
+        suite = codename()
+        for n in names:
+            print(Path(args.image_dir) / f"{n}-{image_key(n, templates[n], host_sources(suite))}")
+        return
+    if os.geteuid() != 0:
+        raise SystemExit("building a guest image needs root (mmdebstrap --mode=root, chroot)")
+    for n in names:
+        build(n, templates[n], Path(args.image_dir), args.force)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

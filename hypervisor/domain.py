@@ -1,0 +1,98 @@
+"""Domain XML for a kernelhost VM: direct kernel boot, shared read-only root, one channel."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from xml.sax.saxutils import escape, quoteattr
+
+CHANNEL_NAME = "org.kernelhost.0"
+METADATA_NS = "urn:kernelhost:domain:1"
+
+
+@dataclass(frozen=True)
+class DomainSpec:
+    """Everything that makes one VM; ``to_xml`` renders it for libvirt."""
+
+    name: str
+    uuid: str
+    kernel: Path
+    initrd: Path
+    rootfs: Path
+    channel_socket: Path
+    console_log: Path
+    memory_mib: int = 512
+    vcpus: int = 1
+    accel: str = "tcg"  # "tcg" or "kvm"
+    writable_size: str = "50%"  # size of the tmpfs that holds the guest's writable layer
+    cmdline_extra: str = ""
+    metadata: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.accel not in ("tcg", "kvm"):
+            raise ValueError(f"accel must be 'tcg' or 'kvm', got {self.accel!r}")
+        if self.memory_mib < 128:
+            raise ValueError(f"memory_mib must be at least 128, got {self.memory_mib}")
+        if not 1 <= self.vcpus <= 64:
+            raise ValueError(f"vcpus must be between 1 and 64, got {self.vcpus}")
+        if len(str(self.channel_socket)) > 100:
+            raise ValueError(
+                f"channel socket path {self.channel_socket} is longer than a UNIX socket allows; "
+                "choose a shorter run_dir"
+            )
+
+    @property
+    def cmdline(self) -> str:
+        parts = [
+            "console=ttyS0", "quiet", "loglevel=3", "panic=-1", "mitigations=off",
+            f"kh.upper_size={self.writable_size}",
+        ]
+        if self.cmdline_extra:
+            parts.append(self.cmdline_extra)
+        return " ".join(parts)
+
+    def to_xml(self) -> str:
+        dtype = "kvm" if self.accel == "kvm" else "qemu"
+        cpu = "<cpu mode='host-passthrough'/>" if self.accel == "kvm" else ""
+        meta = "".join(f" {k}={quoteattr(str(v))}" for k, v in sorted(self.metadata.items()))
+        return f"""<domain type='{dtype}' xmlns:qemu='http://libvirt.org/schemas/domain/qemu/1.0'>
+  <name>{escape(self.name)}</name>
+  <uuid>{escape(self.uuid)}</uuid>
+  <metadata><kh:vm xmlns:kh='{METADATA_NS}'{meta}/></metadata>
+  <memory unit='MiB'>{self.memory_mib}</memory>
+  <vcpu>{self.vcpus}</vcpu>
+  <os>
+    <type arch='x86_64' machine='pc'>hvm</type>
+    <kernel>{escape(str(self.kernel))}</kernel>
+    <initrd>{escape(str(self.initrd))}</initrd>
+    <cmdline>{escape(self.cmdline)}</cmdline>
+  </os>
+  {cpu}
+  <features><acpi/></features>
+  <clock offset='utc'/>
+  <on_poweroff>destroy</on_poweroff>
+  <on_reboot>destroy</on_reboot>
+  <on_crash>destroy</on_crash>
+  <devices>
+    <disk type='file' device='disk'>
+      <driver name='qemu' type='raw'/>
+      <source file={quoteattr(str(self.rootfs))}/>
+      <target dev='vda' bus='virtio'/>
+      <readonly/>
+      <shareable/>
+    </disk>
+    <controller type='virtio-serial' index='0'/>
+    <channel type='unix'>
+      <source mode='bind' path={quoteattr(str(self.channel_socket))}/>
+      <target type='virtio' name='{CHANNEL_NAME}'/>
+    </channel>
+    <serial type='file'>
+      <source path={quoteattr(str(self.console_log))}/>
+      <target port='0'/>
+    </serial>
+    <rng model='virtio'><backend model='random'>/dev/urandom</backend></rng>
+    <memballoon model='none'/>
+  </devices>
+  <qemu:capabilities><qemu:del capability='cpu-unavailable-features'/></qemu:capabilities>
+</domain>
+"""

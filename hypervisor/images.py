@@ -1,0 +1,55 @@
+"""Built guest images: ``<image_dir>/<template>`` links to ``<template>-<key>/`` (see guest-image/)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from .errors import ImageNotFound
+
+
+@dataclass(frozen=True)
+class GuestImage:
+    template: str
+    path: Path
+    manifest: dict[str, Any]
+
+    @property
+    def kernel(self) -> Path:
+        return self.path / "vmlinuz"
+
+    @property
+    def initrd(self) -> Path:
+        return self.path / "initrd.img"
+
+    @property
+    def rootfs(self) -> Path:
+        return self.path / "rootfs.erofs"
+
+    @property
+    def key(self) -> str:
+        return str(self.manifest.get("key", self.path.name))
+
+
+class ImageStore:
+    """Looks up built images; never builds (that is ``make image``'s job)."""
+
+    def __init__(self, image_dir: Path) -> None:
+        self.image_dir = Path(image_dir)
+
+    def templates(self) -> list[str]:
+        if not self.image_dir.is_dir():
+            return []
+        return sorted(
+            p.name for p in self.image_dir.iterdir()
+            if p.is_symlink() and (p / "manifest.json").is_file()
+        )
+
+    def get(self, template: str) -> GuestImage:
+        link = self.image_dir / template
+        if "/" in template or template.startswith(".") or not (link / "manifest.json").is_file():
+            raise ImageNotFound(template, str(self.image_dir), self.templates())
+        path = link.resolve()
+        return GuestImage(template, path, json.loads((path / "manifest.json").read_text()))

@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Install everything kernelhost needs on a Debian/Ubuntu host: the distribution's
+# packages (QEMU, libvirt, image tools) and a Python virtualenv with the project.
+# Idempotent: a second run installs nothing new.
+set -eu -o pipefail
+
+APT_PACKAGES=(
+  qemu-system-x86 libvirt-daemon-system libvirt-daemon-driver-qemu libvirt-clients
+  libvirt-dev pkg-config gcc python3-dev python3-venv
+  mmdebstrap erofs-utils squashfs-tools busybox-static tini cpio zstd
+)
+VENV=${VENV:-.venv}
+PYTHON=${PYTHON:-python3}
+
+need_apt() {
+  local pkg
+  for pkg in "${APT_PACKAGES[@]}"; do
+    dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || return 0
+  done
+  return 1
+}
+
+install_apt() {
+  if need_apt; then
+    echo "==> installing distribution packages: ${APT_PACKAGES[*]}"
+    local sudo=""
+    [ "$(id -u)" -eq 0 ] || sudo="sudo"
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends \
+      "${APT_PACKAGES[@]}" >/dev/null
+  fi
+}
+
+install_venv() {
+  if [ ! -x "$VENV/bin/python" ]; then
+    echo "==> creating virtualenv $VENV"
+    "$PYTHON" -m venv "$VENV"
+  fi
+  local stamp="$VENV/.kernelhost-deps"
+  local want
+  want=$(cat setup.cfg pyproject.toml | sha256sum | cut -c1-16)
+  if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
+    echo "==> installing Python packages into $VENV"
+    "$VENV/bin/pip" install -q --upgrade pip
+    "$VENV/bin/pip" install -q -e '.[dev]'
+    echo "$want" >"$stamp"
+  fi
+}
+
+install_apt
+install_venv

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Start libvirt's daemons when no init system runs them (containers, CI machines without
+# systemd). On a host where libvirtd already answers, this does nothing.
+#
+# libvirtd runs under `tini -s`, a child subreaper: QEMU processes that libvirt double-forks are
+# reaped at once instead of by a slow PID 1 (destroy then takes ~0.2 s instead of ~2 s).
+set -eu -o pipefail
+
+URI=${KERNELHOST_LIBVIRT_URI:-qemu:///system}
+LOG_DIR=${KERNELHOST_LOG_DIR:-/var/log/kernelhost}
+
+answers() { timeout 10 virsh -c "$URI" version >/dev/null 2>&1; }
+
+# Without udev, /dev/kvm stays root-only (0600). libvirt then finds KVM "enabled when probed but
+# not available now" for its qemu user and re-probes every QEMU binary on each domain start
+# (about 9 s). Give it the group and mode udev gives it on a normal host (root:kvm 0660).
+if [ "$(id -u)" -eq 0 ] && [ -c /dev/kvm ] && getent group kvm >/dev/null; then
+  chgrp kvm /dev/kvm && chmod 0660 /dev/kvm
+fi
+if answers; then
+  exit 0
+fi
+if [ "$(id -u)" -ne 0 ]; then
+  echo "libvirtd is not running at $URI and starting it needs root: run 'sudo $0'" >&2
+  exit 1
+fi
+mkdir -p "$LOG_DIR" /run/libvirt
+if ! pgrep -x virtlogd >/dev/null; then
+  virtlogd -d
+fi
+if ! pgrep -x libvirtd >/dev/null; then
+  echo "==> starting libvirtd (log: $LOG_DIR/libvirtd.log)"
+  setsid tini -s -- libvirtd >>"$LOG_DIR/libvirtd.log" 2>&1 </dev/null &
+fi
+for _ in $(seq 1 100); do
+  if answers; then
+    exit 0
+  fi
+  sleep 0.2
+done
+echo "libvirtd did not answer at $URI within 20 s; see $LOG_DIR/libvirtd.log" >&2
+exit 1
