@@ -1,0 +1,32 @@
+"""libvirt/QEMU layer of kernelhost: domain XML, start, destroy, reconcile, acceleration probe.
+
+Knows nothing of Jupyter or HTTP; raises the errors of ``hypervisor.errors``.
+"""
+
+from .accel import choose_accel, probe_kvm
+from .domain import CHANNEL_NAME, DomainSpec
+from .errors import (
+    DomainNotFound,
+    DomainStartFailed,
+    HypervisorError,
+    ImageNotFound,
+    LibvirtUnavailable,
+)
+from .host import DomainInfo, Hypervisor
+from .images import GuestImage, ImageStore
+
+__all__ = [
+    "CHANNEL_NAME",
+    "DomainInfo",
+    "DomainNotFound",
+    "DomainSpec",
+    "DomainStartFailed",
+    "GuestImage",
+    "Hypervisor",
+    "HypervisorError",
+    "ImageNotFound",
+    "ImageStore",
+    "LibvirtUnavailable",
+    "choose_accel",
+    "probe_kvm",
+]

@@ -1,0 +1,226 @@
+"""One libvirt connection and the VMs kernelhost runs through it.
+
+Every domain is transient (``createXML``): destroying it removes it from libvirt. Domains are
+named ``<prefix><id>``; each has a directory ``<run_dir>/<name>/`` holding its channel socket and
+serial console log. ``destroy`` and ``reconcile`` remove both, so nothing outlives a VM.
+
+libvirt-python is blocking; the service calls these methods through ``asyncio.to_thread``.
+A libvirt connection is thread-safe.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import threading
+import time
+import uuid as uuidlib
+from dataclasses import dataclass
+from pathlib import Path
+from xml.etree import ElementTree
+
+import libvirt
+
+from .domain import METADATA_NS, DomainSpec
+from .errors import DomainNotFound, DomainStartFailed, LibvirtUnavailable
+from .images import GuestImage
+
+QEMU_USER = "libvirt-qemu"
+
+
+def _silence_libvirt(_ctx: object, _err: object) -> None:
+    """libvirt prints every error to stderr by default; they are raised as exceptions anyway."""
+
+
+libvirt.registerErrorHandler(_silence_libvirt, None)
+
+
+@dataclass(frozen=True)
+class DomainInfo:
+    name: str
+    uuid: str
+    running: bool
+    metadata: dict[str, str]
+
+
+class Hypervisor:
+    """Starts, lists and destroys kernelhost's domains on one libvirt connection."""
+
+    def __init__(self, uri: str, prefix: str, run_dir: Path) -> None:
+        if not prefix or not prefix.replace("-", "").isalnum():
+            raise ValueError(f"domain prefix must be alphanumeric (dashes allowed), got {prefix!r}")
+        self.uri = uri
+        self.prefix = prefix
+        self.run_dir = Path(run_dir)
+        self._conn: libvirt.virConnect | None = None
+        self._lock = threading.Lock()
+
+    # -- connection ----------------------------------------------------------------------------
+
+    @property
+    def conn(self) -> libvirt.virConnect:
+        with self._lock:
+            if self._conn is None or not self._alive(self._conn):
+                try:
+                    self._conn = libvirt.open(self.uri)
+                except libvirt.libvirtError as exc:
+                    raise LibvirtUnavailable(self.uri, str(exc)) from exc
+            return self._conn
+
+    @staticmethod
+    def _alive(conn: libvirt.virConnect) -> bool:
+        try:
+            return bool(conn.isAlive())
+        except libvirt.libvirtError:
+            return False
+
+    def close(self) -> None:
+        with self._lock:
+            if self._conn is not None:
+                with contextlib.suppress(libvirt.libvirtError):
+                    self._conn.close()
+                self._conn = None
+
+    def versions(self) -> dict[str, str]:
+        def fmt(v: int) -> str:
+            return f"{v // 1_000_000}.{v // 1000 % 1000}.{v % 1000}"
+
+        return {"libvirt": fmt(self.conn.getLibVersion()), "hypervisor": fmt(self.conn.getVersion())}
+
+    # -- files ---------------------------------------------------------------------------------
+
+    def vm_dir(self, name: str) -> Path:
+        return self.run_dir / name
+
+    def new_name(self) -> str:
+        return f"{self.prefix}{uuidlib.uuid4().hex[:12]}"
+
+    def spec_for(
+        self,
+        name: str,
+        image: GuestImage,
+        *,
+        accel: str,
+        memory_mib: int,
+        vcpus: int,
+        metadata: dict[str, str] | None = None,
+        cmdline_extra: str = "",
+    ) -> DomainSpec:
+        """A DomainSpec whose per-VM files live under ``vm_dir(name)``, created here."""
+        self._check_name(name)
+        vm_dir = self.vm_dir(name)
+        vm_dir.mkdir(parents=True, exist_ok=True)
+        _give_to_qemu(vm_dir)
+        return DomainSpec(
+            name=name,
+            uuid=str(uuidlib.uuid4()),
+            kernel=image.kernel,
+            initrd=image.initrd,
+            rootfs=image.rootfs,
+            channel_socket=vm_dir / "agent.sock",
+            console_log=vm_dir / "console.log",
+            memory_mib=memory_mib,
+            vcpus=vcpus,
+            accel=accel,
+            cmdline_extra=cmdline_extra,
+            metadata=dict(metadata or {}),
+        )
+
+    def _check_name(self, name: str) -> None:
+        if not name.startswith(self.prefix) or "/" in name or name in (".", ".."):
+            raise ValueError(f"domain name {name!r} does not start with prefix {self.prefix!r}")
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    def start(self, spec: DomainSpec) -> None:
+        """Create and start a transient domain."""
+        self._check_name(spec.name)
+        try:
+            self.conn.createXML(spec.to_xml(), 0)
+        except libvirt.libvirtError as exc:
+            self.cleanup_files(spec.name)
+            raise DomainStartFailed(spec.name, str(exc)) from exc
+
+    def is_running(self, name: str) -> bool:
+        try:
+            dom = self.conn.lookupByName(name)
+            return bool(dom.isActive())
+        except libvirt.libvirtError as exc:
+            if exc.get_error_code() == libvirt.VIR_ERR_NO_DOMAIN:
+                return False
+            raise
+
+    def destroy(self, name: str) -> bool:
+        """Destroy the domain and remove its files. Idempotent: False if it was already gone."""
+        self._check_name(name)
+        existed = False
+        try:
+            dom = self.conn.lookupByName(name)
+            existed = True
+            with contextlib.suppress(libvirt.libvirtError):
+                dom.destroy()
+            if dom.isPersistent():
+                dom.undefine()
+        except libvirt.libvirtError as exc:
+            if exc.get_error_code() != libvirt.VIR_ERR_NO_DOMAIN:
+                raise
+        self.cleanup_files(name)
+        return existed
+
+    def cleanup_files(self, name: str) -> None:
+        self._check_name(name)
+        shutil.rmtree(self.vm_dir(name), ignore_errors=True)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(f"/var/log/libvirt/qemu/{name}.log")
+
+    def domains(self) -> list[DomainInfo]:
+        """Every domain of this prefix that libvirt knows, running or not."""
+        out = []
+        for dom in self.conn.listAllDomains(0):
+            name = dom.name()
+            if not name.startswith(self.prefix):
+                continue
+            try:
+                raw = dom.metadata(libvirt.VIR_DOMAIN_METADATA_ELEMENT, METADATA_NS, 0)
+                meta = dict(ElementTree.fromstring(raw).attrib)
+            except (libvirt.libvirtError, ElementTree.ParseError):
+                meta = {}
+            out.append(DomainInfo(name, dom.UUIDString(), bool(dom.isActive()), meta))
+        return out
+
+    def reconcile(self, keep: set[str]) -> list[str]:
+        """Destroy every domain of our prefix not in ``keep``, and every stray VM directory."""
+        removed = []
+        for info in self.domains():
+            if info.name not in keep:
+                self.destroy(info.name)
+                removed.append(info.name)
+        if self.run_dir.is_dir():
+            for path in self.run_dir.iterdir():
+                if path.name.startswith(self.prefix) and path.name not in keep:
+                    self.cleanup_files(path.name)
+                    if path.name not in removed:
+                        removed.append(path.name)
+        return removed
+
+    def wait_gone(self, name: str, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if not self.is_running(name):
+                return True
+            time.sleep(0.05)
+        return False
+
+
+def _give_to_qemu(path: Path) -> None:
+    """QEMU runs as libvirt's unprivileged user and writes the console log in ``path``."""
+    try:
+        import pwd
+
+        pw = pwd.getpwnam(QEMU_USER)
+    except KeyError:
+        return
+    with contextlib.suppress(PermissionError):
+        os.chown(path, pw.pw_uid, pw.pw_gid)
+    path.chmod(0o750)

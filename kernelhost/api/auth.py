@@ -1,0 +1,56 @@
+"""API keys: from settings (``KERNELHOST_API_KEYS`` or the config file), else a development key
+generated at first start and kept in the state directory."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+from dataclasses import dataclass
+
+from ..config import Settings
+from ..sandboxes import key_id, new_api_key
+
+
+@dataclass(frozen=True)
+class KeyRing:
+    digests: dict[str, str]  # key_id -> sha256 hex of the key
+    dev_key: str | None = None  # set when the development key is in use
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> KeyRing:
+        keys = list(settings.api_keys)
+        dev_key = None
+        if not keys:
+            dev_key = load_or_create_dev_key(settings)
+            keys = [dev_key]
+        return cls({key_id(k): _digest(k) for k in keys}, dev_key)
+
+    def identify(self, presented: str) -> str | None:
+        """The key id of a presented key, or None. Constant-time per configured key."""
+        digest = _digest(presented)
+        found = None
+        for kid, want in self.digests.items():
+            if hmac.compare_digest(digest, want):
+                found = kid
+        return found
+
+
+def _digest(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+def load_or_create_dev_key(settings: Settings) -> str:
+    path = settings.dev_key_file
+    try:
+        key = path.read_text().strip()
+        if key:
+            return key
+    except FileNotFoundError:
+        pass
+    path.parent.mkdir(parents=True, exist_ok=True)
+    key = new_api_key()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(key + "\n")
+    return key

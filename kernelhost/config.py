@@ -1,0 +1,136 @@
+"""Service settings: read once at start-up from the environment and an optional TOML file.
+
+Precedence: ``KERNELHOST_*`` environment variables, then the config file (``KERNELHOST_CONFIG``,
+else ``/etc/kernelhost/config.toml`` if it exists), then the defaults below. docs/configuration.md
+lists every setting.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+DEFAULT_CONFIG_FILE = Path("/etc/kernelhost/config.toml")
+
+
+class ConfigError(ValueError):
+    """A setting has a value that cannot be used."""
+
+
+def _default_state_dir() -> Path:
+    if os.geteuid() == 0:
+        return Path("/var/lib/kernelhost")
+    return Path(os.environ.get("XDG_STATE_HOME", Path.home() / ".local/state")) / "kernelhost"
+
+
+@dataclass(frozen=True)
+class Settings:
+    host: str = "127.0.0.1"
+    port: int = 8999
+    state_dir: Path = field(default_factory=_default_state_dir)
+    run_dir: Path = Path("/run/kernelhost/vms")
+    image_dir: Path = Path("/var/cache/kernelhost/images")
+    libvirt_uri: str = "qemu:///system"
+    domain_prefix: str = "kh-"
+    accel: str = "auto"
+    vm_memory_mib: int = 512
+    vm_vcpus: int = 1
+    boot_timeout: float = 120.0
+    max_concurrent_boots: int = 2
+    default_idle_timeout: int = 600
+    max_idle_timeout: int = 7 * 24 * 3600
+    reaper_interval: float = 10.0
+    interrupt_grace: float = 5.0
+    max_frame_bytes: int = 64 * 1024 * 1024
+    max_code_bytes: int = 4 * 1024 * 1024
+    api_keys: tuple[str, ...] = ()
+    log_format: str = "auto"  # auto | json | console
+    log_level: str = "info"
+
+    @property
+    def db_path(self) -> Path:
+        return self.state_dir / "kernelhost.sqlite3"
+
+    @property
+    def dev_key_file(self) -> Path:
+        return self.state_dir / "dev-api-key"
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    @classmethod
+    def load(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
+        env = os.environ if environ is None else environ
+        values: dict[str, Any] = {}
+        config_file = env.get("KERNELHOST_CONFIG")
+        path = Path(config_file) if config_file else DEFAULT_CONFIG_FILE
+        if config_file or path.exists():
+            values.update(_read_toml(path))
+        for f in dataclasses.fields(cls):
+            key = f"KERNELHOST_{f.name.upper()}"
+            if key in env:
+                values[f.name] = env[key]
+        values.update(overrides)
+        return cls._coerce(values, source=str(path))
+
+    @classmethod
+    def _coerce(cls, values: dict[str, Any], source: str) -> Settings:
+        kwargs: dict[str, Any] = {}
+        types = {f.name: f.type for f in dataclasses.fields(cls)}
+        for name, raw in values.items():
+            if name not in types:
+                raise ConfigError(f"unknown setting {name!r} in {source}; see docs/configuration.md")
+            kind = types[name]
+            try:
+                if kind == "int":
+                    kwargs[name] = int(raw)
+                elif kind == "float":
+                    kwargs[name] = float(raw)
+                elif kind == "Path":
+                    kwargs[name] = Path(raw).expanduser()
+                elif kind == "tuple[str, ...]":
+                    items = raw.split(",") if isinstance(raw, str) else list(raw)
+                    kwargs[name] = tuple(k.strip() for k in items if k.strip())
+                else:
+                    kwargs[name] = str(raw)
+            except (TypeError, ValueError):
+                raise ConfigError(
+                    f"setting {name} (KERNELHOST_{name.upper()}) has value {raw!r}, "
+                    f"which is not a valid {kind}"
+                ) from None
+        settings = cls(**kwargs)
+        settings.validate()
+        return settings
+
+    def validate(self) -> None:
+        if self.accel not in ("auto", "kvm", "tcg"):
+            raise ConfigError(f"accel has value {self.accel!r}; use auto, kvm or tcg")
+        if self.log_format not in ("auto", "json", "console"):
+            raise ConfigError(f"log_format has value {self.log_format!r}; use auto, json or console")
+        if not 1 <= self.port <= 65535:
+            raise ConfigError(f"port has value {self.port}; use 1-65535")
+        if self.vm_memory_mib < 256:
+            raise ConfigError(f"vm_memory_mib has value {self.vm_memory_mib}; ipykernel needs >= 256")
+        for key in self.api_keys:
+            if len(key) < 16:
+                raise ConfigError("every API key must be at least 16 characters long")
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
+    try:
+        with path.open("rb") as f:
+            data = tomllib.load(f)
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path} (KERNELHOST_CONFIG) does not exist") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
+    section = data.get("kernelhost", data)
+    if not isinstance(section, dict):
+        raise ConfigError(f"config file {path}: [kernelhost] must be a table")
+    return dict(section)

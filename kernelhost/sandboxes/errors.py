@@ -1,0 +1,56 @@
+"""Errors of the sandbox layer; the API layer maps each to an HTTP status in one place.
+
+    SandboxError
+    ├── InvalidRequest          bad input (400)
+    │   └── UnknownTemplate     template not built or not defined (400), names the valid ones
+    ├── SandboxNotFound         absent, or owned by another key (404)
+    ├── SandboxNotRunning       dead or being deleted (409)
+    ├── CapacityExceeded        a limit was reached (429)
+    ├── BootFailed              the VM did not reach a ready kernel (503)
+    └── BackendUnavailable      libvirt cannot be reached (503)
+"""
+
+from __future__ import annotations
+
+
+class SandboxError(Exception):
+    code = "sandbox_error"
+
+    def __init__(self, message: str, **details: object) -> None:
+        super().__init__(message)
+        self.message = message
+        self.details = details
+
+
+class InvalidRequest(SandboxError):
+    code = "invalid_request"
+
+
+class UnknownTemplate(InvalidRequest):
+    code = "unknown_template"
+
+
+class SandboxNotFound(SandboxError):
+    code = "sandbox_not_found"
+
+    def __init__(self, sandbox_id: str) -> None:
+        super().__init__(
+            f"no sandbox {sandbox_id!r} for this API key; list yours with GET /v1/sandboxes",
+            sandbox_id=sandbox_id,
+        )
+
+
+class SandboxNotRunning(SandboxError):
+    code = "sandbox_not_running"
+
+
+class CapacityExceeded(SandboxError):
+    code = "capacity_exceeded"
+
+
+class BootFailed(SandboxError):
+    code = "boot_failed"
+
+
+class BackendUnavailable(SandboxError):
+    code = "backend_unavailable"
