@@ -51,8 +51,9 @@ class DomainSpec:
             parts.append(self.cmdline_extra)
         return " ".join(parts)
 
-    def to_xml(self) -> str:
-        dtype = "kvm" if self.accel == "kvm" else "qemu"
+    def to_xml(self, virt_type: str | None = None) -> str:
+        """Render the domain; ``virt_type`` overrides the libvirt type (``test`` for the test driver)."""
+        dtype = virt_type or ("kvm" if self.accel == "kvm" else "qemu")
         cpu = "<cpu mode='host-passthrough'/>" if self.accel == "kvm" else ""
         meta = "".join(f" {k}={quoteattr(str(v))}" for k, v in sorted(self.metadata.items()))
         return f"""<domain type='{dtype}' xmlns:qemu='http://libvirt.org/schemas/domain/qemu/1.0'>

@@ -137,7 +137,8 @@ class Hypervisor:
         """Create and start a transient domain."""
         self._check_name(spec.name)
         try:
-            self.conn.createXML(spec.to_xml(), 0)
+            virt_type = "test" if self.uri.startswith("test:") else None
+            self.conn.createXML(spec.to_xml(virt_type), 0)
         except libvirt.libvirtError as exc:
             self.cleanup_files(spec.name)
             raise DomainStartFailed(spec.name, str(exc)) from exc

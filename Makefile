@@ -1,0 +1,50 @@
+# kernelhost: `make serve` sets up and runs the service; `make test` runs the test suite.
+# Both install what is missing first (distribution packages, the virtualenv, the guest image)
+# and start libvirt's daemons when no init system runs them.
+
+VENV ?= .venv
+PY := $(VENV)/bin/python
+IMAGE_DIR ?= $(or $(KERNELHOST_IMAGE_DIR),/var/cache/kernelhost/images)
+PYTEST_ARGS ?=
+
+.PHONY: help deps image libvirt serve test test-unit test-vm lint fmt bench clean
+
+help:
+	@echo "make serve   install, build the guest image, start libvirt and the service"
+	@echo "make test    install, build, start libvirt, run unit + vm + clients tests"
+	@echo "make image   build (or reuse) the guest images in $(IMAGE_DIR)"
+	@echo "make lint    ruff + mypy;  make bench: benchmarks under bench/"
+
+deps:
+	@scripts/install-deps.sh
+
+image: deps
+	@python3 guest-image/build.py --image-dir $(IMAGE_DIR)
+
+libvirt: deps
+	@scripts/start-libvirt.sh
+
+serve: image libvirt
+	@KERNELHOST_IMAGE_DIR=$(IMAGE_DIR) $(VENV)/bin/kernelhost serve
+
+test: image libvirt
+	@KERNELHOST_IMAGE_DIR=$(IMAGE_DIR) $(PY) -m pytest -m "unit or vm or clients" $(PYTEST_ARGS)
+
+test-unit: deps
+	@$(PY) -m pytest -m unit $(PYTEST_ARGS)
+
+test-vm: image libvirt
+	@KERNELHOST_IMAGE_DIR=$(IMAGE_DIR) $(PY) -m pytest -m vm $(PYTEST_ARGS)
+
+lint: deps
+	@$(VENV)/bin/ruff check kernelhost hypervisor guest-image tests bench
+	@$(VENV)/bin/mypy
+
+fmt: deps
+	@$(VENV)/bin/ruff check --fix kernelhost hypervisor guest-image tests bench
+
+bench: image libvirt
+	@KERNELHOST_IMAGE_DIR=$(IMAGE_DIR) $(PY) bench/run.py
+
+clean:
+	rm -rf $(VENV) results .pytest_cache .mypy_cache .ruff_cache *.egg-info

@@ -1,0 +1,43 @@
+"""kernelhost: a self-hosted code interpreter whose sandboxes are VMs running Jupyter kernels.
+
+This package root exposes the client SDK only, and stays light: importing it loads neither the
+server (``kernelhost.api`` and friends) nor libvirt or jupyter_client.
+"""
+
+from kernelhost.client import (
+    APIError,
+    AsyncSandbox,
+    AuthenticationError,
+    ConflictError,
+    Execution,
+    ExecutionError,
+    InvalidRequestError,
+    KernelHostError,
+    KernelHostTimeout,
+    NotFoundError,
+    RateLimitError,
+    Result,
+    Sandbox,
+    SandboxInfo,
+    ServerError,
+    TransportError,
+)
+
+__all__ = [
+    "APIError",
+    "AsyncSandbox",
+    "AuthenticationError",
+    "ConflictError",
+    "Execution",
+    "ExecutionError",
+    "InvalidRequestError",
+    "KernelHostError",
+    "KernelHostTimeout",
+    "NotFoundError",
+    "RateLimitError",
+    "Result",
+    "Sandbox",
+    "SandboxInfo",
+    "ServerError",
+    "TransportError",
+]

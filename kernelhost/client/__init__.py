@@ -1,0 +1,46 @@
+"""The kernelhost Python SDK: create sandboxes and run code in them over the HTTP API.
+
+It speaks HTTP only and imports nothing of the server::
+
+    from kernelhost import Sandbox
+
+    with Sandbox() as sbx:
+        print(sbx.run_code("1 + 1").text)
+
+``AsyncSandbox`` is the asyncio original; ``Sandbox`` is derived from it.
+"""
+
+from kernelhost.client._exceptions import (
+    APIError,
+    AuthenticationError,
+    ConflictError,
+    InvalidRequestError,
+    KernelHostError,
+    KernelHostTimeout,
+    NotFoundError,
+    RateLimitError,
+    ServerError,
+    TransportError,
+)
+from kernelhost.client._models import Execution, ExecutionError, Result, SandboxInfo
+from kernelhost.client._sandbox import AsyncSandbox
+from kernelhost.client._sync import Sandbox
+
+__all__ = [
+    "APIError",
+    "AsyncSandbox",
+    "AuthenticationError",
+    "ConflictError",
+    "Execution",
+    "ExecutionError",
+    "InvalidRequestError",
+    "KernelHostError",
+    "KernelHostTimeout",
+    "NotFoundError",
+    "RateLimitError",
+    "Result",
+    "Sandbox",
+    "SandboxInfo",
+    "ServerError",
+    "TransportError",
+]

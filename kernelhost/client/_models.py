@@ -1,0 +1,191 @@
+"""Values returned by the SDK: sandbox records and the outcome of running code.
+
+Each class has a ``from_wire`` constructor that reads the server's JSON. Readers are lenient
+about *extra* keys (newer servers may add some) and strict about keys that the contract
+requires, which raise ``TransportError`` naming the key.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from kernelhost.client._exceptions import TransportError
+
+__all__ = ["Execution", "ExecutionError", "Result", "SandboxInfo"]
+
+
+def _require(obj: dict[str, Any], key: str, kind: str) -> Any:
+    if key not in obj:
+        raise TransportError(f"the server sent a {kind} without its {key!r} key: {obj!r:.300}")
+    return obj[key]
+
+
+def _optional_int(value: Any) -> int | None:
+    return None if value is None else int(value)
+
+
+def _parse_time(value: Any, key: str) -> datetime | None:
+    if value is None:
+        return None
+    text = str(value)
+    try:
+        # Python 3.10's fromisoformat does not accept a trailing "Z".
+        return datetime.fromisoformat(text[:-1] + "+00:00" if text.endswith("Z") else text)
+    except ValueError:
+        raise TransportError(
+            f"the server sent {key}={text!r}, which is not an ISO 8601 time"
+        ) from None
+
+
+@dataclass
+class SandboxInfo:
+    """A sandbox as the server describes it (``GET /v1/sandboxes/{id}``)."""
+
+    id: str
+    template: str
+    state: str
+    created_at: datetime | None = None
+    last_active_at: datetime | None = None
+    idle_timeout_seconds: int | None = None
+    accel: str | None = None
+    memory_mib: int | None = None
+    vcpus: int | None = None
+    metadata: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def from_wire(cls, obj: Any) -> SandboxInfo:
+        """Read a sandbox object from the server's JSON."""
+        if not isinstance(obj, dict):
+            raise TransportError(f"expected a sandbox object, the server sent {obj!r:.300}")
+        return cls(
+            id=str(_require(obj, "id", "sandbox object")),
+            template=str(obj.get("template", "")),
+            state=str(obj.get("state", "")),
+            created_at=_parse_time(obj.get("created_at"), "created_at"),
+            last_active_at=_parse_time(obj.get("last_active_at"), "last_active_at"),
+            idle_timeout_seconds=_optional_int(obj.get("idle_timeout_seconds")),
+            accel=obj.get("accel"),
+            memory_mib=_optional_int(obj.get("memory_mib")),
+            vcpus=_optional_int(obj.get("vcpus")),
+            metadata={str(k): str(v) for k, v in (obj.get("metadata") or {}).items()},
+        )
+
+
+@dataclass
+class Result:
+    """One rich output of an execution: a MIME bundle, as Jupyter sends it.
+
+    ``is_main_result`` is true for the value of the cell's last expression (Jupyter's
+    ``execute_result``) and false for anything shown with ``display()`` (``display_data``).
+    Binary formats (``png``, ``jpeg``) are base64 text, as in a notebook file.
+    """
+
+    data: dict[str, Any] = field(default_factory=dict)
+    metadata: dict[str, Any] = field(default_factory=dict)
+    is_main_result: bool = False
+
+    @classmethod
+    def from_wire(cls, event: dict[str, Any]) -> Result:
+        """Read a ``result`` event."""
+        data = event.get("data") or {}
+        metadata = event.get("metadata") or {}
+        if not isinstance(data, dict) or not isinstance(metadata, dict):
+            raise TransportError(f"the server sent a malformed result event: {event!r:.300}")
+        return cls(data=data, metadata=metadata, is_main_result=bool(event.get("is_main_result")))
+
+    def _get(self, mime: str) -> Any:
+        return self.data.get(mime)
+
+    @property
+    def text(self) -> str | None:
+        """The ``text/plain`` representation, or None."""
+        return self._get("text/plain")  # type: ignore[no-any-return]
+
+    @property
+    def html(self) -> str | None:
+        """The ``text/html`` representation, or None."""
+        return self._get("text/html")  # type: ignore[no-any-return]
+
+    @property
+    def markdown(self) -> str | None:
+        """The ``text/markdown`` representation, or None."""
+        return self._get("text/markdown")  # type: ignore[no-any-return]
+
+    @property
+    def svg(self) -> str | None:
+        """The ``image/svg+xml`` representation, or None."""
+        return self._get("image/svg+xml")  # type: ignore[no-any-return]
+
+    @property
+    def png(self) -> str | None:
+        """The ``image/png`` representation (base64 text), or None."""
+        return self._get("image/png")  # type: ignore[no-any-return]
+
+    @property
+    def jpeg(self) -> str | None:
+        """The ``image/jpeg`` representation (base64 text), or None."""
+        return self._get("image/jpeg")  # type: ignore[no-any-return]
+
+    @property
+    def json(self) -> Any:
+        """The ``application/json`` representation (already decoded), or None."""
+        return self._get("application/json")
+
+    def formats(self) -> list[str]:
+        """The MIME types this result carries, in the order the kernel sent them."""
+        return list(self.data)
+
+    def _repr_mimebundle_(
+        self, include: Any = None, exclude: Any = None
+    ) -> tuple[dict[str, Any], dict[str, Any]]:
+        # Lets a notebook display a Result from a sandbox as if it had been produced locally.
+        return self.data, self.metadata
+
+
+@dataclass
+class ExecutionError:
+    """An exception raised by the code that ran in the sandbox (not an SDK exception)."""
+
+    name: str
+    value: str
+    traceback: list[str] = field(default_factory=list)
+
+    @classmethod
+    def from_wire(cls, event: dict[str, Any]) -> ExecutionError:
+        """Read an ``error`` event."""
+        return cls(
+            name=str(event.get("name", "")),
+            value=str(event.get("value", "")),
+            traceback=[str(line) for line in event.get("traceback") or []],
+        )
+
+    def __str__(self) -> str:
+        return f"{self.name}: {self.value}"
+
+
+@dataclass
+class Execution:
+    """Everything one ``run_code`` call produced.
+
+    ``status`` is the server's verdict: ``"ok"``, ``"error"`` (the code raised; see
+    ``error``), ``"timeout"`` (the server stopped it after ``timeout`` seconds),
+    ``"interrupted"`` or ``"kernel_died"``.
+    """
+
+    stdout: str = ""
+    stderr: str = ""
+    results: list[Result] = field(default_factory=list)
+    error: ExecutionError | None = None
+    execution_count: int | None = None
+    duration_ms: float | None = None
+    status: str = "ok"
+
+    @property
+    def text(self) -> str | None:
+        """The ``text/plain`` of the main result (the cell's value), or None."""
+        for result in self.results:
+            if result.is_main_result:
+                return result.text
+        return None

@@ -1,0 +1,339 @@
+"""``AsyncSandbox``: the SDK's primary, asynchronous handle on one sandbox.
+
+The synchronous ``Sandbox`` (``_sync.py``) is derived from this class, so every public method
+here is the single source of both surfaces' behaviour and docstrings. Docstrings are therefore
+written without ``await``.
+"""
+
+from __future__ import annotations
+
+import builtins
+import enum
+import inspect
+from collections.abc import Callable, Mapping
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+from urllib.parse import quote
+
+from kernelhost.client._exceptions import KernelHostError, NotFoundError, TransportError
+from kernelhost.client._http import HTTPClient, resolve_config
+from kernelhost.client._models import Execution, ExecutionError, Result, SandboxInfo
+
+if TYPE_CHECKING:
+    from typing import Self  # Python 3.11+; annotations are never evaluated at runtime
+
+__all__ = ["AsyncSandbox", "OnError", "OnResult", "OnText"]
+
+#: Default deadline for creating a sandbox: a VM boots, which takes ~15 s on slow hosts.
+CREATE_TIMEOUT = 120.0
+#: Deadline for restarting the kernel.
+RESTART_TIMEOUT = 120.0
+#: Added to run_code's ``timeout`` for the HTTP deadline. The server enforces ``timeout``
+#: itself and then still has to stop the code and send the final event.
+EXECUTE_DEADLINE_MARGIN = 30.0
+
+#: Callback types. Each may be a plain function or a coroutine function.
+OnText = Callable[[str], object]
+OnResult = Callable[[Result], object]
+OnError = Callable[[ExecutionError], object]
+
+
+class _State(enum.Enum):
+    UNOPENED = "unopened"  # constructed; no sandbox exists on the server yet
+    OPEN = "open"  # attached to a live sandbox on the server
+    CLOSED = "closed"  # deleted (or failed to open); the HTTP session is released
+
+
+async def _notify(callback: Callable[[Any], object] | None, value: Any) -> None:
+    if callback is None:
+        return
+    outcome = callback(value)
+    if inspect.isawaitable(outcome):
+        await outcome
+
+
+def _not_created() -> KernelHostError:
+    return KernelHostError(
+        "this sandbox has not been created yet; use `async with AsyncSandbox(...)` "
+        "or `await AsyncSandbox.create(...)`"
+    )
+
+
+def _sandbox_path(sandbox_id: str, action: str = "") -> str:
+    path = f"/v1/sandboxes/{quote(sandbox_id, safe='')}"
+    return f"{path}/{action}" if action else path
+
+
+class AsyncSandbox:
+    """A sandbox: a VM on a kernelhost server running a Jupyter kernel that keeps its state.
+
+    Create one and close it when done::
+
+        async with AsyncSandbox() as sbx:          # creates on enter, deletes on exit
+            execution = await sbx.run_code("1 + 1")
+            print(execution.text)                  # "2"
+
+        sbx = await AsyncSandbox.create(template="python", idle_timeout_seconds=300)
+        try:
+            ...
+        finally:
+            await sbx.close()
+
+    ``url`` defaults to ``KERNELHOST_URL`` then ``http://127.0.0.1:8999``; ``api_key`` defaults
+    to ``KERNELHOST_API_KEY``. Constructing the object only checks this configuration; the
+    sandbox is created when the ``async with`` block is entered.
+    """
+
+    def __init__(
+        self,
+        template: str = "python",
+        idle_timeout_seconds: int | None = None,
+        metadata: Mapping[str, str] | None = None,
+        url: str | None = None,
+        api_key: str | None = None,
+        timeout: float = CREATE_TIMEOUT,
+    ) -> None:
+        for key, value in (metadata or {}).items():
+            if not isinstance(key, str) or not isinstance(value, str):
+                raise TypeError(
+                    f"metadata must map str to str; got {key!r}: {value!r}; convert it with str()"
+                )
+        self._template = template
+        self._idle_timeout_seconds = idle_timeout_seconds
+        self._metadata = dict(metadata or {})
+        self._create_timeout = timeout
+        self._http = HTTPClient(resolve_config(url, api_key))
+        self._state = _State.UNOPENED
+        self._info: SandboxInfo | None = None
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    @classmethod
+    async def create(
+        cls,
+        template: str = "python",
+        idle_timeout_seconds: int | None = None,
+        metadata: Mapping[str, str] | None = None,
+        url: str | None = None,
+        api_key: str | None = None,
+        timeout: float = CREATE_TIMEOUT,
+    ) -> AsyncSandbox:
+        """Create a sandbox on the server and return a handle to it.
+
+        ``template`` names the image to boot; ``idle_timeout_seconds`` lets the server delete the
+        sandbox after that long without activity (None: the server's default); ``metadata``
+        is stored with the sandbox. ``timeout`` bounds the whole creation, boot included.
+        """
+        sbx = cls(
+            template=template,
+            idle_timeout_seconds=idle_timeout_seconds,
+            metadata=metadata,
+            url=url,
+            api_key=api_key,
+            timeout=timeout,
+        )
+        await sbx._open()
+        return sbx
+
+    @classmethod
+    async def connect(
+        cls, sandbox_id: str, url: str | None = None, api_key: str | None = None
+    ) -> AsyncSandbox:
+        """Attach to an existing sandbox by id, checking with the server that it exists.
+
+        Raises ``NotFoundError`` if it does not (or belongs to another API key). Closing the
+        returned handle deletes the sandbox.
+        """
+        if not isinstance(sandbox_id, str) or not sandbox_id:
+            raise ValueError(
+                f"sandbox_id must be a sandbox's id such as 'sbx_...', got {sandbox_id!r}"
+            )
+        sbx = cls(url=url, api_key=api_key)
+        try:
+            sbx._info = SandboxInfo.from_wire(
+                await sbx._http.request("GET", _sandbox_path(sandbox_id))
+            )
+        except BaseException:
+            await sbx._discard()
+            raise
+        sbx._state = _State.OPEN
+        return sbx
+
+    async def _open(self) -> None:
+        if self._state is not _State.UNOPENED:
+            raise KernelHostError(f"{self!r} was already opened; a sandbox handle opens once")
+        body: dict[str, Any] = {"template": self._template, "metadata": self._metadata}
+        if self._idle_timeout_seconds is not None:
+            body["idle_timeout_seconds"] = self._idle_timeout_seconds
+        try:
+            created = await self._http.request(
+                "POST", "/v1/sandboxes", json_body=body, timeout=self._create_timeout
+            )
+            self._info = SandboxInfo.from_wire(created)
+        except BaseException:
+            await self._discard()
+            raise
+        self._state = _State.OPEN
+
+    async def _discard(self) -> None:
+        self._state = _State.CLOSED
+        await self._http.aclose()
+
+    async def close(self) -> None:
+        """Delete the sandbox on the server and release the connection.
+
+        Safe to call more than once; a sandbox the server already deleted (404) counts as closed.
+        """
+        if self._state is _State.CLOSED:
+            return
+        try:
+            if self._state is _State.OPEN:
+                await self._delete()
+        finally:
+            await self._discard()
+
+    async def _delete(self) -> None:
+        try:
+            await self._http.request("DELETE", _sandbox_path(self.id))
+        except NotFoundError:
+            pass  # already gone (idle reaper, another client): the goal of close() is met
+
+    async def __aenter__(self) -> Self:
+        if self._state is _State.UNOPENED:
+            await self._open()
+        self._ensure_open()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    # -- state -------------------------------------------------------------------------------
+
+    @property
+    def id(self) -> str:
+        """The sandbox's id, ``sbx_...``."""
+        if self._info is None:
+            raise _not_created()
+        return self._info.id
+
+    def _ensure_open(self) -> None:
+        if self._state is _State.CLOSED:
+            name = self._info.id if self._info else "(never created)"
+            raise KernelHostError(f"sandbox {name} is closed; create a new sandbox to run code")
+        if self._state is _State.UNOPENED:
+            raise _not_created()
+
+    def __repr__(self) -> str:
+        name = self._info.id if self._info else "-"
+        return f"<{type(self).__name__} {name} {self._state.value} at {self._http.config.url}>"
+
+    # -- operations --------------------------------------------------------------------------
+
+    async def info(self) -> SandboxInfo:
+        """Fetch the sandbox's current record from the server."""
+        self._ensure_open()
+        self._info = SandboxInfo.from_wire(await self._http.request("GET", _sandbox_path(self.id)))
+        return self._info
+
+    async def run_code(
+        self,
+        code: str,
+        language: str = "python",
+        timeout: float | None = None,
+        on_stdout: OnText | None = None,
+        on_stderr: OnText | None = None,
+        on_result: OnResult | None = None,
+        on_error: OnError | None = None,
+    ) -> Execution:
+        """Run code in the sandbox's kernel and return everything it produced.
+
+        State persists between calls, as in a notebook. ``language`` is ``"python"`` or
+        ``"bash"``. ``timeout`` is how many seconds the server lets the code run before
+        stopping it (the execution then has ``status == "timeout"``); None leaves it to the
+        server. The client waits up to ``timeout`` plus a margin for the answer, then raises
+        ``KernelHostTimeout``.
+
+        A failing cell does not raise: see ``Execution.error`` and ``Execution.status``.
+
+        The ``on_*`` callbacks are called with each output as it arrives, before this method
+        returns: ``on_stdout``/``on_stderr`` with the text, ``on_result`` with a ``Result``,
+        ``on_error`` with an ``ExecutionError``. They may be plain functions or coroutine
+        functions (for ``Sandbox``, they run on its background thread). An exception raised by
+        a callback stops reading and propagates out of this call.
+        """
+        self._ensure_open()
+        if timeout is not None and not timeout > 0:
+            raise ValueError(f"timeout={timeout!r}: use a positive number of seconds, or None")
+        deadline = None if timeout is None else timeout + EXECUTE_DEADLINE_MARGIN
+        body = {"code": code, "language": language, "timeout": timeout}
+        stdout: list[str] = []
+        stderr: list[str] = []
+        execution = Execution()
+        async with self._http.stream(
+            "POST", _sandbox_path(self.id, "execute"), json_body=body, timeout=deadline
+        ) as events:
+            async for event in events:
+                kind = event.get("type")
+                if kind == "stdout":
+                    text = str(event.get("text", ""))
+                    stdout.append(text)
+                    await _notify(on_stdout, text)
+                elif kind == "stderr":
+                    text = str(event.get("text", ""))
+                    stderr.append(text)
+                    await _notify(on_stderr, text)
+                elif kind == "result":
+                    result = Result.from_wire(event)
+                    execution.results.append(result)
+                    await _notify(on_result, result)
+                elif kind == "error":
+                    execution.error = ExecutionError.from_wire(event)
+                    await _notify(on_error, execution.error)
+                elif kind == "end":
+                    execution.stdout = "".join(stdout)
+                    execution.stderr = "".join(stderr)
+                    execution.status = str(event.get("status", "ok"))
+                    count = event.get("execution_count")
+                    execution.execution_count = None if count is None else int(count)
+                    duration = event.get("duration_ms")
+                    execution.duration_ms = None if duration is None else float(duration)
+                    return execution
+                # Any other type comes from a newer server: ignored on purpose.
+        raise TransportError(
+            f"the execution stream of sandbox {self.id} ended early, before its 'end' event "
+            f"({len(''.join(stdout))} characters of stdout had arrived); the server may have "
+            "restarted or dropped the connection"
+        )
+
+    async def interrupt(self) -> None:
+        """Interrupt the code running in the kernel (like Jupyter's stop button); state is kept."""
+        self._ensure_open()
+        await self._http.request("POST", _sandbox_path(self.id, "interrupt"))
+
+    async def restart(self) -> None:
+        """Restart the kernel: running code is stopped and all variables are lost."""
+        self._ensure_open()
+        await self._http.request("POST", _sandbox_path(self.id, "restart"), timeout=RESTART_TIMEOUT)
+
+    # Defined last: inside the class body, the name ``list`` refers to this method afterwards.
+    @classmethod
+    async def list(
+        cls, url: str | None = None, api_key: str | None = None
+    ) -> builtins.list[SandboxInfo]:
+        """List the sandboxes that belong to the API key."""
+        http = HTTPClient(resolve_config(url, api_key))
+        try:
+            payload = await http.request("GET", "/v1/sandboxes")
+        finally:
+            await http.aclose()
+        items = payload.get("sandboxes") if isinstance(payload, dict) else None
+        if not isinstance(items, builtins.list):
+            raise TransportError(
+                f"GET /v1/sandboxes answered without a 'sandboxes' list: {payload!r:.300}"
+            )
+        return [SandboxInfo.from_wire(item) for item in items]

@@ -1,0 +1,1 @@
+"""Shared test configuration; tier fixtures live in tests/unit and tests/vm."""

@@ -1,0 +1,101 @@
+"""A real ``kernelhost serve`` process for tests and benchmarks, on its own prefix and state."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from hypervisor import Hypervisor
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@dataclass
+class Service:
+    url: str
+    api_key: str
+    other_key: str
+    prefix: str
+    state_dir: Path
+    run_dir: Path
+    log_path: Path
+    env: dict[str, str]
+    proc: subprocess.Popen[bytes] | None = None
+    starts: list[float] = field(default_factory=list)
+
+    def start(self, timeout: float = 60.0) -> None:
+        with self.log_path.open("ab") as log:  # the child keeps its own copy of the descriptor
+            self.proc = subprocess.Popen([sys.executable, "-m", "kernelhost.cli", "serve"],
+                                         env=self.env, stdout=log, stderr=log, cwd=REPO)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"kernelhost serve exited: {self.log_path.read_text()[-3000:]}")
+            try:
+                with urllib.request.urlopen(self.url + "/healthz", timeout=2) as r:
+                    if r.status == 200:
+                        self.starts.append(time.time())
+                        return
+            except OSError:
+                time.sleep(0.2)
+        raise RuntimeError(f"service did not answer within {timeout}s: {self.log_path.read_text()[-3000:]}")
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 30.0) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.send_signal(sig)
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(10)
+
+    def hypervisor(self) -> Hypervisor:
+        return Hypervisor(self.env.get("KERNELHOST_LIBVIRT_URI", "qemu:///system"), self.prefix,
+                          self.run_dir)
+
+    @classmethod
+    def make(cls, state_dir: Path, **env_overrides: str) -> Service:
+        """A service on a free port with two API keys and a unique domain prefix (not started)."""
+        prefix = f"kht{secrets.token_hex(3)}-"
+        run_dir = Path(env_overrides.pop("KERNELHOST_RUN_DIR", "/run/kernelhost/vms"))
+        port = _free_port()
+        key, other = "test-key-" + secrets.token_hex(12), "other-key-" + secrets.token_hex(12)
+        env = {
+            **os.environ,
+            "KERNELHOST_PORT": str(port),
+            "KERNELHOST_STATE_DIR": str(state_dir),
+            "KERNELHOST_RUN_DIR": str(run_dir),
+            "KERNELHOST_DOMAIN_PREFIX": prefix,
+            "KERNELHOST_API_KEYS": f"{key},{other}",
+            "KERNELHOST_LOG_FORMAT": "json",
+            **env_overrides,
+        }
+        return cls(f"http://127.0.0.1:{port}", key, other, prefix, state_dir, run_dir,
+                   state_dir / "service.log", env)
+
+    def cleanup(self) -> tuple[list[str], list[str]]:
+        """Stop, destroy whatever of our prefix is left; return (leaked domains, leaked dirs)."""
+        self.stop()
+        hv = self.hypervisor()
+        try:
+            leaked = [d.name for d in hv.domains()]
+            leaked_dirs = [p.name for p in self.run_dir.glob(self.prefix + "*")]
+            hv.reconcile(set())
+        finally:
+            hv.close()
+        return leaked, leaked_dirs
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])

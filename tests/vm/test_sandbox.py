@@ -1,0 +1,197 @@
+"""The end-to-end path through real VMs: SDK -> HTTP API -> libvirt/QEMU -> guest agent -> ipykernel."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import aiohttp
+import pytest
+
+from kernelhost import AsyncSandbox, Sandbox
+from kernelhost.client import AuthenticationError, InvalidRequestError, NotFoundError
+
+from .conftest import Service
+
+pytestmark = pytest.mark.vm
+
+
+async def test_persistent_repl_keeps_variables_imports_and_files(sandbox: AsyncSandbox) -> None:
+    first = await sandbox.run_code(
+        "import json\n"
+        "counter = 41\n"
+        "with open('/tmp/note.txt', 'w') as f:\n"
+        "    f.write('kept')\n"
+        "print('stored')")
+    assert first.error is None and first.stdout == "stored\n"
+    second = await sandbox.run_code("counter += 1\ncounter")
+    assert second.error is None and second.text == "42"
+    third = await sandbox.run_code(
+        "print(json.dumps({'counter': counter, 'file': open('/tmp/note.txt').read()}))")
+    assert third.error is None
+    assert third.stdout.strip() == '{"counter": 42, "file": "kept"}'
+    assert third.execution_count == second.execution_count + 1 == first.execution_count + 2
+
+
+async def test_exception_reports_name_value_traceback_and_kernel_survives(
+        sandbox: AsyncSandbox) -> None:
+    failed = await sandbox.run_code("def boom():\n    return 1 / 0\nboom()")
+    assert failed.status == "error"
+    assert failed.error is not None
+    assert failed.error.name == "ZeroDivisionError"
+    assert failed.error.value == "division by zero"
+    assert any("boom" in line for line in failed.error.traceback)
+    after = await sandbox.run_code("'still alive'")
+    assert after.error is None and after.text == "'still alive'"
+
+
+async def test_stdout_streams_in_order_before_the_call_ends(sandbox: AsyncSandbox) -> None:
+    seen: list[tuple[float, str]] = []
+    code = (
+        "import sys, time\n"
+        "for i in range(5):\n"
+        "    print(f'line {i}', flush=True)\n"
+        "    if i == 0:\n"
+        "        time.sleep(3)\n"
+        "print('to stderr', file=sys.stderr)\n"
+    )
+    errs: list[str] = []
+    execution = await sandbox.run_code(
+        code, on_stdout=lambda text: seen.append((time.monotonic(), text)),
+        on_stderr=errs.append)
+    returned = time.monotonic()
+    text = "".join(t for _, t in seen)
+    assert text == "".join(f"line {i}\n" for i in range(5)) == execution.stdout
+    assert errs and "".join(errs) == "to stderr\n" == execution.stderr
+    # the first line was delivered while the cell was still sleeping, not at the end
+    assert seen[0][0] < returned - 2.0
+
+
+async def test_results_are_mime_bundles(sandbox: AsyncSandbox) -> None:
+    got = []
+    execution = await sandbox.run_code(
+        "from IPython.display import display, HTML\n"
+        "display(HTML('<b>bold</b>'))\n"
+        "{'a': 1}", on_result=got.append)
+    assert [r.is_main_result for r in execution.results] == [False, True]
+    assert execution.results[0].html == "<b>bold</b>"
+    assert execution.results[1].text == "{'a': 1}"
+    assert len(got) == 2
+
+
+async def test_two_sandboxes_do_not_share_state(sandbox: AsyncSandbox,
+                                                fresh_sandbox: AsyncSandbox) -> None:
+    await sandbox.run_code("secret = 'mine'\nopen('/tmp/secret', 'w').write('x')")
+    other = await fresh_sandbox.run_code("secret")
+    assert other.error is not None and other.error.name == "NameError"
+    files = await fresh_sandbox.run_code("import os\nos.path.exists('/tmp/secret')")
+    assert files.text == "False"
+    assert (await sandbox.run_code("secret")).text == "'mine'"
+
+
+async def test_close_leaves_no_domain_socket_or_file(service: Service) -> None:
+    sbx = await AsyncSandbox.create(url=service.url, api_key=service.api_key)
+    hv = service.hypervisor()
+    try:
+        [info] = [d for d in hv.domains() if d.metadata.get("sandbox") == sbx.id]
+        vm_dir = hv.vm_dir(info.name)
+        assert (vm_dir / "agent.sock").exists() and hv.is_running(info.name)
+        await sbx.close()
+        assert not hv.is_running(info.name)
+        assert info.name not in [d.name for d in hv.domains()]
+        assert not vm_dir.exists()
+        with pytest.raises(NotFoundError):
+            await AsyncSandbox.connect(sbx.id, url=service.url, api_key=service.api_key)
+    finally:
+        hv.close()
+
+
+async def test_foreign_and_unknown_ids_are_404(sandbox: AsyncSandbox, service: Service) -> None:
+    with pytest.raises(NotFoundError) as err:
+        await AsyncSandbox.connect(sandbox.id, url=service.url, api_key=service.other_key)
+    assert sandbox.id in str(err.value)
+    with pytest.raises(NotFoundError):
+        await AsyncSandbox.connect("sbx_doesnotexist", url=service.url, api_key=service.api_key)
+    listed = await AsyncSandbox.list(url=service.url, api_key=service.other_key)
+    assert sandbox.id not in [s.id for s in listed]
+    async with aiohttp.ClientSession() as http:
+        r = await http.post(f"{service.url}/v1/sandboxes/{sandbox.id}/execute",
+                            json={"code": "secret"},
+                            headers={"Authorization": f"Bearer {service.other_key}"})
+        assert r.status == 404
+
+
+async def test_missing_or_wrong_key_is_401(service: Service) -> None:
+    async with aiohttp.ClientSession() as http:
+        r = await http.get(f"{service.url}/v1/sandboxes")
+        assert r.status == 401
+        body = await r.json()
+        assert body["error"]["code"] == "unauthorized" and "Authorization" in body["error"]["message"]
+        r = await http.get(f"{service.url}/v1/sandboxes", headers={"Authorization": "Bearer nope"})
+        assert r.status == 401
+    with pytest.raises(AuthenticationError):
+        await AsyncSandbox.list(url=service.url, api_key="wrong-key-wrong-key")
+
+
+async def test_bad_template_names_the_valid_ones(service: Service) -> None:
+    with pytest.raises(InvalidRequestError) as err:
+        await AsyncSandbox.create(template="no-such-template", url=service.url,
+                                  api_key=service.api_key)
+    assert err.value.status == 400
+    assert "no-such-template" in str(err.value) and "python" in str(err.value)
+
+
+async def test_bad_input_gets_a_clear_400(sandbox: AsyncSandbox, service: Service) -> None:
+    async with aiohttp.ClientSession(
+            headers={"Authorization": f"Bearer {service.api_key}"}) as http:
+        url = f"{service.url}/v1/sandboxes/{sandbox.id}/execute"
+        for body, word in [({}, "code"), ({"code": 1}, "code"), ({"code": "1", "timeout": -1}, "timeout"),
+                           ({"code": "1", "language": "cobol"}, "cobol")]:
+            r = await http.post(url, json=body)
+            assert r.status == 400, body
+            assert word in (await r.json())["error"]["message"]
+        r = await http.post(url, data=b"{not json", headers={"Content-Type": "application/json"})
+        assert r.status == 400 and "JSON" in (await r.json())["error"]["message"]
+
+
+async def test_calls_to_one_sandbox_run_in_arrival_order(sandbox: AsyncSandbox) -> None:
+    await sandbox.run_code("order = []")
+    first = asyncio.create_task(sandbox.run_code("import time\ntime.sleep(1)\norder.append(1)"))
+    await asyncio.sleep(0.2)
+    second = asyncio.create_task(sandbox.run_code("order.append(2)"))
+    await asyncio.wait_for(asyncio.gather(first, second), 60)
+    assert (await sandbox.run_code("order")).text == "[1, 2]"
+
+
+async def test_timeout_interrupts_and_sandbox_keeps_working(sandbox: AsyncSandbox) -> None:
+    await sandbox.run_code("kept = 'yes'")
+    timed_out = await sandbox.run_code("while True:\n    pass", timeout=2)
+    assert timed_out.status == "timeout"
+    assert timed_out.error is not None and timed_out.error.name in ("TimeoutError", "KeyboardInterrupt")
+    assert (await sandbox.run_code("kept")).text == "'yes'"
+
+
+def test_sync_sandbox_context_manager(client_env: Service) -> None:
+    with Sandbox(template="python") as sbx:
+        chunks: list[str] = []
+        execution = sbx.run_code("x = 6 * 7\nprint(x)", on_stdout=chunks.append)
+        assert execution.stdout == "42\n" and chunks == ["42\n"]
+        assert sbx.run_code("x").text == "42"
+        sandbox_id = sbx.id
+    with pytest.raises(NotFoundError):
+        Sandbox.connect(sandbox_id)
+
+
+async def test_service_restart_reattaches_with_state(service: Service) -> None:
+    sbx = await AsyncSandbox.create(url=service.url, api_key=service.api_key)
+    try:
+        await sbx.run_code("survivor = [1, 2, 3]")
+        service.stop()
+        service.start()
+        again = await AsyncSandbox.connect(sbx.id, url=service.url, api_key=service.api_key)
+        try:
+            assert (await again.run_code("sum(survivor)")).text == "6"
+        finally:
+            await again.close()
+    finally:
+        await sbx.close()
