@@ -101,9 +101,9 @@ async def main() -> None:
     ratio = rt["median"] / local["median"]
     print(f"acceleration: {ours['accel']}   host: {platform.node()} {platform.machine()}")
     print(f"{'figure':38} {'median':>11} {'p95':>11}  n")
-    print(f"{'VM boot to ready kernel (create)':38} {fmt_ms(boot['median'])} {fmt_ms(boot['p95'])}  {boot['n']}")
-    print(f"{'1+1 round trip, kernelhost':38} {fmt_ms(rt['median'])} {fmt_ms(rt['p95'])}  {rt['n']}")
-    print(f"{'1+1 round trip, local ipykernel':38} {fmt_ms(local['median'])} {fmt_ms(local['p95'])}  {local['n']}")
+    for label, fig in [("VM boot to ready kernel (create)", boot), ("1+1 round trip, kernelhost", rt),
+                       ("1+1 round trip, local ipykernel", local)]:
+        print(f"{label:38} {fmt_ms(fig['median'])} {fmt_ms(fig['p95'])}  {fig['n']}")
     print(f"ratio kernelhost / local ipykernel (1+1 median): {ratio:.1f}x")
     out = REPO / "bench" / "results"
     out.mkdir(parents=True, exist_ok=True)

@@ -23,7 +23,7 @@ from xml.etree import ElementTree
 import libvirt
 
 from .domain import METADATA_NS, DomainSpec
-from .errors import DomainNotFound, DomainStartFailed, LibvirtUnavailable
+from .errors import DomainStartFailed, LibvirtUnavailable
 from .images import GuestImage
 
 QEMU_USER = "libvirt-qemu"

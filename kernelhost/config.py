@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import tomllib
 
 DEFAULT_CONFIG_FILE = Path("/etc/kernelhost/config.toml")
 

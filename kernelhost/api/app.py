@@ -16,7 +16,7 @@ from ..sandboxes import BackendUnavailable, SandboxManager, Store
 from .auth import KeyRing
 from .errors import Handler, error_middleware, error_response
 from .routes import routes
-from .state import KEYS, RUNTIME, SETTINGS, Runtime
+from .state import KEY_ID, KEYS, RUNTIME, SETTINGS, Runtime
 
 log = structlog.get_logger("kernelhost.api")
 
@@ -43,7 +43,7 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
     if kid is None:
         return error_response(401, "unauthorized",
                               "invalid API key; check KERNELHOST_API_KEY on the client side")
-    request["key_id"] = kid
+    request[KEY_ID] = kid
     structlog.contextvars.bind_contextvars(key_id=kid)
     return await handler(request)
 

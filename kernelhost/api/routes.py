@@ -9,7 +9,7 @@ from typing import Any
 from aiohttp import web
 
 from ..sandboxes import InvalidRequest, Sandbox
-from .state import RUNTIME, Runtime
+from .state import KEY_ID, RUNTIME, Runtime
 
 routes = web.RouteTableDef()
 
@@ -48,7 +48,7 @@ def _as_tuple(kind: type | tuple[type, ...]) -> tuple[type, ...]:
 
 
 def _sandbox(request: web.Request) -> Sandbox:
-    return _runtime(request).manager.get(request["key_id"], request.match_info["sandbox_id"])
+    return _runtime(request).manager.get(request[KEY_ID], request.match_info["sandbox_id"])
 
 
 @routes.get("/healthz")
@@ -68,13 +68,13 @@ async def create_sandbox(request: web.Request) -> web.Response:
     metadata = _field(body, "metadata", dict, {})
     if not all(isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()):
         raise InvalidRequest("field 'metadata' must map strings to strings", field="metadata")
-    sbx = await _runtime(request).manager.create(request["key_id"], template, idle, metadata)
+    sbx = await _runtime(request).manager.create(request[KEY_ID], template, idle, metadata)
     return web.json_response(sbx.to_dict(), status=201)
 
 
 @routes.get("/v1/sandboxes")
 async def list_sandboxes(request: web.Request) -> web.Response:
-    sandboxes = _runtime(request).manager.list(request["key_id"])
+    sandboxes = _runtime(request).manager.owned(request[KEY_ID])
     return web.json_response({"sandboxes": [s.to_dict() for s in sandboxes]})
 
 
@@ -85,7 +85,7 @@ async def get_sandbox(request: web.Request) -> web.Response:
 
 @routes.delete("/v1/sandboxes/{sandbox_id}")
 async def delete_sandbox(request: web.Request) -> web.Response:
-    await _runtime(request).manager.delete(request["key_id"], request.match_info["sandbox_id"])
+    await _runtime(request).manager.delete(request[KEY_ID], request.match_info["sandbox_id"])
     return web.Response(status=204)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from aiohttp import web
 
@@ -29,5 +30,7 @@ class Runtime:
 
 SETTINGS = web.AppKey("settings", Settings)
 KEYS = web.AppKey("keys", KeyRing)
+# the caller's key id, set by the auth middleware (aiohttp >= 3.13 has typed request keys)
+KEY_ID: Any = web.RequestKey("key_id", str) if hasattr(web, "RequestKey") else "key_id"
 RUNTIME = web.AppKey("runtime", Runtime)
 

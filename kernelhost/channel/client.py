@@ -64,7 +64,8 @@ class JupyterMessage:
 
     @property
     def parent_id(self) -> str | None:
-        return self.msg["parent_header"].get("msg_id")
+        msg_id = self.msg["parent_header"].get("msg_id")
+        return msg_id if isinstance(msg_id, str) else None
 
 
 class Subscription:

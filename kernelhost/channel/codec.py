@@ -57,7 +57,7 @@ def encode_frame(message: dict[str, Any], max_frame_bytes: int = DEFAULT_MAX_FRA
     body = msgpack.packb(message, use_bin_type=True)
     if len(body) > max_frame_bytes:
         raise FrameTooLarge(len(body), max_frame_bytes)
-    return _HEADER.pack(len(body)) + body
+    return bytes(_HEADER.pack(len(body)) + body)
 
 
 class FrameDecoder:

@@ -18,7 +18,7 @@ import asyncio
 import contextlib
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from datetime import datetime, timezone
 from typing import Any
 
@@ -81,7 +81,7 @@ async def run_cell(
     interrupt_grace: float,
     restart_timeout: float = 60.0,
     on_subscription: Callable[[Subscription | None], None] | None = None,
-) -> AsyncIterator[dict[str, Any]]:
+) -> AsyncGenerator[dict[str, Any], None]:
     """Yield the events of executing ``code``; the caller holds the sandbox's execution lock."""
     started = time.monotonic()
     msg = jupyter_message("execute_request", {

@@ -11,7 +11,7 @@ import contextlib
 import secrets
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -131,7 +131,7 @@ class SandboxManager:
             raise SandboxNotFound(sandbox_id)
         return sbx
 
-    def list(self, owner: str) -> list[Sandbox]:
+    def owned(self, owner: str) -> list[Sandbox]:
         return [s for s in self.sandboxes.values() if s.record.owner == owner]
 
     def templates(self) -> list[str]:
@@ -270,7 +270,7 @@ class SandboxManager:
     # -- execution -----------------------------------------------------------------------------
 
     async def execute(self, sbx: Sandbox, code: str, language: str = "python",
-                      timeout: float | None = None) -> AsyncIterator[dict[str, Any]]:
+                      timeout: float | None = None) -> AsyncGenerator[dict[str, Any], None]:
         """Events of one execution; calls to one sandbox run one at a time, in arrival order."""
         if language not in LANGUAGES:
             raise InvalidRequest(
@@ -287,7 +287,7 @@ class SandboxManager:
         return self._execute(sbx, code, timeout)
 
     async def _execute(self, sbx: Sandbox, code: str, timeout: float | None
-                       ) -> AsyncIterator[dict[str, Any]]:
+                       ) -> AsyncGenerator[dict[str, Any], None]:
         async with sbx.lock:
             self._check_running(sbx)
             assert sbx.agent is not None
