@@ -108,7 +108,7 @@ async def test_failed_boot_is_503_and_leaves_nothing(client: TestClient) -> None
 
 
 def test_settings_errors_name_the_value_and_the_fix(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="KERNELHOST_PORT.*'abc'"):
+    with pytest.raises(ConfigError, match=r"KERNELHOST_PORT.*'abc'"):
         Settings.load({"KERNELHOST_PORT": "abc"})
     with pytest.raises(ConfigError, match="auto, kvm or tcg"):
         Settings.load({"KERNELHOST_ACCEL": "fast"})
