@@ -202,13 +202,17 @@ class AgentClient:
             reason, violation = str(exc), True
         except (ConnectionError, OSError) as exc:
             reason = f"channel read failed: {exc}"
+        except Exception as exc:  # never leave the channel half-open with waiters asleep
+            reason, violation = f"channel reader failed: {exc!r}", True
         await self._shutdown(reason, violation, from_reader=True)
 
     async def _dispatch(self, frame: dict[str, Any]) -> None:
         op = frame["op"]
         if op == "reply":
             req_id = frame.get("id")
-            fut = self._pending.get(req_id) if isinstance(req_id, int) else None
+            fut = None
+            if isinstance(req_id, int) and not isinstance(req_id, bool):
+                fut = self._pending.get(req_id)
             if fut is not None and not fut.done():
                 fut.set_result(frame)
             return
@@ -263,7 +267,7 @@ class AgentClient:
 def _check_jupyter(frame: dict[str, Any]) -> JupyterMessage:
     channel = frame.get("channel")
     msg = frame.get("msg")
-    if channel not in JUPYTER_CHANNELS or not isinstance(msg, dict):
+    if not isinstance(channel, str) or channel not in JUPYTER_CHANNELS or not isinstance(msg, dict):
         raise ProtocolViolation(f"malformed jupyter frame on channel {channel!r}")
     header, parent = msg.get("header"), msg.get("parent_header")
     if not isinstance(header, dict) or not isinstance(header.get("msg_type"), str):

@@ -94,6 +94,7 @@ async def run_cell(
     loop = asyncio.get_running_loop()
     deadline = None if timeout is None else loop.time() + timeout
     interrupted = False
+    interrupt: asyncio.Future[None] | None = None
     finished = False
 
     with agent.subscribe(msg_id) as sub:
@@ -109,14 +110,16 @@ async def run_cell(
                     if not interrupted:
                         interrupted = True
                         status = "timeout"
+                        # Do not wait for the reply here: it can be queued behind this cell's
+                        # own output, which only this loop drains.
+                        interrupt = asyncio.ensure_future(_interrupt(agent))
                         yield _timeout_error(timeout, "the kernel was interrupted; its state is kept")
-                        with contextlib.suppress(AgentError, asyncio.TimeoutError):
-                            await agent.request("interrupt", timeout=10)
                         deadline = loop.time() + interrupt_grace
                         continue
                     yield _timeout_error(
                         timeout, f"the kernel did not stop within {interrupt_grace:.0f}s of the "
                         "interrupt and was restarted; variables and imports were lost")
+                    sub.close()  # later output is moot; it must not hold up the restart's reply
                     await _restart(agent, restart_timeout)
                     break
                 if m.channel == "agent":  # synthetic: the kernel process died mid-execution
@@ -131,7 +134,8 @@ async def run_cell(
                     if m.msg_type == "status" and m.content.get("execution_state") == "idle":
                         got_idle = True
                     elif m.msg_type == "execute_input":
-                        count = m.content.get("execution_count", count)
+                        if isinstance(m.content.get("execution_count"), int):
+                            count = m.content["execution_count"]
                     else:
                         event = iopub_event(m)
                         if event is not None:
@@ -150,8 +154,12 @@ async def run_cell(
                    "traceback": []}
             finished = True
         finally:
-            if not finished:
-                # The consumer went away mid-cell (client disconnected): stop the code.
+            if interrupt is not None:
+                interrupt.cancel()
+            if not finished and interrupt is None:
+                # The consumer went away mid-cell (client disconnected): stop the code. Drop the
+                # subscription first, so its full queue cannot hold the reply up behind output.
+                sub.close()
                 with contextlib.suppress(Exception):
                     await asyncio.shield(agent.request("interrupt", timeout=10))
     yield {"type": "end", "status": status, "execution_count": count,
@@ -163,6 +171,11 @@ def _timeout_error(timeout: float | None, what: str) -> dict[str, Any]:
             "value": f"execution exceeded its timeout of {timeout}s; {what}", "traceback": []}
 
 
+async def _interrupt(agent: AgentClient) -> None:
+    with contextlib.suppress(AgentError, ChannelClosed, asyncio.TimeoutError):
+        await agent.request("interrupt", timeout=10)
+
+
 async def _restart(agent: AgentClient, timeout: float) -> None:
     with contextlib.suppress(AgentError, asyncio.TimeoutError):
         await agent.request("restart", timeout=timeout)
@@ -172,5 +185,7 @@ def inject_kernel_death(sub: Subscription, event: dict[str, Any]) -> None:
     """Wake an execution waiting on ``sub``: its kernel died."""
     msg = {"header": {"msg_type": "kernel_died"}, "parent_header": {}, "content": event,
            "metadata": {}, "buffers": []}
-    with contextlib.suppress(asyncio.QueueFull):
-        sub.queue.put_nowait(JupyterMessage("agent", msg))
+    # Never drop the death notice: with the queue full, drop the oldest output instead.
+    while sub.queue.full():
+        sub.queue.get_nowait()
+    sub.queue.put_nowait(JupyterMessage("agent", msg))

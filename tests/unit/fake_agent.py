@@ -89,6 +89,23 @@ def error(ename: str, evalue: str, traceback: list[str]) -> tuple[str, dict[str,
     return "error", {"ename": ename, "evalue": evalue, "traceback": traceback}
 
 
+class Closes:
+    """An ``on_close`` callback for ``AgentClient`` that records its calls."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, bool]] = []
+        self.event = asyncio.Event()
+
+    def __call__(self, reason: str, violation: bool) -> None:
+        self.calls.append((reason, violation))
+        self.event.set()
+
+    async def wait(self, timeout: float = WAIT) -> tuple[str, bool]:
+        """The first call's (reason, violation), once it has happened."""
+        await asyncio.wait_for(self.event.wait(), timeout)
+        return self.calls[0]
+
+
 class FakeAgent:
     """One UNIX-socket server standing in for a VM's agent; accepts one host at a time."""
 
@@ -99,6 +116,7 @@ class FakeAgent:
         self.replies: dict[str, str | Handler] = {}
         self.reply_fields: dict[str, dict[str, Any]] = {}
         self.on_execute: Handler | None = None
+        self.executions: list[asyncio.Task[Any]] = []  # one on_execute task per execute_request
         self.connected = asyncio.Event()
         self.disconnected = asyncio.Event()
         self.decode_error: FrameError | None = None
@@ -189,7 +207,7 @@ class FakeAgent:
             msg = frame.get("msg") or {}
             if (frame.get("channel") == "shell" and self.on_execute is not None
                     and msg.get("header", {}).get("msg_type") == "execute_request"):
-                self.spawn(self.on_execute(self, msg))
+                self.executions.append(self.spawn(self.on_execute(self, msg)))
             return
         if not isinstance(frame.get("id"), int):
             return
@@ -222,6 +240,18 @@ class FakeAgent:
 
         return await asyncio.wait_for(scan(), timeout)
 
+    async def wait_until(self, predicate: Callable[[], bool], timeout: float = WAIT) -> None:
+        """Wait until ``predicate()`` holds; it is re-checked whenever a frame arrives."""
+
+        async def check() -> None:
+            async with self._changed:
+                await self._changed.wait_for(predicate)
+
+        await asyncio.wait_for(check(), timeout)
+
+    def requests(self, op: str) -> list[dict[str, Any]]:
+        return [f for f in self.received if f["op"] == op]
+
     async def wait_for_request(self, op: str, timeout: float = WAIT) -> dict[str, Any]:
         return await self.wait_for_frame(lambda f: f["op"] == op, timeout)
 
@@ -240,6 +270,8 @@ class FakeAgent:
     # -- sending ---------------------------------------------------------------------------------
 
     async def send_raw(self, data: bytes) -> None:
+        if not self.connected.is_set():  # the host's connect() can return before we accept
+            await asyncio.wait_for(self.connected.wait(), WAIT)
         if self._writer is None:
             raise ConnectionError("no host connected to the fake agent")
         self._writer.write(data)

@@ -1,0 +1,482 @@
+"""AgentClient, the host's asyncio client of the guest agent, against a scriptable fake agent.
+
+Covers request/reply matching, connect retries, routing of Jupyter messages by parent msg_id,
+every kind of protocol violation (the channel closes with ``violation=True`` and wakes whoever
+waits), EOF, backpressure from a consumer that does not read, and ``close()``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import socket
+import struct
+import time
+from typing import Any
+
+import pytest
+
+from kernelhost.channel import (
+    AgentClient,
+    AgentError,
+    ChannelClosed,
+    JupyterMessage,
+)
+
+from .fake_agent import (
+    WAIT,
+    Closes,
+    FakeAgent,
+    jupyter_msg,
+    raw_frame,
+    short_socket_dir,
+    unchecked_frame,
+    wait_until_stalled,
+)
+
+pytestmark = pytest.mark.unit
+
+LIMIT = 4096
+
+
+@pytest.fixture
+def sock_path():
+    with short_socket_dir() as d:
+        yield os.path.join(d, "agent.sock")
+
+
+@pytest.fixture
+async def agent(sock_path):
+    fake = await FakeAgent(sock_path).start()
+    yield fake
+    await fake.stop()
+
+
+@pytest.fixture
+async def connect(sock_path):
+    """``await connect(**kwargs) -> (client, closes)``; every client is closed at teardown."""
+    clients: list[AgentClient] = []
+
+    async def make(**kwargs: Any) -> tuple[AgentClient, Closes]:
+        closes = Closes()
+        kwargs.setdefault("max_frame_bytes", LIMIT)
+        client = AgentClient(sock_path, on_close=closes, **kwargs)
+        clients.append(client)
+        await client.connect(timeout=WAIT)
+        return client, closes
+
+    yield make
+    for client in clients:
+        await asyncio.wait_for(client.close(), WAIT)
+
+
+async def round_trip(client: AgentClient) -> None:
+    """A ping answered: everything the agent sent before the reply has been dispatched."""
+    assert (await client.request("ping", timeout=WAIT))["ok"] is True
+
+
+# -- requests ------------------------------------------------------------------------------------
+
+
+async def test_request_and_reply(agent, connect):
+    client, closes = await connect()
+    agent.reply_fields["hello"] = {"agent_version": 1, "boot_id": "b00t"}
+    reply = await client.request("hello", timeout=WAIT, extra={"k": [1, 2]})
+    assert reply["ok"] is True
+    assert reply["agent_version"] == 1
+    assert reply["boot_id"] == "b00t"
+    [sent] = agent.requests("hello")
+    assert sent == {"op": "hello", "id": reply["id"], "extra": {"k": [1, 2]}}
+    assert client.connected
+    assert client._pending == {}
+    assert closes.calls == []
+
+
+async def test_concurrent_requests_are_matched_by_id(agent, connect):
+    client, _ = await connect()
+    agent.replies["echo"] = "ignore"
+    n = 10
+    tasks = [asyncio.create_task(client.request("echo", timeout=WAIT, value=i)) for i in range(n)]
+    await agent.wait_until(lambda: len(agent.requests("echo")) == n)
+    ids = [f["id"] for f in agent.requests("echo")]
+    assert len(set(ids)) == n
+    for frame in reversed(agent.requests("echo")):  # answer out of order
+        await agent.reply(frame, value=frame["value"] * 100)
+    replies = await asyncio.wait_for(asyncio.gather(*tasks), WAIT)
+    assert [r["value"] for r in replies] == [i * 100 for i in range(n)]
+    assert client._pending == {}
+
+
+async def test_reply_with_ok_false_raises_agent_error(agent, connect):
+    client, closes = await connect()
+    agent.replies["restart"] = "error"
+    with pytest.raises(AgentError, match="fake agent refuses"):
+        await client.request("restart", timeout=WAIT)
+    await round_trip(client)  # a refusal is not a protocol error
+    assert closes.calls == []
+
+
+async def test_reply_without_ok_raises_agent_error(agent, connect):
+    client, _ = await connect()
+
+    async def no_ok(fake: FakeAgent, frame: dict[str, Any]) -> None:
+        await fake.send({"op": "reply", "id": frame["id"]})
+
+    agent.replies["ping"] = no_ok
+    with pytest.raises(AgentError):
+        await client.request("ping", timeout=WAIT)
+
+
+async def test_request_timeout_then_late_reply_is_ignored(agent, connect):
+    client, closes = await connect()
+    agent.replies["interrupt"] = "ignore"
+    t0 = time.monotonic()
+    with pytest.raises(asyncio.TimeoutError):
+        await client.request("interrupt", timeout=0.1)
+    assert time.monotonic() - t0 < WAIT
+    assert client._pending == {}
+    late = await agent.wait_for_request("interrupt")
+    await agent.reply(late)
+    await round_trip(client)
+    assert client.connected
+    assert closes.calls == []
+
+
+@pytest.mark.parametrize("reply_id", [999, "1", None, 1.0])
+async def test_replies_to_unknown_ids_are_ignored(agent, connect, reply_id):
+    client, closes = await connect()
+    await agent.send({"op": "reply", "id": reply_id, "ok": True})
+    await round_trip(client)
+    assert closes.calls == []
+
+
+async def test_request_before_connect_raises_channel_closed(sock_path):
+    client = AgentClient(sock_path)
+    assert not client.connected
+    with pytest.raises(ChannelClosed, match="not connected"):
+        await client.request("ping", timeout=WAIT)
+
+
+async def test_send_jupyter_refuses_kernel_side_channels(agent, connect):
+    client, _ = await connect()
+    with pytest.raises(ValueError, match="iopub"):
+        await client.send_jupyter("iopub", jupyter_msg("status", {}))
+
+
+async def test_send_jupyter_reaches_the_agent(agent, connect):
+    client, _ = await connect()
+    msg = jupyter_msg("kernel_info_request", {})
+    await client.send_jupyter("control", msg)
+    frame = await agent.wait_for_request("jupyter")
+    assert frame == {"op": "jupyter", "channel": "control", "msg": msg}
+
+
+# -- connect -------------------------------------------------------------------------------------
+
+
+async def test_connect_retries_until_the_socket_appears(sock_path, monkeypatch):
+    real_open = asyncio.open_unix_connection
+    failures = 0
+    retried = asyncio.Event()
+
+    async def counting_open(*args: Any, **kwargs: Any):
+        nonlocal failures
+        try:
+            return await real_open(*args, **kwargs)
+        except (FileNotFoundError, ConnectionRefusedError):
+            failures += 1
+            if failures >= 3:
+                retried.set()
+            raise
+
+    monkeypatch.setattr(asyncio, "open_unix_connection", counting_open)
+    closes = Closes()
+    client = AgentClient(sock_path, on_close=closes)
+    connecting = asyncio.create_task(client.connect(timeout=WAIT))
+    fake = None
+    try:
+        await asyncio.wait_for(retried.wait(), WAIT)  # it failed and kept trying
+        assert not connecting.done()
+        fake = await FakeAgent(sock_path).start()
+        await asyncio.wait_for(connecting, WAIT)
+        await asyncio.wait_for(fake.connected.wait(), WAIT)
+        assert client.connected
+        await round_trip(client)
+    finally:
+        connecting.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await connecting
+        await client.close()
+        if fake is not None:
+            await fake.stop()
+    assert closes.calls == [("closed by the host", False)]
+
+
+@pytest.mark.parametrize("stale_socket_file", [False, True], ids=["missing", "refused"])
+async def test_connect_gives_up_at_its_deadline(sock_path, stale_socket_file):
+    if stale_socket_file:  # a socket file nobody listens on: ECONNREFUSED, retried too
+        with socket.socket(socket.AF_UNIX) as s:
+            s.bind(sock_path)
+    client = AgentClient(sock_path)
+    t0 = time.monotonic()
+    with pytest.raises(ChannelClosed, match="did not accept a connection"):
+        await asyncio.wait_for(client.connect(timeout=0.2), WAIT)
+    elapsed = time.monotonic() - t0
+    assert 0.2 <= elapsed < WAIT
+    assert not client.connected
+    await client.close()
+
+
+# -- routing -------------------------------------------------------------------------------------
+
+
+async def test_messages_are_routed_by_parent_msg_id(agent, connect):
+    seen: list[JupyterMessage] = []
+    client, closes = await connect(on_message=seen.append)
+    sub_a, sub_b = client.subscribe("a"), client.subscribe("b")
+    sent = [
+        ("iopub", jupyter_msg("status", {"execution_state": "busy"}, "a")),
+        ("iopub", jupyter_msg("stream", {"name": "stdout", "text": "b1"}, "b")),
+        ("iopub", jupyter_msg("stream", {"name": "stdout", "text": "c1"}, "c")),  # nobody's
+        ("iopub", jupyter_msg("status", {"execution_state": "starting"})),  # no parent
+        ("iopub", jupyter_msg("stream", {"name": "stdout", "text": "a1"}, "a", buffers=[b"\0"])),
+        ("shell", jupyter_msg("execute_reply", {"status": "ok"}, "b")),
+        ("shell", jupyter_msg("execute_reply", {"status": "ok"}, "a")),
+    ]
+    for channel, msg in sent:
+        await agent.emit(channel, msg)
+
+    got_a = [await sub_a.get(timeout=WAIT) for _ in range(3)]
+    got_b = [await sub_b.get(timeout=WAIT) for _ in range(2)]
+    assert [(m.channel, m.msg) for m in got_a] == [sent[0], sent[4], sent[6]]
+    assert [(m.channel, m.msg) for m in got_b] == [sent[1], sent[5]]
+    assert [m.msg_type for m in got_a] == ["status", "stream", "execute_reply"]
+    assert got_a[1].content == {"name": "stdout", "text": "a1"}
+    assert got_a[1].parent_id == "a"
+    assert got_a[1].msg["buffers"] == [b"\0"]
+
+    await round_trip(client)
+    assert sub_a.queue.empty() and sub_b.queue.empty()
+    assert [(m.channel, m.msg) for m in seen] == sent  # on_message sees everything
+    assert JupyterMessage("iopub", sent[3][1]).parent_id is None
+    assert closes.calls == []
+
+
+async def test_subscription_get_times_out(agent, connect):
+    client, _ = await connect()
+    with client.subscribe("quiet") as sub, pytest.raises(asyncio.TimeoutError):
+        await sub.get(timeout=0.05)
+    assert "quiet" not in client._subs
+
+
+async def test_messages_for_a_closed_subscription_are_dropped(agent, connect):
+    client, closes = await connect(queue_size=1)
+    with client.subscribe("gone") as sub:
+        pass
+    for i in range(20):  # far more than queue_size: must not block the reader
+        await agent.emit("iopub", jupyter_msg("stream", {"name": "stdout", "text": str(i)}, "gone"))
+    await round_trip(client)
+    assert sub.queue.empty()
+    assert "gone" not in client._subs
+    assert closes.calls == []
+
+
+async def test_flood_of_unsolicited_messages_does_not_block_the_reader(agent, connect):
+    client, closes = await connect(queue_size=2)
+    flood = agent.spawn(agent.flood("nobody", count=500, size=1024))
+    await asyncio.wait_for(flood, WAIT)
+    await round_trip(client)
+    assert closes.calls == []
+
+
+async def test_events_reach_on_event(agent, connect):
+    events: list[dict[str, Any]] = []
+    got = asyncio.Event()
+
+    def on_event(event: dict[str, Any]) -> None:
+        events.append(event)
+        if len(events) == 2:
+            got.set()
+
+    _, closes = await connect(on_event=on_event)
+    await agent.event("kernel_died", exit_code=-9)
+    await agent.event("kernel_restarted", reason="died")
+    await asyncio.wait_for(got.wait(), WAIT)
+    assert events == [{"op": "event", "event": "kernel_died", "exit_code": -9},
+                      {"op": "event", "event": "kernel_restarted", "reason": "died"}]
+    assert closes.calls == []
+
+
+# -- protocol violations -------------------------------------------------------------------------
+
+
+def _jupyter(channel: Any = "iopub", **changes: Any) -> bytes:
+    """A jupyter frame for parent "p" with some fields of its msg replaced (or removed)."""
+    msg: dict[str, Any] = jupyter_msg("stream", {"name": "stdout", "text": "x"}, "p")
+    for key, value in changes.items():
+        if value is _REMOVE:
+            del msg[key]
+        else:
+            msg[key] = value
+    return unchecked_frame({"op": "jupyter", "channel": channel, "msg": msg})
+
+
+_REMOVE = object()
+
+VIOLATIONS = [
+    pytest.param(raw_frame(b"\x93\x01\x02\x03"), "bad frame", id="body-not-a-map"),
+    pytest.param(unchecked_frame({"id": 1, "ok": True}), "bad frame", id="missing-op"),
+    pytest.param(unchecked_frame({"op": 7}), "bad frame", id="op-not-a-string"),
+    pytest.param(raw_frame(b"\xc1"), "bad frame", id="invalid-msgpack"),
+    pytest.param(raw_frame(b""), "bad frame", id="zero-length"),
+    pytest.param(struct.pack(">I", LIMIT + 1), "exceeds the limit", id="oversize-header"),
+    pytest.param(struct.pack(">I", 0xFFFFFFFF), "exceeds the limit", id="max-length-header"),
+    pytest.param(unchecked_frame({"op": "launch"}), "unknown op", id="unknown-op"),
+    pytest.param(unchecked_frame({"op": "event"}), "event", id="event-without-name"),
+    pytest.param(unchecked_frame({"op": "event", "event": 3}), "event", id="event-name-not-str"),
+    pytest.param(_jupyter("nope"), "malformed jupyter frame", id="unknown-channel"),
+    pytest.param(_jupyter(None), "malformed jupyter frame", id="no-channel"),
+    pytest.param(unchecked_frame({"op": "jupyter", "channel": "iopub", "msg": [1]}),
+                 "malformed jupyter frame", id="msg-not-a-map"),
+    pytest.param(_jupyter(header="status"), "header", id="header-not-a-map"),
+    pytest.param(_jupyter(header=[1, 2]), "header", id="header-a-list"),
+    pytest.param(_jupyter(header={"msg_id": "x"}), "header", id="header-without-msg-type"),
+    pytest.param(_jupyter(header={"msg_type": 5}), "header", id="msg-type-not-str"),
+    pytest.param(_jupyter(parent_header=_REMOVE), "parent_header", id="no-parent-header"),
+    pytest.param(_jupyter(parent_header="p"), "parent_header", id="parent-header-not-a-map"),
+    pytest.param(_jupyter(content=None), "content", id="content-not-a-map"),
+    pytest.param(_jupyter(metadata=[]), "metadata", id="metadata-not-a-map"),
+    pytest.param(_jupyter(buffers=b"x"), "buffers", id="buffers-not-a-list"),
+    pytest.param(_jupyter(buffers=["text"]), "buffers", id="buffer-not-bytes"),
+    pytest.param(_jupyter(parent_header={"msg_id": 1}), "msg_id", id="parent-msg-id-not-str"),
+    pytest.param(_jupyter(["shell"]), "malformed jupyter frame", id="channel-a-list"),
+]
+
+
+@pytest.mark.parametrize(("bad", "reason_part"), VIOLATIONS)
+async def test_protocol_violation_closes_the_channel(agent, connect, bad, reason_part):
+    client, closes = await connect()
+    sub = client.subscribe("p")
+    agent.replies["ping"] = "ignore"
+    pending = asyncio.create_task(client.request("ping", timeout=WAIT))
+    await agent.wait_for_request("ping")  # the request is in flight
+    waiting = asyncio.create_task(sub.get())
+    try:
+        await agent.send_raw(bad)
+        reason, violation = await closes.wait(timeout=2)
+        assert violation is True
+        assert reason_part in reason
+        with pytest.raises(ChannelClosed):
+            await asyncio.wait_for(pending, WAIT)
+        with pytest.raises(ChannelClosed):
+            await asyncio.wait_for(waiting, WAIT)
+        assert not client.connected
+        assert client.closed_reason == reason
+        with pytest.raises(ChannelClosed):
+            await client.request("ping", timeout=WAIT)
+        await asyncio.wait_for(agent.disconnected.wait(), WAIT)  # the host hung up
+        await client.close()
+        assert closes.calls == [(reason, True)]  # once
+    finally:
+        for task in (pending, waiting):
+            task.cancel()
+            with contextlib.suppress(BaseException):
+                await task
+        await client.close()
+
+
+async def test_eof_closes_without_violation(agent, connect):
+    client, closes = await connect()
+    sub = client.subscribe("p")
+    agent.replies["ping"] = "ignore"
+    pending = asyncio.create_task(client.request("ping", timeout=WAIT))
+    await agent.wait_for_request("ping")
+    waiting = asyncio.create_task(sub.get())
+    await agent.disconnect()
+    assert await closes.wait() == ("agent closed the channel", False)
+    with pytest.raises(ChannelClosed, match="agent closed the channel"):
+        await asyncio.wait_for(pending, WAIT)
+    with pytest.raises(ChannelClosed, match="agent closed the channel"):
+        await asyncio.wait_for(waiting, WAIT)
+    assert not client.connected
+    await client.close()
+    assert closes.calls == [("agent closed the channel", False)]
+
+
+# -- backpressure --------------------------------------------------------------------------------
+
+
+async def test_backpressure_stops_reading_and_resumes(agent, connect):
+    queue_size, count, size = 4, 600, 16 * 1024  # ~10 MB offered
+    client, closes = await connect(queue_size=queue_size, max_frame_bytes=1 << 20)
+    sub = client.subscribe("p")
+    flood = agent.spawn(agent.flood("p", count=count, size=size))
+
+    sent = await wait_until_stalled(lambda: agent.frames_sent, flood)
+    # The reader stopped: the agent's writes block, and the host holds a bounded amount.
+    assert not flood.done()
+    assert sent < count
+    assert sent * size <= 2 * 1024 * 1024
+    assert sub.queue.qsize() == queue_size
+    assert client._reader is not None and len(client._reader._buffer) <= 1024 * 1024
+
+    # The consumer reads again: everything arrives, in order, and the flood completes.
+    for i in range(count):
+        msg = await sub.get(timeout=WAIT)
+        assert msg.msg["metadata"]["seq"] == i
+        assert sub.queue.qsize() <= queue_size
+    await asyncio.wait_for(flood, WAIT)
+    assert agent.frames_sent == count
+    await round_trip(client)
+    assert closes.calls == []
+
+
+async def test_close_while_the_reader_is_blocked_on_a_full_queue(agent, connect):
+    client, closes = await connect(queue_size=2, max_frame_bytes=1 << 20)
+    sub = client.subscribe("p")
+    flood = agent.spawn(agent.flood("p", count=400, size=16 * 1024))
+    await wait_until_stalled(lambda: agent.frames_sent, flood)
+    await asyncio.wait_for(client.close(), WAIT)
+    assert closes.calls == [("closed by the host", False)]
+    received = 0
+    with pytest.raises(ChannelClosed):
+        while True:
+            await sub.get(timeout=WAIT)
+            received += 1
+    assert received <= 1  # what was left queued, then the close
+    await asyncio.wait_for(agent.disconnected.wait(), WAIT)
+
+
+# -- close ---------------------------------------------------------------------------------------
+
+
+async def test_close_is_idempotent_and_wakes_waiters(agent, connect):
+    client, closes = await connect()
+    sub = client.subscribe("p")
+    agent.replies["ping"] = "ignore"
+    pending = asyncio.create_task(client.request("ping", timeout=WAIT))
+    await agent.wait_for_request("ping")
+    waiting = asyncio.create_task(sub.get())
+    await asyncio.wait_for(asyncio.gather(client.close(), client.close()), WAIT)
+    await asyncio.wait_for(client.close(), WAIT)
+    assert closes.calls == [("closed by the host", False)]
+    with pytest.raises(ChannelClosed):
+        await asyncio.wait_for(pending, WAIT)
+    with pytest.raises(ChannelClosed):
+        await asyncio.wait_for(waiting, WAIT)
+    assert not client.connected
+    with pytest.raises(ChannelClosed):
+        await client.request("ping", timeout=WAIT)
+    with pytest.raises(ChannelClosed):
+        await client.send_jupyter("shell", jupyter_msg("execute_request", {}))
+    await asyncio.wait_for(agent.disconnected.wait(), WAIT)
+
+
+async def test_close_without_connect(sock_path):
+    closes = Closes()
+    client = AgentClient(sock_path, on_close=closes)
+    await client.close()
+    await client.close()
+    assert closes.calls == [("closed by the host", False)]
+

@@ -1,0 +1,496 @@
+"""run_cell against the fake agent: events, statuses, the timeout ladder, kernel death, loss.
+
+The fake agent plays the kernel's part of the Jupyter protocol for each execute_request (iopub
+status/execute_input/outputs, shell execute_reply) and records the requests run_cell sends
+(``interrupt``, ``restart``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from kernelhost.channel import AgentClient, Subscription
+from kernelhost.sandboxes.execution import inject_kernel_death, run_cell
+
+from .fake_agent import (
+    WAIT,
+    Closes,
+    FakeAgent,
+    display_data,
+    error,
+    execute_result,
+    jupyter_msg,
+    raw_frame,
+    scripted,
+    short_socket_dir,
+    stream,
+    wait_until_stalled,
+)
+
+pytestmark = pytest.mark.unit
+
+SESSION = "session-1"
+
+
+@pytest.fixture
+def sock_path():
+    with short_socket_dir() as d:
+        yield os.path.join(d, "agent.sock")
+
+
+@pytest.fixture
+async def agent(sock_path):
+    fake = await FakeAgent(sock_path).start()
+    yield fake
+    await fake.stop()
+
+
+@pytest.fixture
+async def connect(sock_path):
+    """``await connect(**kwargs) -> client``; every client is closed at teardown."""
+    clients: list[AgentClient] = []
+
+    async def make(**kwargs: Any) -> AgentClient:
+        kwargs.setdefault("on_close", Closes())
+        client = AgentClient(sock_path, **kwargs)
+        clients.append(client)
+        await client.connect(timeout=WAIT)
+        return client
+
+    yield make
+    for client in clients:
+        await asyncio.wait_for(client.close(), WAIT)
+
+
+def cell(client: AgentClient, code: str = "1 + 1", *, timeout: float | None = None,
+         interrupt_grace: float = WAIT, **kwargs: Any) -> AsyncIterator[dict[str, Any]]:
+    return run_cell(client, SESSION, code, timeout=timeout, interrupt_grace=interrupt_grace,
+                    **kwargs)
+
+
+async def collect(gen: AsyncIterator[dict[str, Any]], timeout: float = WAIT) -> list[dict]:
+    async def drain() -> list[dict]:
+        async with contextlib.aclosing(gen):  # type: ignore[type-var]
+            return [event async for event in gen]
+
+    return await asyncio.wait_for(drain(), timeout)
+
+
+def without_duration(events: list[dict]) -> list[dict]:
+    end = events[-1]
+    assert end["type"] == "end"
+    assert isinstance(end["duration_ms"], float) and end["duration_ms"] >= 0
+    return [{k: v for k, v in e.items() if k != "duration_ms"} for e in events]
+
+
+def end(status: str, count: int | None) -> dict[str, Any]:
+    return {"type": "end", "status": status, "execution_count": count}
+
+
+def timeout_error(value_part: str, events: list[dict]) -> None:
+    assert any(e["type"] == "error" and e["name"] == "TimeoutError" and value_part in e["value"]
+               for e in events), events
+
+
+async def hang(agent: FakeAgent, request: dict[str, Any]) -> None:
+    """A kernel that starts the cell and never finishes it (the fake cancels this at stop)."""
+    await agent.status(request, "busy")
+    await agent.iopub(request, "execute_input", {"code": "", "execution_count": 1})
+    await asyncio.Event().wait()
+
+
+# -- events --------------------------------------------------------------------------------------
+
+
+async def test_events_in_order_with_content(agent, connect):
+    client = await connect()
+    agent.on_execute = scripted([
+        stream("hello\n"),
+        stream(["warn", "ing\n"], "stderr"),  # list text is joined
+        execute_result({"text/plain": "42"}, count=7, metadata={"m": 1}),
+        display_data({"image/png": "iVBORw0KGgo=", "text/plain": "<Figure>"}),
+        ("clear_output", {"wait": True}),
+        ("comm_open", {"comm_id": "c1", "target_name": "t", "data": {}}),  # unknown: ignored
+        ("update_display_data", {"data": {}, "metadata": {}, "transient": {}}),  # ignored
+        stream("bye\n"),
+    ], execution_count=7)
+
+    events = without_duration(await collect(cell(client, "print('hello')")))
+    assert events == [
+        {"type": "stdout", "text": "hello\n"},
+        {"type": "stderr", "text": "warning\n"},
+        {"type": "result", "data": {"text/plain": "42"}, "metadata": {"m": 1},
+         "is_main_result": True},
+        {"type": "result", "data": {"image/png": "iVBORw0KGgo=", "text/plain": "<Figure>"},
+         "metadata": {}, "is_main_result": False},
+        {"type": "clear_output", "wait": True},
+        {"type": "stdout", "text": "bye\n"},
+        end("ok", 7),
+    ]
+    request = await agent.wait_for_execute()
+    assert request["header"]["session"] == SESSION
+    assert request["content"]["code"] == "print('hello')"
+    assert request["content"]["silent"] is False
+    assert request["content"]["allow_stdin"] is False
+    [frame] = [f for f in agent.received if f["op"] == "jupyter"]
+    assert frame["channel"] == "shell"
+    assert client._subs == {}  # the subscription is gone after the cell
+    assert "interrupt" not in agent.ops()
+
+
+async def test_error_cell(agent, connect):
+    client = await connect()
+    agent.on_execute = scripted([
+        stream("before\n"),
+        error("ZeroDivisionError", "division by zero", ["Traceback", "  1/0", "ZeroDivisionError"]),
+    ], status="error", execution_count=3)
+    events = without_duration(await collect(cell(client, "1/0")))
+    assert events == [
+        {"type": "stdout", "text": "before\n"},
+        {"type": "error", "name": "ZeroDivisionError", "value": "division by zero",
+         "traceback": ["Traceback", "  1/0", "ZeroDivisionError"]},
+        end("error", 3),
+    ]
+
+
+@pytest.mark.parametrize(("input_count", "reply_count", "expected"), [
+    (5, 9, 9),  # the reply wins
+    (5, "9", 5),  # a reply count that is not an int is not used
+    (5, None, 5),
+])
+async def test_execution_count_comes_from_the_reply(agent, connect, input_count, reply_count,
+                                                    expected):
+    client = await connect()
+
+    async def kernel(fake: FakeAgent, request: dict[str, Any]) -> None:
+        await fake.status(request, "busy")
+        await fake.iopub(request, "execute_input", {"code": "", "execution_count": input_count})
+        await fake.status(request, "idle")
+        await fake.execute_reply(request, "ok", reply_count)
+
+    agent.on_execute = kernel
+    events = without_duration(await collect(cell(client)))
+    assert events == [end("ok", expected)]
+
+
+async def test_cell_waits_for_both_reply_and_idle(agent, connect):
+    client = await connect()
+
+    async def kernel(fake: FakeAgent, request: dict[str, Any]) -> None:
+        await fake.status(request, "busy")
+        await fake.execute_reply(request, "ok", 2)
+        await fake.iopub(request, "stream", {"name": "stdout", "text": "after the reply\n"})
+        await fake.status(request, "idle")
+
+    agent.on_execute = kernel
+    events = without_duration(await collect(cell(client)))
+    assert events == [{"type": "stdout", "text": "after the reply\n"}, end("ok", 2)]
+
+
+async def test_messages_of_other_requests_are_not_events(agent, connect):
+    client = await connect()
+
+    async def kernel(fake: FakeAgent, request: dict[str, Any]) -> None:
+        other = {"msg_id": "someone-else", "msg_type": "execute_request"}
+        await fake.status(request, "busy")
+        await fake.emit("iopub", jupyter_msg("stream", {"name": "stdout", "text": "nope"}, other))
+        await fake.emit("iopub", jupyter_msg("status", {"execution_state": "idle"}, other))
+        await fake.iopub(request, "stream", {"name": "stdout", "text": "mine"})
+        await fake.status(request, "idle")
+        await fake.execute_reply(request, "ok", 1)
+
+    agent.on_execute = kernel
+    events = without_duration(await collect(cell(client)))
+    assert events == [{"type": "stdout", "text": "mine"}, end("ok", 1)]
+
+
+async def test_on_subscription_gets_the_cells_subscription(agent, connect):
+    client = await connect()
+    agent.on_execute = scripted()
+    subs: list[Subscription | None] = []
+    await collect(cell(client, on_subscription=subs.append))
+    [sub] = subs
+    assert isinstance(sub, Subscription)
+    request = await agent.wait_for_execute()
+    assert sub.msg_id == request["header"]["msg_id"]
+
+
+# -- timeouts ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("interrupt_reply", ["ok", "error"])
+async def test_timeout_interrupts_the_kernel(agent, connect, interrupt_reply):
+    client = await connect()
+    agent.replies["interrupt"] = interrupt_reply
+
+    async def interruptible(fake: FakeAgent, request: dict[str, Any]) -> None:
+        await fake.status(request, "busy")
+        await fake.iopub(request, "execute_input", {"code": "", "execution_count": 4})
+        await fake.wait_for_request("interrupt")
+        await fake.iopub(request, "error", {"ename": "KeyboardInterrupt", "evalue": "",
+                                            "traceback": ["KeyboardInterrupt"]})
+        await fake.status(request, "idle")
+        await fake.execute_reply(request, "error", 4)
+
+    agent.on_execute = interruptible
+    t0 = time.monotonic()
+    events = without_duration(await collect(cell(client, "while True: pass", timeout=0.2)))
+    assert time.monotonic() - t0 >= 0.19
+    assert events == [
+        {"type": "error", "name": "TimeoutError",
+         "value": "execution exceeded its timeout of 0.2s; the kernel was interrupted; "
+                  "its state is kept", "traceback": []},
+        {"type": "error", "name": "KeyboardInterrupt", "value": "",
+         "traceback": ["KeyboardInterrupt"]},
+        end("timeout", 4),
+    ]
+    assert agent.ops().count("interrupt") == 1
+    assert "restart" not in agent.ops()
+
+
+@pytest.mark.parametrize("restart_reply", ["ok", "error", "ignore"])
+async def test_kernel_ignoring_the_interrupt_is_restarted(agent, connect, restart_reply):
+    client = await connect()
+    agent.on_execute = hang
+    agent.replies["restart"] = restart_reply
+    t0 = time.monotonic()
+    events = await collect(cell(client, "import time; time.sleep(1e9)", timeout=0.2,
+                                interrupt_grace=0.2, restart_timeout=0.3))
+    elapsed = time.monotonic() - t0
+    assert elapsed >= 0.39
+    events = without_duration(events)
+    assert [e["type"] for e in events] == ["error", "error", "end"]
+    timeout_error("interrupted; its state is kept", events[:1])
+    timeout_error("was restarted; variables and imports were lost", events[1:2])
+    assert events[-1] == end("timeout", 1)
+    ops = [op for op in agent.ops() if op in ("interrupt", "restart")]
+    assert ops == ["interrupt", "restart"]
+    interrupt, restart = agent.requests("interrupt")[0], agent.requests("restart")[0]
+    assert agent.received.index(interrupt) < agent.received.index(restart)
+
+
+async def test_no_timeout_means_no_interrupt(agent, connect):
+    client = await connect()
+    release = asyncio.Event()
+
+    async def slow(fake: FakeAgent, request: dict[str, Any]) -> None:
+        await fake.status(request, "busy")
+        await asyncio.wait_for(release.wait(), WAIT)
+        await fake.run_execute(request, [stream("done\n")])
+
+    agent.on_execute = slow
+    gen = cell(client, timeout=None)
+    task = asyncio.ensure_future(collect(gen))
+    await agent.wait_for_execute()
+    release.set()
+    events = without_duration(await asyncio.wait_for(task, WAIT))
+    assert events[-2:] == [{"type": "stdout", "text": "done\n"}, end("ok", 1)]
+    assert "interrupt" not in agent.ops()
+
+
+# -- kernel death and loss of the channel --------------------------------------------------------
+
+
+async def test_injected_kernel_death_ends_the_cell(agent, connect):
+    client = await connect()
+
+    async def dies(fake: FakeAgent, request: dict[str, Any]) -> None:
+        await fake.status(request, "busy")
+        await fake.iopub(request, "execute_input", {"code": "", "execution_count": 2})
+        await fake.iopub(request, "stream", {"name": "stdout", "text": "partial\n"})
+        await asyncio.Event().wait()
+
+    agent.on_execute = dies
+    subs: list[Subscription | None] = []
+    gen = cell(client, "import os; os._exit(9)", on_subscription=subs.append)
+    async with contextlib.aclosing(gen):
+        first = await asyncio.wait_for(anext(gen), WAIT)
+        assert first == {"type": "stdout", "text": "partial\n"}
+        assert subs[0] is not None
+        inject_kernel_death(subs[0], {"op": "event", "event": "kernel_died", "exit_code": 9})
+        rest = without_duration(await collect(gen))
+    assert rest == [
+        {"type": "error", "name": "KernelDied",
+         "value": "the kernel process died (exit code 9) while running this cell; it was "
+                  "restarted and its state is lost", "traceback": []},
+        end("kernel_died", 2),
+    ]
+    assert "interrupt" not in agent.ops()
+
+
+async def test_kernel_died_event_from_the_agent_ends_the_cell(agent, connect):
+    """The manager's wiring: AgentClient.on_event -> inject_kernel_death(current subscription)."""
+    current: list[Subscription | None] = [None]
+
+    def on_event(event: dict[str, Any]) -> None:
+        if event.get("event") == "kernel_died" and current[0] is not None:
+            inject_kernel_death(current[0], event)
+
+    client = await connect(on_event=on_event)
+
+    async def dies(fake: FakeAgent, request: dict[str, Any]) -> None:
+        await fake.status(request, "busy")
+        await fake.iopub(request, "stream", {"name": "stderr", "text": "Killed\n"})
+        await fake.event("kernel_died", exit_code=None)
+        await fake.event("kernel_restarted", reason="died")
+
+    agent.on_execute = dies
+    events = without_duration(await collect(
+        cell(client, on_subscription=lambda sub: current.__setitem__(0, sub))))
+    assert [e["type"] for e in events] == ["stderr", "error", "end"]
+    assert events[1]["name"] == "KernelDied"
+    assert "exit code None" in events[1]["value"]
+    assert events[-1] == end("kernel_died", None)
+
+
+async def test_kernel_death_is_not_lost_when_the_queue_is_full(agent, connect):
+    seen = asyncio.Event()
+    current: list[Subscription | None] = [None]
+
+    def on_event(event: dict[str, Any]) -> None:
+        if current[0] is not None:
+            inject_kernel_death(current[0], event)
+        seen.set()
+
+    client = await connect(on_event=on_event, queue_size=2)
+
+    async def dies(fake: FakeAgent, request: dict[str, Any]) -> None:
+        for i in range(3):
+            await fake.iopub(request, "stream", {"name": "stdout", "text": f"{i}\n"})
+        await fake.event("kernel_died", exit_code=-9)
+
+    agent.on_execute = dies
+    gen = cell(client, on_subscription=lambda sub: current.__setitem__(0, sub))
+    async with contextlib.aclosing(gen):
+        first = await asyncio.wait_for(anext(gen), WAIT)
+        assert first == {"type": "stdout", "text": "0\n"}
+        # The consumer is behind: "1" and "2" fill the queue, then the kernel dies.
+        await asyncio.wait_for(seen.wait(), WAIT)
+        rest = await collect(gen, timeout=1.0)
+    assert rest[-2]["name"] == "KernelDied"
+    assert rest[-1]["status"] == "kernel_died"
+
+
+@pytest.mark.parametrize("how", ["eof", "violation"])
+async def test_channel_lost_mid_cell(agent, connect, how):
+    closes = Closes()
+    client = await connect(on_close=closes)
+
+    async def vanishes(fake: FakeAgent, request: dict[str, Any]) -> None:
+        await fake.status(request, "busy")
+        await fake.iopub(request, "stream", {"name": "stdout", "text": "partial\n"})
+        if how == "eof":
+            await fake.disconnect()
+        else:
+            await fake.send_raw(raw_frame(b"\x91\x01"))  # not a map
+
+    agent.on_execute = vanishes
+    events = without_duration(await collect(cell(client)))
+    # On EOF all output before it is delivered. A bad frame fails the decoder's whole feed(), so
+    # output read in the same chunk as the bad frame may be dropped: the VM is distrusted anyway.
+    expected = ["stdout", "error", "end"] if how == "eof" else ["error", "end"]
+    assert [e["type"] for e in events if e["type"] != "stdout"] == ["error", "end"]
+    assert [e["type"] for e in events][-len(expected):] == expected
+    assert events[-2]["name"] == "SandboxLost"
+    reason, violation = await closes.wait()
+    assert reason in events[-2]["value"]
+    assert violation is (how == "violation")
+    assert events[-1] == end("kernel_died", None)
+    assert "interrupt" not in agent.ops()
+
+
+async def test_cell_on_a_closed_channel(agent, connect):
+    client = await connect()
+    await client.close()
+    events = without_duration(await collect(cell(client)))
+    assert [e["type"] for e in events] == ["error", "end"]
+    assert events[0]["name"] == "SandboxLost"
+    assert "closed by the host" in events[0]["value"]
+    assert events[-1] == end("kernel_died", None)
+    assert client._subs == {}
+
+
+# -- the consumer going away ---------------------------------------------------------------------
+
+
+async def test_consumer_leaving_early_interrupts_the_kernel(agent, connect):
+    client = await connect()
+
+    async def long_running(fake: FakeAgent, request: dict[str, Any]) -> None:
+        await fake.status(request, "busy")
+        await fake.iopub(request, "stream", {"name": "stdout", "text": "step 1\n"})
+        await fake.wait_for_request("interrupt")
+        await fake.iopub(request, "error", {"ename": "KeyboardInterrupt", "evalue": "",
+                                            "traceback": []})
+        await fake.status(request, "idle")
+        await fake.execute_reply(request, "error", 1)
+
+    agent.on_execute = long_running
+    gen = cell(client)
+    first = await asyncio.wait_for(anext(gen), WAIT)
+    assert first == {"type": "stdout", "text": "step 1\n"}
+    await asyncio.wait_for(gen.aclose(), WAIT)
+    assert agent.ops().count("interrupt") == 1
+    assert client._subs == {}
+    assert (await client.request("ping", timeout=WAIT))["ok"]  # the channel is fine
+    assert client.connected
+
+
+# -- a kernel flooding output (host stops reading: backpressure) ---------------------------------
+
+
+async def flooder(fake: FakeAgent, request: dict[str, Any], stop_on: str) -> None:
+    """A kernel printing as fast as it can until the host sends ``stop_on``."""
+    await fake.status(request, "busy")
+    i = 0
+    while not fake.requests(stop_on):
+        await fake.iopub(request, "stream", {"name": "stdout", "text": f"{i:08d}" * 512})
+        i += 1
+    await fake.status(request, "idle")
+    await fake.execute_reply(request, "error", 1)
+
+
+async def _finish_or_close(task: asyncio.Task[Any], client: AgentClient,
+                           deadline: float) -> float:
+    """Seconds ``task`` took; if it misses ``deadline``, close the channel to end it promptly."""
+    t0 = time.monotonic()
+    done, _ = await asyncio.wait({task}, timeout=deadline)
+    took = time.monotonic() - t0
+    if not done:
+        await asyncio.wait_for(client.close(), WAIT)
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(task, WAIT)
+        took = float("inf")
+    return took
+
+
+async def test_timeout_ladder_with_a_flooding_kernel_is_prompt(agent, connect):
+    client = await connect(queue_size=8, max_frame_bytes=1 << 20)
+    agent.on_execute = lambda fake, request: flooder(fake, request, stop_on="restart")
+    task = asyncio.ensure_future(collect(
+        cell(client, timeout=0.3, interrupt_grace=0.3, restart_timeout=WAIT), timeout=60))
+    took = await _finish_or_close(task, client, deadline=2.0)
+    assert took < 2.0, "the cell did not end within timeout + grace + slack"
+    events = without_duration(task.result())
+    timeout_error("was restarted", events)
+    assert events[-1]["status"] == "timeout"
+
+
+async def test_consumer_leaving_a_flooding_cell_is_prompt(agent, connect):
+    client = await connect(queue_size=8, max_frame_bytes=1 << 20)
+    agent.on_execute = lambda fake, request: flooder(fake, request, stop_on="interrupt")
+    gen = cell(client)
+    await asyncio.wait_for(anext(gen), WAIT)
+    [flood] = agent.executions
+    await wait_until_stalled(lambda: agent.frames_sent, flood)  # the host stopped reading
+    closing = asyncio.ensure_future(gen.aclose())
+    took = await _finish_or_close(closing, client, deadline=1.5)
+    assert took < 1.5, "aclose() waited for an interrupt reply stuck behind output"
+    assert "interrupt" in agent.ops()
