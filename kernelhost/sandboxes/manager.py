@@ -17,7 +17,14 @@ from typing import Any
 
 import structlog
 
-from hypervisor import Hypervisor, HypervisorError, ImageNotFound, ImageStore, LibvirtUnavailable
+from hypervisor import (
+    GuestImage,
+    Hypervisor,
+    HypervisorError,
+    ImageNotFound,
+    ImageStore,
+    LibvirtUnavailable,
+)
 
 from ..channel import AgentClient, AgentError, ChannelClosed, Subscription
 from ..config import Settings
@@ -166,12 +173,7 @@ class SandboxManager:
         bound = log.bind(sandbox_id=rec.id, domain=rec.domain)
         t0 = time.monotonic()
         try:
-            async with self._boot_slots:
-                spec = self.hv.spec_for(
-                    rec.domain, image, accel=self.accel, memory_mib=rec.memory_mib,
-                    vcpus=rec.vcpus, metadata={"sandbox": rec.id, "template": template})
-                await asyncio.to_thread(self.hv.start, spec)
-                await self._attach(sbx, timeout=self.settings.boot_timeout)
+            await self._launch(sbx, image)
         except BaseException as exc:
             # includes cancellation (client went away): never leave the VM or its files behind
             tail = self._console_tail(rec.domain)
@@ -192,6 +194,20 @@ class SandboxManager:
         self.sandboxes[rec.id] = sbx
         bound.info("sandbox.created", template=template, boot_ms=round((time.monotonic() - t0) * 1000))
         return sbx
+
+    async def _launch(self, sbx: Sandbox, image: GuestImage) -> None:
+        """Start a VM for ``sbx.record`` (domain ``record.domain``) and attach its agent.
+
+        The one way a sandbox gets a VM, for a create and for a replacement alike. On failure the
+        caller destroys the domain.
+        """
+        rec = sbx.record
+        async with self._boot_slots:
+            spec = self.hv.spec_for(
+                rec.domain, image, accel=self.accel, memory_mib=rec.memory_mib,
+                vcpus=rec.vcpus, metadata={"sandbox": rec.id, "template": rec.template})
+            await asyncio.to_thread(self.hv.start, spec)
+            await self._attach(sbx, timeout=self.settings.boot_timeout)
 
     async def _attach(self, sbx: Sandbox, timeout: float) -> None:
         rec = sbx.record
