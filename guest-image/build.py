@@ -254,6 +254,7 @@ def build(template: str, spec: dict, image_dir: Path, force: bool) -> Path:
                        capture_output=True, text=True).stdout.split("\n")
         manifest = {
             "template": template, "key": key, "description": spec.get("description", ""),
+            "preload": list(spec.get("preload", [])),
             "kernel_version": kernel_version, "suite": suite, "arch": platform.machine(),
             "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "build_seconds": round(time.monotonic() - t0, 1),

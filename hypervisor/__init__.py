@@ -14,6 +14,7 @@ from .errors import (
 )
 from .host import DomainInfo, Hypervisor
 from .images import GuestImage, ImageStore
+from .snapshot import MigrationFailed
 
 __all__ = [
     "CHANNEL_NAME",
@@ -27,6 +28,7 @@ __all__ = [
     "ImageNotFound",
     "ImageStore",
     "LibvirtUnavailable",
+    "MigrationFailed",
     "choose_accel",
     "probe_kvm",
 ]

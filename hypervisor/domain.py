@@ -8,6 +8,7 @@ from xml.sax.saxutils import escape, quoteattr
 
 CHANNEL_NAME = "org.kernelhost.0"
 METADATA_NS = "urn:kernelhost:domain:1"
+MEM_ID = "khram"  # id of the file-backed RAM object; must match between a save and a load
 
 
 @dataclass(frozen=True)
@@ -27,6 +28,13 @@ class DomainSpec:
     writable_size: str = "50%"  # size of the tmpfs that holds the guest's writable layer
     cmdline_extra: str = ""
     metadata: dict[str, str] = field(default_factory=dict)
+    # Guest RAM in a file (QEMU "VM templating"): a template maps it shared (mem_share=True) so a
+    # freeze leaves its RAM in the file; a clone maps the same file privately (copy-on-write).
+    # A directory instead of a file gives private, unnamed RAM that is still a file-backed block,
+    # so a saved state taken from a clone can be loaded into it.
+    mem_path: Path | None = None
+    mem_share: bool = False
+    incoming: bool = False  # start waiting for a migration stream (``-incoming defer``)
 
     def __post_init__(self) -> None:
         if self.accel not in ("tcg", "kvm"):
@@ -94,6 +102,22 @@ class DomainSpec:
     <rng model='virtio'><backend model='random'>/dev/urandom</backend></rng>
     <memballoon model='none'/>
   </devices>
+  <qemu:commandline>{self._qemu_args()}
+  </qemu:commandline>
   <qemu:capabilities><qemu:del capability='cpu-unavailable-features'/></qemu:capabilities>
 </domain>
 """
+
+    def _qemu_args(self) -> str:
+        args: list[str] = []
+        if self.mem_path is not None:
+            share = "on" if self.mem_share else "off"
+            args += [
+                "-object",
+                f"memory-backend-file,id={MEM_ID},size={self.memory_mib}M,"
+                f"mem-path={self.mem_path},share={share}",
+                "-machine", f"memory-backend={MEM_ID}",
+            ]
+        if self.incoming:
+            args += ["-incoming", "defer"]
+        return "".join(f"\n    <qemu:arg value={quoteattr(a)}/>" for a in args)

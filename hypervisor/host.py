@@ -19,12 +19,14 @@ import uuid as uuidlib
 from dataclasses import dataclass
 from pathlib import Path
 from xml.etree import ElementTree
+from xml.sax.saxutils import quoteattr
 
 import libvirt
 
 from .domain import METADATA_NS, DomainSpec
-from .errors import DomainStartFailed, LibvirtUnavailable
+from .errors import DomainNotFound, DomainStartFailed, HypervisorError, LibvirtUnavailable
 from .images import GuestImage
+from .snapshot import load_state, save_state
 
 QEMU_USER = "libvirt-qemu"
 
@@ -106,12 +108,15 @@ class Hypervisor:
         vcpus: int,
         metadata: dict[str, str] | None = None,
         cmdline_extra: str = "",
+        mem_path: Path | None = None,
+        mem_share: bool = False,
+        incoming: bool = False,
     ) -> DomainSpec:
         """A DomainSpec whose per-VM files live under ``vm_dir(name)``, created here."""
         self._check_name(name)
         vm_dir = self.vm_dir(name)
         vm_dir.mkdir(parents=True, exist_ok=True)
-        _give_to_qemu(vm_dir)
+        give_to_qemu(vm_dir)
         return DomainSpec(
             name=name,
             uuid=str(uuidlib.uuid4()),
@@ -125,6 +130,9 @@ class Hypervisor:
             accel=accel,
             cmdline_extra=cmdline_extra,
             metadata=dict(metadata or {}),
+            mem_path=mem_path,
+            mem_share=mem_share,
+            incoming=incoming,
         )
 
     def _check_name(self, name: str) -> None:
@@ -142,6 +150,82 @@ class Hypervisor:
         except libvirt.libvirtError as exc:
             self.cleanup_files(spec.name)
             raise DomainStartFailed(spec.name, str(exc)) from exc
+
+    def start_from_state(self, spec: DomainSpec, state: Path, *, ignore_shared: bool,
+                         timeout: float = 120.0) -> None:
+        """Start a domain paused, load a saved state into it, and resume it.
+
+        With ``ignore_shared`` the state holds no RAM: ``spec.mem_path`` must be the RAM file of
+        the frozen VM (mapped privately, copy-on-write). Without it the state carries all RAM.
+        """
+        self._check_name(spec.name)
+        if not spec.incoming or spec.mem_path is None:
+            raise ValueError("start_from_state needs a spec with incoming=True and a mem_path")
+        virt_type = "test" if self.uri.startswith("test:") else None
+        try:
+            dom = self.conn.createXML(spec.to_xml(virt_type), libvirt.VIR_DOMAIN_START_PAUSED)
+        except libvirt.libvirtError as exc:
+            self.cleanup_files(spec.name)
+            raise DomainStartFailed(spec.name, str(exc)) from exc
+        try:
+            load_state(dom, state, ignore_shared=ignore_shared, timeout=timeout)
+            dom.resume()
+        except (libvirt.libvirtError, HypervisorError) as exc:
+            self.destroy(spec.name)
+            raise DomainStartFailed(spec.name, f"loading {state}: {exc}") from exc
+
+    def refreeze(self, spec: DomainSpec, full_state: Path, state: Path,
+                 timeout: float = 120.0) -> int:
+        """Load a full state (RAM included) into a paused VM whose RAM file is shared
+        (``spec.mem_share``), then save it again without RAM: the RAM ends up in
+        ``spec.mem_path`` and the small device state in ``state``, as for a template.
+        The intermediate domain is destroyed; returns the size of ``state``."""
+        self._check_name(spec.name)
+        if not (spec.incoming and spec.mem_share and spec.mem_path is not None):
+            raise ValueError("refreeze needs incoming=True, mem_share=True and a mem_path")
+        virt_type = "test" if self.uri.startswith("test:") else None
+        try:
+            dom = self.conn.createXML(spec.to_xml(virt_type), libvirt.VIR_DOMAIN_START_PAUSED)
+        except libvirt.libvirtError as exc:
+            self.cleanup_files(spec.name)
+            raise DomainStartFailed(spec.name, str(exc)) from exc
+        try:
+            load_state(dom, full_state, ignore_shared=False, timeout=timeout)
+            return save_state(dom, state, ignore_shared=True, timeout=timeout)
+        finally:
+            self.destroy(spec.name)
+
+    def freeze(self, name: str, state: Path, *, ignore_shared: bool, resume: bool = False,
+               timeout: float = 120.0) -> int:
+        """Pause the domain and save its state to ``state``; resume it afterwards if asked.
+
+        Returns the size of the state file.
+        """
+        dom = self._lookup(name)
+        dom.suspend()
+        try:
+            return save_state(dom, state, ignore_shared=ignore_shared, timeout=timeout)
+        finally:
+            if resume:
+                dom.resume()
+
+    def set_metadata(self, name: str, metadata: dict[str, str]) -> None:
+        attrs = "".join(f" {k}={quoteattr(str(v))}" for k, v in sorted(metadata.items()))
+        try:
+            self._lookup(name).setMetadata(
+                libvirt.VIR_DOMAIN_METADATA_ELEMENT, f"<vm{attrs}/>", "kh", METADATA_NS,
+                libvirt.VIR_DOMAIN_AFFECT_LIVE)
+        except libvirt.libvirtError as exc:
+            raise HypervisorError(f"cannot set metadata of domain {name!r}: {exc}") from exc
+
+    def _lookup(self, name: str) -> libvirt.virDomain:
+        self._check_name(name)
+        try:
+            return self.conn.lookupByName(name)
+        except libvirt.libvirtError as exc:
+            if exc.get_error_code() == libvirt.VIR_ERR_NO_DOMAIN:
+                raise DomainNotFound(name) from exc
+            raise
 
     def is_running(self, name: str) -> bool:
         try:
@@ -214,7 +298,7 @@ class Hypervisor:
         return False
 
 
-def _give_to_qemu(path: Path) -> None:
+def give_to_qemu(path: Path) -> None:
     """QEMU runs as libvirt's unprivileged user and writes the console log in ``path``."""
     try:
         import pwd

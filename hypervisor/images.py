@@ -47,6 +47,13 @@ class ImageStore:
             if p.is_symlink() and (p / "manifest.json").is_file()
         )
 
+    def get_by_key(self, template: str, key: str) -> GuestImage:
+        """The exact build a VM was started from (its disk and kernel must not change under it)."""
+        path = self.image_dir / f"{template}-{key}"
+        if "/" in template + key or not (path / "manifest.json").is_file():
+            raise ImageNotFound(f"{template}-{key}", str(self.image_dir), self.templates())
+        return GuestImage(template, path, json.loads((path / "manifest.json").read_text()))
+
     def get(self, template: str) -> GuestImage:
         link = self.image_dir / template
         if "/" in template or template.startswith(".") or not (link / "manifest.json").is_file():

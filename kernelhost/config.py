@@ -47,6 +47,12 @@ class Settings:
     max_idle_timeout: int = 7 * 24 * 3600
     reaper_interval: float = 10.0
     interrupt_grace: float = 5.0
+    ram_dir: Path = Path("/dev/shm/kernelhost")  # tmpfs: template and fork RAM files
+    snapshots: str = "on"  # on | off (off: every sandbox cold-boots)
+    pool_size: int = 2  # ready clones kept per template
+    idle_action: str = "hibernate"  # hibernate | delete
+    hibernate_retention_seconds: int = 7 * 24 * 3600
+    max_fork: int = 32
     max_frame_bytes: int = 64 * 1024 * 1024
     max_code_bytes: int = 4 * 1024 * 1024
     api_keys: tuple[str, ...] = ()
@@ -56,6 +62,10 @@ class Settings:
     @property
     def db_path(self) -> Path:
         return self.state_dir / "kernelhost.sqlite3"
+
+    @property
+    def hibernate_dir(self) -> Path:
+        return self.state_dir / "hibernated"
 
     @property
     def dev_key_file(self) -> Path:
@@ -112,6 +122,12 @@ class Settings:
     def validate(self) -> None:
         if self.accel not in ("auto", "kvm", "tcg"):
             raise ConfigError(f"accel has value {self.accel!r}; use auto, kvm or tcg")
+        if self.snapshots not in ("on", "off"):
+            raise ConfigError(f"snapshots has value {self.snapshots!r}; use on or off")
+        if self.idle_action not in ("hibernate", "delete"):
+            raise ConfigError(f"idle_action has value {self.idle_action!r}; use hibernate or delete")
+        if not 0 <= self.pool_size <= 256:
+            raise ConfigError(f"pool_size has value {self.pool_size}; use 0-256")
         if self.log_format not in ("auto", "json", "console"):
             raise ConfigError(f"log_format has value {self.log_format!r}; use auto, json or console")
         if not 1 <= self.port <= 65535:

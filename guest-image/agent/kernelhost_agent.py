@@ -313,6 +313,76 @@ class Agent:
         await self.restart_kernel(reason="requested")
         return {"kernel_info": self.kernel_info}
 
+    # -- snapshots, clones and resumes -----------------------------------------------------------
+
+    async def run_silent(self, code: str, timeout: float = 120.0) -> None:
+        """Run code in the kernel without output, history or execution count (agent's own)."""
+        reply = await self.request_kernel("shell", "execute_request", {
+            "code": code, "silent": True, "store_history": False, "user_expressions": {},
+            "allow_stdin": False, "stop_on_error": False,
+        }, timeout=timeout)
+        content = reply.get("content", {})
+        if content.get("status") != "ok":
+            raise RuntimeError(f"{content.get('ename')}: {content.get('evalue')}")
+
+    async def op_prepare_snapshot(self, frame: dict[str, Any]) -> dict[str, Any]:
+        """Warm the kernel before its VM is frozen into a template: import the template's heavy
+        modules, collect garbage, and drop the guest's page cache so the RAM file holds less."""
+        await self.ready.wait()
+        t0 = time.monotonic()
+        modules = [m for m in frame.get("preload", []) if isinstance(m, str) and m]
+        for module in modules:
+            if not all(part.isidentifier() for part in module.split(".")):
+                raise ValueError(f"not a module name: {module!r}")
+            await self.run_silent(f"import {module}")
+        await self.run_silent("import gc as _kh_gc; _kh_gc.collect(); del _kh_gc")
+        import gc
+
+        gc.collect()
+        os.sync()
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("3\n")
+        return {"preloaded": modules, "seconds": round(time.monotonic() - t0, 3)}
+
+    async def op_resumed(self, frame: dict[str, Any]) -> dict[str, Any]:
+        """After a restore, clone or resume: set the clock from the host, mix fresh entropy into
+        the kernel RNG and reseed it, and reseed Python's ``random`` (and numpy's global RNG) in
+        the kernel, so no two sandboxes share a random stream or a stale clock."""
+        t0 = time.monotonic()
+        time_ns = frame.get("time_ns")
+        if isinstance(time_ns, int):
+            time.clock_settime_ns(time.CLOCK_REALTIME, time_ns)
+        entropy = frame.get("entropy")
+        if isinstance(entropy, bytes) and entropy:
+            _add_entropy(entropy)
+        await self.ready.wait()
+        await self.run_silent(
+            "import random as _kh_r, sys as _kh_s\n"
+            "_kh_r.seed()\n"
+            "if 'numpy' in _kh_s.modules:\n"
+            "    _kh_s.modules['numpy'].random.seed()\n"
+            "del _kh_r, _kh_s", timeout=30.0)
+        return {"seconds": round(time.monotonic() - t0, 4)}
+
+
+RNDADDENTROPY = 0x40085203  # _IOW('R', 0x03, int[2])
+RNDRESEEDCRNG = 0x5207  # _IO('R', 0x07)
+
+
+def _add_entropy(data: bytes) -> None:
+    import fcntl
+    import struct
+
+    data = data[:512]
+    pad = (-len(data)) % 4
+    info = struct.pack("ii", len(data) * 8, len(data)) + data + b"\0" * pad
+    fd = os.open("/dev/random", os.O_WRONLY)
+    try:
+        fcntl.ioctl(fd, RNDADDENTROPY, info)
+        fcntl.ioctl(fd, RNDRESEEDCRNG)
+    finally:
+        os.close(fd)
+
 
 BOOT_ID = uuid.uuid4().hex
 

@@ -112,3 +112,12 @@ async def execute(request: web.Request) -> web.StreamResponse:
             await resp.write(json.dumps(event, separators=(",", ":")).encode() + b"\n")
     await resp.write_eof()
     return resp
+
+
+@routes.post("/v1/sandboxes/{sandbox_id}/fork")
+async def fork_sandbox(request: web.Request) -> web.Response:
+    """Copy a live sandbox into ``n`` children (body ``{"n": 1}``); 201 with the children."""
+    body = await _json_body(request)
+    n = _field(body, "n", int, 1)
+    kids = await _runtime(request).manager.fork(request[KEY_ID], request.match_info["sandbox_id"], n)
+    return web.json_response({"sandboxes": [k.to_dict() for k in kids]}, status=201)

@@ -201,6 +201,12 @@ class Sandbox:
     interrupt = _sync_method(AsyncSandbox.interrupt)
     restart = _sync_method(AsyncSandbox.restart)
 
+    @_doc_from(AsyncSandbox.fork)
+    def fork(self, n: int = 1, timeout: float = CREATE_TIMEOUT) -> builtins.list[Sandbox]:
+        children = self._call(self._async.fork(n, timeout=timeout))
+        # each child gets its own loop thread: closing one must not stop another
+        return [Sandbox._adopt(child, _LoopThread()) for child in children]
+
     @_doc_from(AsyncSandbox.close)
     def close(self) -> None:
         if self._loop_thread.stopped:

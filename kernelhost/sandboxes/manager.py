@@ -13,6 +13,7 @@ import time
 import uuid
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import structlog
@@ -38,6 +39,7 @@ from .errors import (
 )
 from .execution import inject_kernel_death, run_cell
 from .store import SandboxRecord, Store
+from .vms import VmFactory
 
 log = structlog.get_logger("kernelhost.sandboxes")
 
@@ -83,7 +85,7 @@ class SandboxManager:
         self.store = store
         self.accel = accel
         self.sandboxes: dict[str, Sandbox] = {}
-        self._boot_slots = asyncio.Semaphore(settings.max_concurrent_boots)
+        self.vms = VmFactory(settings, hv, images, accel)
         self._tasks: set[asyncio.Task[Any]] = set()
         self._reaper: asyncio.Task[None] | None = None
 
@@ -95,10 +97,14 @@ class SandboxManager:
             domains = {d.name: d for d in await asyncio.to_thread(self.hv.domains)}
         except LibvirtUnavailable as exc:
             raise BackendUnavailable(str(exc)) from exc
+        await self.vms.prepare()
         keep: set[str] = set()
         for rec in self.store.all():
             sbx = Sandbox(rec)
             info = domains.get(rec.domain)
+            if rec.state == "hibernated" and self._hibernate_path(rec).is_file():
+                self.sandboxes[rec.id] = sbx  # wakes on its next call
+                continue
             if rec.state == "starting" or info is None or not info.running:
                 # killed mid-create, or its VM is gone: nothing to reattach to
                 log.info("sandbox.dropped", sandbox_id=rec.id, domain=rec.domain, state=rec.state)
@@ -116,7 +122,31 @@ class SandboxManager:
         removed = await asyncio.to_thread(self.hv.reconcile, keep)
         if removed:
             log.info("reconcile.destroyed", domains=removed)
+        self._remove_stray_hibernations()
         self._reaper = asyncio.create_task(self._reap_loop(), name="idle-reaper")
+        self._spawn(self._warm_up())
+
+    async def _warm_up(self) -> None:
+        """Build missing template snapshots, then keep each template's pool filled."""
+        if not self.vms.use_snapshots:
+            return
+        for template in self.images.templates():
+            try:
+                await self.vms.snapshot_for(self.images.get(template))
+            except (HypervisorError, ChannelClosed, AgentError, TimeoutError) as exc:
+                log.error("snapshot.build_failed", template=template, error=str(exc))
+                continue
+            self.vms.pool.start(template)
+
+    def _hibernate_path(self, rec: SandboxRecord) -> Path:
+        return self.settings.hibernate_dir / f"{rec.id}.state"
+
+    def _remove_stray_hibernations(self) -> None:
+        known = {self._hibernate_path(s.record) for s in self.sandboxes.values()}
+        if self.settings.hibernate_dir.is_dir():
+            for path in self.settings.hibernate_dir.iterdir():
+                if path not in known:
+                    path.unlink(missing_ok=True)
 
     async def close(self) -> None:
         """Stop background work and close channels; VMs keep running for the next start."""
@@ -126,6 +156,7 @@ class SandboxManager:
         for t in tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await t
+        await self.vms.close()
         for sbx in self.sandboxes.values():
             if sbx.agent is not None:
                 await sbx.agent.close()
@@ -169,6 +200,18 @@ class SandboxManager:
             metadata=dict(metadata or {}),
         )
         sbx = Sandbox(rec)
+        clone = self.vms.pool.take(template) if self.vms.use_snapshots else None
+        if clone is not None and clone.image_key == image.key:
+            rec.domain, rec.state = clone.domain, "running"
+            self.store.insert(rec)
+            self._bind(sbx, clone.agent)
+            self.sandboxes[rec.id] = sbx
+            self._spawn(self._label(rec))
+            log.info("sandbox.created", sandbox_id=rec.id, domain=rec.domain, template=template,
+                     how="pool")
+            return sbx
+        if clone is not None:  # made from an image that has since been rebuilt
+            self._spawn(self.vms._discard(clone))
         self.store.insert(rec)
         bound = log.bind(sandbox_id=rec.id, domain=rec.domain)
         t0 = time.monotonic()
@@ -192,8 +235,15 @@ class SandboxManager:
         rec.state = "running"
         self.store.update(rec.id, state="running")
         self.sandboxes[rec.id] = sbx
-        bound.info("sandbox.created", template=template, boot_ms=round((time.monotonic() - t0) * 1000))
+        bound.info("sandbox.created", template=template, how=self.vms.last.how,
+                   ms=round((time.monotonic() - t0) * 1000))
         return sbx
+
+    async def _label(self, rec: SandboxRecord) -> None:
+        """Name the sandbox in its pooled domain's metadata (for operators and reconcile)."""
+        with contextlib.suppress(HypervisorError):
+            await asyncio.to_thread(self.hv.set_metadata, rec.domain,
+                                    {"sandbox": rec.id, "template": rec.template})
 
     async def _launch(self, sbx: Sandbox, image: GuestImage) -> None:
         """Start a VM for ``sbx.record`` (domain ``record.domain``) and attach its agent.
@@ -202,30 +252,22 @@ class SandboxManager:
         caller destroys the domain.
         """
         rec = sbx.record
-        async with self._boot_slots:
-            spec = self.hv.spec_for(
-                rec.domain, image, accel=self.accel, memory_mib=rec.memory_mib,
-                vcpus=rec.vcpus, metadata={"sandbox": rec.id, "template": rec.template})
-            await asyncio.to_thread(self.hv.start, spec)
-            await self._attach(sbx, timeout=self.settings.boot_timeout)
+        agent = await self.vms.launch(rec.domain, image,
+                                      {"sandbox": rec.id, "template": rec.template})
+        self._bind(sbx, agent)
 
     async def _attach(self, sbx: Sandbox, timeout: float) -> None:
-        rec = sbx.record
-        agent = AgentClient(
-            self.hv.vm_dir(rec.domain) / "agent.sock",
-            max_frame_bytes=self.settings.max_frame_bytes,
-            on_event=lambda ev: self._on_event(sbx, ev),
-            on_close=lambda reason, violation: self._on_close(sbx, reason, violation),
-        )
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        await agent.connect(timeout=timeout)
-        try:
-            await agent.request("hello", timeout=max(1.0, deadline - loop.time()))
-        except BaseException:
-            await agent.close()
-            raise
+        """Reattach to a running VM's agent (service restart)."""
+        agent = await self.vms.connect_agent(self.hv.vm_dir(sbx.record.domain) / "agent.sock",
+                                             timeout)
+        self._bind(sbx, agent)
+
+    def _bind(self, sbx: Sandbox, agent: AgentClient) -> None:
+        agent.on_event = lambda ev: self._on_event(sbx, ev)
+        agent.on_close = lambda reason, violation: self._on_close(sbx, reason, violation)
         sbx.agent = agent
+        if not agent.connected:  # closed before we listened: report it now
+            self._on_close(sbx, agent.closed_reason or "channel closed", False)
 
     def _console_tail(self, domain: str, lines: int = 20) -> str:
         path = self.hv.vm_dir(domain) / "console.log"
@@ -251,6 +293,7 @@ class SandboxManager:
         if sbx.agent is not None:
             await sbx.agent.close()
         await self._destroy_quietly(sbx.record)
+        self._hibernate_path(sbx.record).unlink(missing_ok=True)
         log.info("sandbox.removed", sandbox_id=sbx.id, reason=reason)
 
     # -- agent callbacks -----------------------------------------------------------------------
@@ -306,6 +349,7 @@ class SandboxManager:
                        ) -> AsyncGenerator[dict[str, Any], None]:
         async with sbx.lock:
             self._check_running(sbx)
+            await self._ensure_awake(sbx)
             assert sbx.agent is not None
             sbx.busy = True
             self.store.touch(sbx.id)
@@ -324,6 +368,8 @@ class SandboxManager:
                     self.store.touch(sbx.id, sbx.record.last_active_at)
 
     def _check_running(self, sbx: Sandbox) -> None:
+        if sbx.record.state == "hibernated":
+            return  # woken by the caller under the sandbox's lock
         if sbx.record.state != "running" or sbx.agent is None or not sbx.agent.connected:
             raise SandboxNotRunning(
                 f"sandbox {sbx.id} is {sbx.record.state}"
@@ -337,8 +383,104 @@ class SandboxManager:
             await asyncio.sleep(self.settings.reaper_interval)
             now = time.time()
             for sbx in list(self.sandboxes.values()):
-                idle_for = now - sbx.record.last_active_at
-                if not sbx.busy and not sbx.lock.locked() and idle_for > sbx.record.idle_timeout_seconds:
-                    log.info("sandbox.idle_expired", sandbox_id=sbx.id, idle_seconds=round(idle_for))
+                rec = sbx.record
+                idle_for = now - rec.last_active_at
+                if sbx.busy or sbx.lock.locked():
+                    continue
+                if rec.state == "hibernated":
+                    if idle_for > self.settings.hibernate_retention_seconds:
+                        log.info("sandbox.retention_expired", sandbox_id=sbx.id)
+                        await self._remove(sbx, reason="hibernation retention expired")
+                    continue
+                if idle_for <= rec.idle_timeout_seconds:
+                    continue
+                log.info("sandbox.idle_expired", sandbox_id=sbx.id, idle_seconds=round(idle_for),
+                         action=self.settings.idle_action)
+                if self.settings.idle_action == "hibernate" and rec.state == "running":
+                    await self.hibernate(sbx)
+                else:
                     await self._remove(sbx, reason="idle timeout")
 
+    # -- hibernate, wake, fork -----------------------------------------------------------------
+
+    async def hibernate(self, sbx: Sandbox) -> None:
+        """Save the idle sandbox to disk and stop its VM; its next call wakes it."""
+        async with sbx.lock:
+            if sbx.record.state != "running" or sbx.agent is None:
+                return
+            t0 = time.monotonic()
+            path = self._hibernate_path(sbx.record)
+            agent, sbx.agent = sbx.agent, None
+            await agent.close()
+            try:
+                size = await self.vms.hibernate(sbx.record.domain, path)
+            except HypervisorError as exc:
+                log.error("sandbox.hibernate_failed", sandbox_id=sbx.id, error=str(exc))
+                await self._remove(sbx, reason=f"hibernation failed: {exc}")
+                return
+            sbx.record.state = "hibernated"
+            self.store.update(sbx.id, state="hibernated")
+            log.info("sandbox.hibernated", sandbox_id=sbx.id, bytes=size,
+                     ms=round((time.monotonic() - t0) * 1000))
+
+    async def _ensure_awake(self, sbx: Sandbox) -> None:
+        """Wake a hibernated sandbox (caller holds its lock); state intact, clock fresh."""
+        rec = sbx.record
+        if rec.state != "hibernated":
+            return
+        t0 = time.monotonic()
+        path = self._hibernate_path(rec)
+        try:
+            image = self.images.get_by_key(rec.template, rec.image_key)
+            agent = await self.vms.wake(rec.domain, image, path,
+                                        {"sandbox": rec.id, "template": rec.template})
+        except (HypervisorError, ChannelClosed, AgentError, TimeoutError) as exc:
+            raise SandboxNotRunning(
+                f"sandbox {rec.id} was hibernated and could not be woken: {exc}; "
+                "delete it and create a new one", state="hibernated") from exc
+        self._bind(sbx, agent)
+        rec.state = "running"
+        self.store.update(rec.id, state="running")
+        path.unlink(missing_ok=True)
+        log.info("sandbox.woken", sandbox_id=rec.id, ms=round((time.monotonic() - t0) * 1000))
+
+    async def fork(self, owner: str, sandbox_id: str, n: int = 1) -> list[Sandbox]:
+        """``n`` new sandboxes holding every variable, import and file of the parent now."""
+        if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= self.settings.max_fork:
+            raise InvalidRequest(f"n={n!r} is out of range; fork between 1 and "
+                                 f"{self.settings.max_fork} children at once", field="n")
+        parent = self.get(owner, sandbox_id)
+        async with parent.lock:
+            self._check_running(parent)
+            await self._ensure_awake(parent)
+            prec = parent.record
+            image = self.images.get_by_key(prec.template, prec.image_key)
+            now = time.time()
+            kids = [Sandbox(SandboxRecord(
+                id="sbx_" + secrets.token_hex(8), owner=owner, template=prec.template,
+                domain=self.hv.new_name(), state="starting", created_at=now, last_active_at=now,
+                idle_timeout_seconds=prec.idle_timeout_seconds, memory_mib=prec.memory_mib,
+                vcpus=prec.vcpus, accel=prec.accel, image_key=prec.image_key,
+                metadata={**prec.metadata, "forked_from": prec.id})) for _ in range(n)]
+            for kid in kids:
+                self.store.insert(kid.record)
+            t0 = time.monotonic()
+            try:
+                agents = await self.vms.fork(
+                    prec.domain, image,
+                    [(k.record.domain, {"sandbox": k.id, "template": prec.template}) for k in kids])
+            except BaseException as exc:
+                for kid in kids:
+                    self.store.delete(kid.id)
+                if isinstance(exc, (HypervisorError, ChannelClosed, AgentError, TimeoutError)):
+                    raise BootFailed(f"fork of {prec.id} failed: {exc}") from exc
+                raise
+            for kid, agent in zip(kids, agents, strict=True):
+                self._bind(kid, agent)
+                kid.record.state = "running"
+                self.store.update(kid.id, state="running")
+                self.sandboxes[kid.id] = kid
+            self.store.touch(prec.id)
+            log.info("sandbox.forked", sandbox_id=prec.id, children=[k.id for k in kids],
+                     ms=round((time.monotonic() - t0) * 1000))
+            return kids

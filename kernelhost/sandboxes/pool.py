@@ -1,0 +1,106 @@
+"""Warm pool: ready clones per template, so a create is a hand-over, not a boot.
+
+Each template keeps up to ``size`` clones running, attached and already through clone hygiene
+(clock set, entropy added, RNGs reseeded). ``take`` pops one without waiting; a background task
+per template refills the pool one clone at a time. A pooled clone whose channel closes is
+dropped and destroyed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+import structlog
+
+from ..channel import AgentClient
+
+log = structlog.get_logger("kernelhost.pool")
+
+
+@dataclass(eq=False)
+class Clone:
+    domain: str
+    agent: AgentClient
+    image_key: str
+
+
+MakeClone = Callable[[str], Awaitable[Clone]]
+Discard = Callable[[Clone], Awaitable[None]]
+
+
+class WarmPool:
+    def __init__(self, size: int, make: MakeClone, discard: Discard) -> None:
+        self.size = size
+        self._make = make
+        self._discard = discard
+        self._ready: dict[str, list[Clone]] = {}
+        self._wanted: dict[str, asyncio.Event] = {}
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self.hits = 0
+        self.misses = 0
+
+    def ready(self, template: str) -> int:
+        return len(self._ready.get(template, []))
+
+    def start(self, template: str) -> None:
+        """Keep this template's pool filled (idempotent)."""
+        if self.size <= 0 or template in self._tasks:
+            return
+        self._ready.setdefault(template, [])
+        self._wanted[template] = asyncio.Event()
+        self._tasks[template] = asyncio.create_task(self._refill(template),
+                                                    name=f"pool-refill:{template}")
+
+    def take(self, template: str) -> Clone | None:
+        ready = self._ready.get(template)
+        clone = None
+        while ready:
+            candidate = ready.pop(0)
+            if candidate.agent.connected:
+                clone = candidate
+                break
+        if clone is None:
+            self.misses += 1
+        else:
+            self.hits += 1
+        if template in self._wanted:
+            self._wanted[template].set()
+        return clone
+
+    async def _refill(self, template: str) -> None:
+        failures = 0
+        while True:
+            ready = self._ready[template]
+            ready[:] = [c for c in ready if c.agent.connected]
+            if len(ready) >= self.size:
+                self._wanted[template].clear()
+                await self._wanted[template].wait()
+                continue
+            try:
+                clone = await self._make(template)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # keep the pool alive; back off and retry
+                failures += 1
+                log.warning("pool.refill_failed", template=template, error=str(exc),
+                            failures=failures)
+                await asyncio.sleep(min(60.0, 0.5 * 2 ** min(failures, 7)))
+                continue
+            failures = 0
+            ready.append(clone)
+
+    async def close(self) -> None:
+        """Stop refilling and destroy every pooled clone."""
+        tasks = list(self._tasks.values())
+        for t in tasks:
+            t.cancel()
+        for t in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await t
+        self._tasks.clear()
+        for clones in self._ready.values():
+            while clones:
+                await self._discard(clones.pop())

@@ -1,0 +1,145 @@
+"""Template snapshots: a booted, warmed-up VM frozen once per template, cloned copy-on-write.
+
+A template VM boots with its RAM in a file on tmpfs mapped shared. Once its kernel is ready and
+the template's heavy modules are imported (agent op ``prepare_snapshot``), it is paused and its
+device state saved with ``x-ignore-shared`` (a few hundred KiB): the RAM stays in the file. A
+clone maps that file privately and loads the state: running in ~0.1 s, answering in ~0.3 s
+under TCG, sharing every page it has not written with every other clone.
+
+Snapshots are content-addressed by everything that makes them valid (the image build, the QEMU
+and libvirt versions, the machine shape, the accelerator); a stale one is rebuilt on first use
+and the old one's files removed (running clones keep their mapping of the unlinked file).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import shutil
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import structlog
+
+from hypervisor import GuestImage, Hypervisor
+from hypervisor.host import give_to_qemu
+
+from ..channel import AgentClient
+
+log = structlog.get_logger("kernelhost.snapshots")
+
+FORMAT = 1  # bump when what goes into a snapshot changes
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    template: str
+    key: str
+    path: Path
+    image_key: str
+
+    @property
+    def ram(self) -> Path:
+        return self.path / "ram"
+
+    @property
+    def state(self) -> Path:
+        return self.path / "state"
+
+
+Attach = Callable[[Path, float], Awaitable[AgentClient]]
+
+
+class TemplateSnapshots:
+    """Finds or builds the snapshot of each template; one build per template at a time."""
+
+    def __init__(self, hv: Hypervisor, ram_dir: Path, *, accel: str, memory_mib: int, vcpus: int,
+                 boot_timeout: float, attach: Attach) -> None:
+        self.hv = hv
+        self.dir = ram_dir / "templates"
+        self.accel = accel
+        self.memory_mib = memory_mib
+        self.vcpus = vcpus
+        self.boot_timeout = boot_timeout
+        self.attach = attach
+        self._locks: dict[str, asyncio.Lock] = {}
+        self._shape = f"{memory_mib}m{vcpus}c{accel}"
+
+    def key_for(self, image: GuestImage) -> str:
+        versions = self.hv.versions()
+        blob = json.dumps([FORMAT, image.key, versions, self.memory_mib, self.vcpus, self.accel])
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+    def _path(self, template: str, key: str) -> Path:
+        return self.dir / f"{template}-{self._shape}-{key}"
+
+    def current(self, image: GuestImage) -> Snapshot | None:
+        key = self.key_for(image)
+        path = self._path(image.template, key)
+        if (path / "meta.json").is_file() and (path / "ram").is_file():
+            return Snapshot(image.template, key, path, image.key)
+        return None
+
+    async def ensure(self, image: GuestImage) -> Snapshot:
+        """The valid snapshot of the image's template, built now if there is none."""
+        lock = self._locks.setdefault(image.template, asyncio.Lock())
+        async with lock:
+            snap = await asyncio.to_thread(self.current, image)
+            if snap is None:
+                snap = await self._build(image)
+                await asyncio.to_thread(self._remove_stale, snap)
+            return snap
+
+    async def _build(self, image: GuestImage) -> Snapshot:
+        key = await asyncio.to_thread(self.key_for, image)
+        final = self._path(image.template, key)
+        work = self.dir / f".build-{final.name}-{uuid.uuid4().hex[:6]}"
+        work.mkdir(parents=True)
+        give_to_qemu(self.dir)
+        give_to_qemu(work)
+        name = f"{self.hv.prefix}tpl{uuid.uuid4().hex[:9]}"
+        preload = [m for m in image.manifest.get("preload", []) if isinstance(m, str)]
+        bound = log.bind(template=image.template, key=key, domain=name)
+        bound.info("snapshot.build_started", preload=preload)
+        t0 = time.monotonic()
+        try:
+            spec = self.hv.spec_for(name, image, accel=self.accel, memory_mib=self.memory_mib,
+                                    vcpus=self.vcpus, mem_path=work / "ram", mem_share=True,
+                                    metadata={"role": "template", "template": image.template})
+            await asyncio.to_thread(self.hv.start, spec)
+            agent = await self.attach(spec.channel_socket, self.boot_timeout)
+            try:
+                await agent.request("prepare_snapshot", timeout=600, preload=preload)
+            finally:
+                await agent.close()  # the guest sees the host leave; clones see a new one come
+            size = await asyncio.to_thread(self.hv.freeze, name, work / "state",
+                                           ignore_shared=True)
+            (work / "meta.json").write_text(json.dumps({
+                "template": image.template, "key": key, "image_key": image.key,
+                "memory_mib": self.memory_mib, "vcpus": self.vcpus, "accel": self.accel,
+                "state_bytes": size, "built_at": time.time(),
+                "build_seconds": round(time.monotonic() - t0, 2),
+            }))
+            if final.exists():  # another service on this host built the same snapshot meanwhile
+                shutil.rmtree(work)
+            else:
+                work.rename(final)
+        except BaseException:
+            shutil.rmtree(work, ignore_errors=True)
+            raise
+        finally:
+            with contextlib.suppress(Exception):
+                await asyncio.shield(asyncio.to_thread(self.hv.destroy, name))
+        bound.info("snapshot.built", seconds=round(time.monotonic() - t0, 2))
+        return Snapshot(image.template, key, final, image.key)
+
+    def _remove_stale(self, keep: Snapshot) -> None:
+        """Remove older snapshots of the same template and shape (clones keep their mapping)."""
+        for path in self.dir.glob(f"{keep.template}-{self._shape}-*"):
+            if path != keep.path:
+                shutil.rmtree(path, ignore_errors=True)

@@ -1,0 +1,246 @@
+"""How a sandbox gets its VM: clone from a template snapshot (or cold boot when there is none),
+hand-over from the warm pool, hibernate to disk and wake, and fork a live VM into n children.
+
+Every VM here has its RAM as a file-backed block (``memory-backend-file``, id ``khram``): a
+template's file mapped shared, a clone's mapped privately, any other VM's an unnamed file in
+``ram_dir/anon``. One RAM shape for every VM is what lets any VM's saved state load into another.
+This module knows the channel (it attaches agents) but not HTTP, and nothing of sandbox records.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from hypervisor import DomainSpec, GuestImage, Hypervisor, HypervisorError, ImageStore
+from hypervisor.host import give_to_qemu
+
+from ..channel import AgentClient
+from ..config import Settings
+from .pool import Clone, WarmPool
+from .snapshots import Snapshot, TemplateSnapshots
+
+log = structlog.get_logger("kernelhost.vms")
+
+
+@dataclass
+class VmTimings:
+    """Where the time of the last launch went (seconds), for logs and benchmarks."""
+
+    how: str = ""
+    start: float = 0.0
+    attach: float = 0.0
+    hygiene: float = 0.0
+
+
+class VmFactory:
+    def __init__(self, settings: Settings, hv: Hypervisor, images: ImageStore, accel: str) -> None:
+        self.settings = settings
+        self.hv = hv
+        self.images = images
+        self.accel = accel
+        self.ram_dir = settings.ram_dir
+        self.anon_dir = settings.ram_dir / "anon"
+        self._boot_slots = asyncio.Semaphore(settings.max_concurrent_boots)
+        self.snapshots = TemplateSnapshots(
+            hv, settings.ram_dir, accel=accel, memory_mib=settings.vm_memory_mib,
+            vcpus=settings.vm_vcpus, boot_timeout=settings.boot_timeout,
+            attach=self.connect_agent)
+        self.pool = WarmPool(settings.pool_size, self._pool_clone, self._discard)
+        self.last = VmTimings()
+
+    async def prepare(self) -> None:
+        for path in (self.ram_dir, self.anon_dir):
+            path.mkdir(parents=True, exist_ok=True)
+            give_to_qemu(path)
+
+    async def close(self) -> None:
+        await self.pool.close()
+
+    @property
+    def use_snapshots(self) -> bool:
+        return self.settings.snapshots == "on"
+
+    # -- agents --------------------------------------------------------------------------------
+
+    async def connect_agent(self, socket: Path, timeout: float) -> AgentClient:
+        """Connect to a VM's channel and wait until its agent has a ready kernel."""
+        agent = AgentClient(socket, max_frame_bytes=self.settings.max_frame_bytes)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        await agent.connect(timeout=timeout)
+        try:
+            await agent.request("hello", timeout=max(1.0, deadline - loop.time()))
+        except BaseException:
+            await agent.close()
+            raise
+        return agent
+
+    async def hygiene(self, agent: AgentClient) -> None:
+        """After a clone, resume or fork: fresh clock, entropy and RNG seeds in the guest."""
+        await agent.request("resumed", timeout=30, time_ns=time.time_ns(),
+                            entropy=os.urandom(64))
+
+    # -- launching -----------------------------------------------------------------------------
+
+    def _spec(self, domain: str, image: GuestImage, meta: dict[str, str], *,
+              mem_path: Path | None = None, mem_share: bool = False,
+              incoming: bool = False) -> DomainSpec:
+        return self.hv.spec_for(
+            domain, image, accel=self.accel, memory_mib=self.settings.vm_memory_mib,
+            vcpus=self.settings.vm_vcpus, metadata=meta,
+            mem_path=mem_path or self.anon_dir, mem_share=mem_share, incoming=incoming)
+
+    async def snapshot_for(self, image: GuestImage) -> Snapshot | None:
+        if not self.use_snapshots:
+            return None
+        return await self.snapshots.ensure(image)
+
+    async def launch(self, domain: str, image: GuestImage, meta: dict[str, str]) -> AgentClient:
+        """Start a VM named ``domain`` for ``image`` and return its attached, fresh agent.
+
+        Clones the template snapshot (building it first if there is none); cold-boots when
+        snapshots are off. On failure nothing of the domain is left.
+        """
+        try:
+            snap = await self.snapshot_for(image)
+            if snap is not None:
+                return await self._clone(domain, image, snap, meta)
+            return await self._boot(domain, image, meta)
+        except BaseException:
+            await asyncio.shield(self.destroy(domain))
+            raise
+
+    async def _boot(self, domain: str, image: GuestImage, meta: dict[str, str]) -> AgentClient:
+        t0 = time.monotonic()
+        async with self._boot_slots:
+            spec = self._spec(domain, image, meta)
+            await asyncio.to_thread(self.hv.start, spec)
+            t1 = time.monotonic()
+            agent = await self.connect_agent(spec.channel_socket, self.settings.boot_timeout)
+        self.last = VmTimings("boot", t1 - t0, time.monotonic() - t1, 0.0)
+        return agent
+
+    async def _clone(self, domain: str, image: GuestImage, snap: Snapshot,
+                     meta: dict[str, str], *, state: Path | None = None,
+                     ram: Path | None = None) -> AgentClient:
+        t0 = time.monotonic()
+        spec = self._spec(domain, image, meta, mem_path=ram or snap.ram, incoming=True)
+        await asyncio.to_thread(self.hv.start_from_state, spec, state or snap.state,
+                                ignore_shared=True)
+        t1 = time.monotonic()
+        agent = await self.connect_agent(spec.channel_socket, 30.0)
+        t2 = time.monotonic()
+        try:
+            await self.hygiene(agent)
+        except BaseException:
+            await agent.close()
+            raise
+        self.last = VmTimings("clone", t1 - t0, t2 - t1, time.monotonic() - t2)
+        return agent
+
+    async def destroy(self, domain: str) -> None:
+        try:
+            await asyncio.to_thread(self.hv.destroy, domain)
+        except HypervisorError as exc:
+            log.error("vm.destroy_failed", domain=domain, error=str(exc))
+
+    # -- pool ----------------------------------------------------------------------------------
+
+    async def _pool_clone(self, template: str) -> Clone:
+        image = self.images.get(template)
+        domain = self.hv.new_name()
+        agent = await self.launch(domain, image, {"role": "pool", "template": template})
+        return Clone(domain, agent, image.key)
+
+    async def _discard(self, clone: Clone) -> None:
+        await clone.agent.close()
+        await self.destroy(clone.domain)
+
+    # -- hibernate and wake --------------------------------------------------------------------
+
+    async def hibernate(self, domain: str, path: Path) -> int:
+        """Save the whole VM (RAM included) to ``path`` on disk and destroy it."""
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            size = await asyncio.to_thread(self.hv.freeze, domain, path, ignore_shared=False)
+        except BaseException:
+            path.unlink(missing_ok=True)
+            raise
+        await self.destroy(domain)
+        return size
+
+    async def wake(self, domain: str, image: GuestImage, path: Path,
+                   meta: dict[str, str]) -> AgentClient:
+        """Start ``domain`` from a hibernated state; the caller removes ``path`` afterwards."""
+        t0 = time.monotonic()
+        spec = self._spec(domain, image, meta, incoming=True)
+        try:
+            await asyncio.to_thread(self.hv.start_from_state, spec, path, ignore_shared=False)
+            t1 = time.monotonic()
+            agent = await self.connect_agent(spec.channel_socket, 30.0)
+            t2 = time.monotonic()
+            try:
+                await self.hygiene(agent)
+            except BaseException:
+                await agent.close()
+                raise
+        except BaseException:
+            await asyncio.shield(self.destroy(domain))
+            raise
+        self.last = VmTimings("wake", t1 - t0, t2 - t1, time.monotonic() - t2)
+        return agent
+
+    # -- fork ----------------------------------------------------------------------------------
+
+    async def fork(self, parent: str, image: GuestImage, children: list[tuple[str, dict[str, str]]]
+                   ) -> list[AgentClient]:
+        """Clone the running ``parent`` into ``children`` (domain, metadata); parent resumes.
+
+        The parent is paused just long enough to save its whole state; an intermediate VM with a
+        shared RAM file loads it and is frozen like a template, and the children map that file
+        copy-on-write. The file is unlinked once they run: their mappings keep it alive.
+        """
+        work = self.ram_dir / "forks" / uuid.uuid4().hex[:12]
+        work.mkdir(parents=True)
+        give_to_qemu(work.parent)
+        give_to_qemu(work)
+        mid = self.hv.new_name()
+        agents: list[AgentClient] = []
+        try:
+            await asyncio.to_thread(self.hv.freeze, parent, work / "full", ignore_shared=False,
+                                    resume=True)
+            spec = self._spec(mid, image, {"role": "fork"}, mem_path=work / "ram", mem_share=True,
+                              incoming=True)
+            await asyncio.to_thread(self.hv.refreeze, spec, work / "full", work / "state")
+            (work / "full").unlink()
+            snap = Snapshot(image.template, "fork", work, image.key)
+            for domain, meta in children:
+                try:
+                    agents.append(await self._clone(domain, image, snap, meta))
+                except BaseException:
+                    await asyncio.shield(self.destroy(domain))
+                    raise
+            return agents
+        except BaseException:
+            for agent in agents:
+                await agent.close()
+            for domain, _ in children[: len(agents)]:
+                await asyncio.shield(self.destroy(domain))
+            raise
+        finally:
+            with contextlib.suppress(HypervisorError):
+                await asyncio.shield(asyncio.to_thread(self.hv.destroy, mid))
+            shutil.rmtree(work, ignore_errors=True)
+
+    def stats(self) -> dict[str, Any]:
+        return {"pool_hits": self.pool.hits, "pool_misses": self.pool.misses}
