@@ -57,6 +57,7 @@ async def healthz(request: web.Request) -> web.Response:
     return web.json_response({
         "status": "ok", "accel": rt.accel, "accel_reason": rt.accel_reason,
         "templates": rt.manager.templates(), "sandboxes": len(rt.manager.sandboxes),
+        "pool": {t: rt.manager.vms.pool.ready(t) for t in rt.manager.templates()},
     })
 
 
@@ -121,3 +122,11 @@ async def fork_sandbox(request: web.Request) -> web.Response:
     n = _field(body, "n", int, 1)
     kids = await _runtime(request).manager.fork(request[KEY_ID], request.match_info["sandbox_id"], n)
     return web.json_response({"sandboxes": [k.to_dict() for k in kids]}, status=201)
+
+
+@routes.post("/v1/sandboxes/{sandbox_id}/hibernate")
+async def hibernate_sandbox(request: web.Request) -> web.Response:
+    """Save the sandbox to disk and stop its VM now; its next call wakes it, state intact."""
+    manager = _runtime(request).manager
+    await manager.hibernate(_sandbox(request))
+    return web.json_response(_sandbox(request).to_dict())

@@ -1,0 +1,134 @@
+"""Template snapshots, warm pool, fork, hibernate/wake and clone hygiene, through real VMs."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import aiohttp
+import pytest
+
+from kernelhost import AsyncSandbox
+
+from ..harness import Service
+
+pytestmark = pytest.mark.vm
+
+RANDOMS = ("import json, os, random, uuid\n"
+           "print(json.dumps([random.random(), os.urandom(16).hex(), str(uuid.uuid4())]))")
+
+
+async def _randoms(sbx: AsyncSandbox) -> list[object]:
+    execution = await sbx.run_code(RANDOMS)
+    assert execution.error is None, execution.error
+    return list(json.loads(execution.stdout))
+
+
+async def _state(service: Service, sandbox_id: str) -> str:
+    async with aiohttp.ClientSession() as http:
+        r = await http.get(f"{service.url}/v1/sandboxes/{sandbox_id}",
+                           headers={"Authorization": f"Bearer {service.api_key}"})
+        return str((await r.json())["state"])
+
+
+async def _wait_state(service: Service, sandbox_id: str, want: str, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while (state := await _state(service, sandbox_id)) != want:
+        assert time.monotonic() < deadline, f"{sandbox_id} still {state!r}, wanted {want!r}"
+        await asyncio.sleep(0.25)
+
+
+async def test_fork_children_hold_parent_state_and_diverge(sandbox: AsyncSandbox) -> None:
+    setup = await sandbox.run_code(
+        "import collections\n"
+        "data = list(range(100_000))\n"
+        "tally = collections.Counter(a=1)\n"
+        "open('/tmp/shared.txt', 'w').write('from parent')")
+    assert setup.error is None
+    kids = await sandbox.fork(2)
+    try:
+        assert len(kids) == 2 and len({k.id for k in kids} | {sandbox.id}) == 3
+        for kid in kids:
+            seen = await kid.run_code("(len(data), tally['a'], open('/tmp/shared.txt').read())")
+            assert seen.text == "(100000, 1, 'from parent')"
+        await kids[0].run_code("tally['a'] = 99\nopen('/tmp/shared.txt', 'w').write('child 0')")
+        assert (await kids[1].run_code("tally['a'], open('/tmp/shared.txt').read()")).text == \
+            "(1, 'from parent')"
+        assert (await sandbox.run_code("tally['a'], open('/tmp/shared.txt').read()")).text == \
+            "(1, 'from parent')"
+        # children of one fork never share random streams
+        a, b = await _randoms(kids[0]), await _randoms(kids[1])
+        assert all(x != y for x, y in zip(a, b, strict=True)), (a, b)
+    finally:
+        for kid in kids:
+            await kid.close()
+    assert (await sandbox.run_code("len(data)")).text == "100000"  # the parent goes on
+
+
+async def test_sandboxes_from_one_template_do_not_share_random_streams(
+        sandbox: AsyncSandbox, fresh_sandbox: AsyncSandbox) -> None:
+    a, b = await _randoms(sandbox), await _randoms(fresh_sandbox)
+    assert all(x != y for x, y in zip(a, b, strict=True)), (a, b)
+
+
+async def test_hibernate_on_idle_then_wake_with_state_and_a_fresh_clock(service: Service) -> None:
+    sbx = await AsyncSandbox.create(idle_timeout_seconds=2, url=service.url,
+                                    api_key=service.api_key)
+    try:
+        await sbx.run_code("kept = {'answer': 42}\nopen('/tmp/kept', 'w').write('on disk')")
+        await _wait_state(service, sbx.id, "hibernated")
+        saved = service.state_dir / "hibernated" / f"{sbx.id}.state"
+        assert saved.is_file() and saved.stat().st_size > 1_000_000
+        await asyncio.sleep(3)  # the guest clock stands still while hibernated
+        woken = await sbx.run_code("import time\nprint(time.time())\n"
+                                   "(kept['answer'], open('/tmp/kept').read())")
+        host_now = time.time()
+        assert woken.text == "(42, 'on disk')"
+        assert abs(float(woken.stdout) - host_now) < 1.0
+        assert await _state(service, sbx.id) == "running"
+        assert not saved.exists()
+    finally:
+        await sbx.close()
+
+
+async def test_deleting_a_hibernated_sandbox_removes_its_saved_state(service: Service) -> None:
+    sbx = await AsyncSandbox.create(url=service.url, api_key=service.api_key)
+    async with aiohttp.ClientSession(
+            headers={"Authorization": f"Bearer {service.api_key}"}) as http:
+        r = await http.post(f"{service.url}/v1/sandboxes/{sbx.id}/hibernate")
+        assert r.status == 200 and (await r.json())["state"] == "hibernated"
+    saved = service.state_dir / "hibernated" / f"{sbx.id}.state"
+    assert saved.is_file()
+    hv = service.hypervisor()
+    try:
+        assert not [d for d in hv.domains() if d.metadata.get("sandbox") == sbx.id]
+    finally:
+        hv.close()
+    await sbx.close()
+    assert not saved.exists()
+
+
+async def test_pool_refills_after_being_drained(service: Service) -> None:
+    async def pool() -> int:
+        async with aiohttp.ClientSession() as http:
+            r = await http.get(f"{service.url}/healthz")
+            return int((await r.json())["pool"]["python"])
+
+    deadline = time.monotonic() + 120
+    while await pool() < 2:
+        assert time.monotonic() < deadline, "pool never filled"
+        await asyncio.sleep(0.5)
+    taken = [await AsyncSandbox.create(url=service.url, api_key=service.api_key)
+             for _ in range(3)]
+    try:
+        assert await pool() < 2
+        deadline = time.monotonic() + 120
+        while await pool() < 2:
+            assert time.monotonic() < deadline, "pool did not refill"
+            await asyncio.sleep(0.5)
+        for sbx in taken:
+            assert (await sbx.run_code("6 * 7")).text == "42"
+    finally:
+        for sbx in taken:
+            await sbx.close()
