@@ -26,7 +26,7 @@ import libvirt
 from .domain import METADATA_NS, DomainSpec
 from .errors import DomainNotFound, DomainStartFailed, HypervisorError, LibvirtUnavailable
 from .images import GuestImage
-from .snapshot import load_state, save_state
+from .snapshot import load_state, migrate_live, save_state
 
 QEMU_USER = "libvirt-qemu"
 
@@ -174,26 +174,30 @@ class Hypervisor:
             self.destroy(spec.name)
             raise DomainStartFailed(spec.name, f"loading {state}: {exc}") from exc
 
-    def refreeze(self, spec: DomainSpec, full_state: Path, state: Path,
-                 timeout: float = 120.0) -> int:
-        """Load a full state (RAM included) into a paused VM whose RAM file is shared
-        (``spec.mem_share``), then save it again without RAM: the RAM ends up in
-        ``spec.mem_path`` and the small device state in ``state``, as for a template.
-        The intermediate domain is destroyed; returns the size of ``state``."""
+    def fork_into(self, parent: str, spec: DomainSpec, state: Path,
+                  timeout: float = 120.0) -> int:
+        """Copy the running ``parent`` into a new paused domain whose RAM is a shared file
+        (``spec.mem_path``, ``spec.mem_share``), then save that domain's device state without
+        RAM to ``state``, as for a template: clones of (RAM file, state) are copies of the
+        parent. The parent is paused only while its state is copied, then resumed. The new
+        domain is left paused; the caller destroys it (off the critical path). Returns the size
+        of ``state``."""
         self._check_name(spec.name)
         if not (spec.incoming and spec.mem_share and spec.mem_path is not None):
-            raise ValueError("refreeze needs incoming=True, mem_share=True and a mem_path")
+            raise ValueError("fork_into needs incoming=True, mem_share=True and a mem_path")
+        src = self._lookup(parent)
         virt_type = "test" if self.uri.startswith("test:") else None
         try:
-            dom = self.conn.createXML(spec.to_xml(virt_type), libvirt.VIR_DOMAIN_START_PAUSED)
+            dst = self.conn.createXML(spec.to_xml(virt_type), libvirt.VIR_DOMAIN_START_PAUSED)
         except libvirt.libvirtError as exc:
             self.cleanup_files(spec.name)
             raise DomainStartFailed(spec.name, str(exc)) from exc
+        src.suspend()
         try:
-            load_state(dom, full_state, ignore_shared=False, timeout=timeout)
-            return save_state(dom, state, ignore_shared=True, timeout=timeout)
+            migrate_live(src, dst, timeout=timeout)
         finally:
-            self.destroy(spec.name)
+            src.resume()
+        return save_state(dst, state, ignore_shared=True, timeout=timeout)
 
     def freeze(self, name: str, state: Path, *, ignore_shared: bool, resume: bool = False,
                timeout: float = 120.0) -> int:

@@ -7,7 +7,13 @@
     ├── SandboxNotRunning       dead or being deleted (409)
     ├── CapacityExceeded        a limit was reached (429)
     ├── BootFailed              the VM did not reach a ready kernel (503)
-    └── BackendUnavailable      libvirt cannot be reached (503)
+    ├── BackendUnavailable      libvirt cannot be reached (503)
+    ├── AgentUnresponsive       the guest agent did not answer in time (503)
+    ├── NotSupportedByImage     the sandbox's guest image predates the feature (501)
+    ├── PathNotFound            no such file or directory in the sandbox (404), names the path
+    ├── FileTooLarge            over max_file_bytes (413), names the limit and the setting
+    ├── SandboxDiskFull         the guest's RAM-backed disk is full (507)
+    └── FileOperationFailed     any other refusal of the guest's filesystem (400), with errno
 """
 
 from __future__ import annotations
@@ -54,3 +60,27 @@ class BootFailed(SandboxError):
 
 class BackendUnavailable(SandboxError):
     code = "backend_unavailable"
+
+
+class AgentUnresponsive(SandboxError):
+    code = "agent_unresponsive"
+
+
+class NotSupportedByImage(SandboxError):
+    code = "not_supported_by_image"
+
+
+class PathNotFound(SandboxError):
+    code = "file_not_found"
+
+
+class FileTooLarge(SandboxError):
+    code = "file_too_large"
+
+
+class SandboxDiskFull(SandboxError):
+    code = "sandbox_disk_full"
+
+
+class FileOperationFailed(SandboxError):
+    code = "file_operation_failed"
