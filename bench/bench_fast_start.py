@@ -34,6 +34,15 @@ from kernelhost import AsyncSandbox  # noqa: E402
 from tests.harness import Service  # noqa: E402
 
 
+def report(out: dict[str, Any], key: str, value: Any) -> None:
+    """Store a figure and print it at once, so an interrupted run still shows what it measured."""
+    out[key] = value
+    if isinstance(value, dict) and "median" in value:
+        print(f"{key:34} {ms(value)}", flush=True)
+    else:
+        print(f"{key:34} {value}", flush=True)
+
+
 def summary(samples: list[float]) -> dict[str, float]:
     s = sorted(samples)
     return {"median": statistics.median(s), "p95": s[min(len(s) - 1, round(0.95 * (len(s) - 1)))],
@@ -110,13 +119,13 @@ async def bench_snapshots(tmp: Path, args: argparse.Namespace) -> dict[str, Any]
     try:
         # the first create builds the template snapshot (a cold boot plus freeze) if needed
         took, first = await timed_create(svc)
-        out["first_create_incl_snapshot_build_s"] = took
+        report(out, "first_create_incl_snapshot_build_s", round(took, 2))
         miss = []
         for _ in range(args.rounds):
             took, sbx = await timed_create(svc)
             miss.append(took)
             await sbx.close()
-        out["create_pool_miss"] = summary(miss)
+        report(out, "create_pool_miss", summary(miss))
         # fork with 100 MB of state in the parent
         await first.run_code("import os\nblob = os.urandom(100 * 1024 * 1024)\nlen(blob)")
         f1, f5 = [], []
@@ -133,8 +142,8 @@ async def bench_snapshots(tmp: Path, args: argparse.Namespace) -> dict[str, Any]
             f5.append(time.perf_counter() - t0)
             for k in kids:
                 await k.close()
-        out["fork1_100MB"] = summary(f1)
-        out["fork5_100MB"] = summary(f5)
+        report(out, "fork1_100MB", summary(f1))
+        report(out, "fork5_100MB", summary(f5))
         # wake after hibernation: first call's latency, against a warm call
         wake, warm = [], []
         async with aiohttp.ClientSession(
@@ -148,8 +157,8 @@ async def bench_snapshots(tmp: Path, args: argparse.Namespace) -> dict[str, Any]
                 t0 = time.perf_counter()
                 assert (await first.run_code("1+1")).text == "2"
                 wake.append(time.perf_counter() - t0)
-        out["wake_first_call_100MB"] = summary(wake)
-        out["warm_call"] = summary(warm)
+        report(out, "wake_first_call_100MB", summary(wake))
+        report(out, "warm_call", summary(warm))
         await first.close()
         # density: clones side by side, each answering
         before = mem_available_mib()
@@ -167,9 +176,9 @@ async def bench_snapshots(tmp: Path, args: argparse.Namespace) -> dict[str, Any]
                                        return_exceptions=True)
         ok = sum(1 for a in answers if not isinstance(a, BaseException) and a.text == "2")
         pss = [qemu_pss_mib(d) for d in domains_of(svc)]
-        out["density"] = {"started": len(alive), "answered": ok,
+        report(out, "density", {"started": len(alive), "answered": ok,
                           "host_mem_used_mib": round(before - mem_available_mib()),
-                          "pss_per_sandbox_mib": summary(pss) if pss else None}
+                          "pss_per_sandbox_mib": summary(pss) if pss else None})
         for sbx in alive:
             await sbx.close()
     finally:
@@ -182,7 +191,7 @@ async def bench_snapshots(tmp: Path, args: argparse.Namespace) -> dict[str, Any]
             took, sbx = await timed_create(svc)
             hit.append(took)
             await sbx.close()
-        out["create_pool_hit"] = summary(hit)
+        report(out, "create_pool_hit", summary(hit))
     finally:
         svc.cleanup()
     return out
@@ -201,6 +210,7 @@ async def main() -> None:
     with tempfile.TemporaryDirectory(prefix="kh-bench-") as tmpdir:
         tmp = Path(tmpdir)
         cold = await bench_cold(tmp, args.cold)
+        print(f"{'create_cold_boot':34} {ms(cold)}", flush=True)
         res = await bench_snapshots(tmp, args)
     res["create_cold_boot"] = cold
     print(f"{'figure':34} {'median':>12} {'p95':>12}")

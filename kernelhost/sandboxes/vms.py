@@ -60,9 +60,22 @@ class VmFactory:
         self._background: set[asyncio.Task[Any]] = set()
 
     async def prepare(self) -> None:
-        for path in (self.ram_dir, self.anon_dir):
+        """Create the RAM directories and remove what a killed predecessor left in them."""
+        for path in (self.ram_dir, self.anon_dir, self.forks_dir.parent):
             path.mkdir(parents=True, exist_ok=True)
             give_to_qemu(path)
+        # this service's unfinished forks (a crash mid-fork); children that run keep their
+        # mappings of these files, so removing the names frees nothing still in use
+        shutil.rmtree(self.forks_dir, ignore_errors=True)
+        # snapshot builds abandoned by any service on this host (an hour is far past a build)
+        for path in self.snapshots.dir.glob(".build-*"):
+            with contextlib.suppress(OSError):
+                if time.time() - path.stat().st_mtime > 3600:
+                    shutil.rmtree(path, ignore_errors=True)
+
+    @property
+    def forks_dir(self) -> Path:
+        return self.ram_dir / "forks" / self.hv.prefix.rstrip("-")
 
     async def close(self) -> None:
         await self.pool.close()
@@ -218,7 +231,7 @@ class VmFactory:
         shared RAM file loads it and is frozen like a template, and the children map that file
         copy-on-write. The file is unlinked once they run: their mappings keep it alive.
         """
-        work = self.ram_dir / "forks" / uuid.uuid4().hex[:12]
+        work = self.forks_dir / uuid.uuid4().hex[:12]
         work.mkdir(parents=True)
         give_to_qemu(work.parent)
         give_to_qemu(work)

@@ -32,7 +32,8 @@ async def client(tmp_path: Path) -> AsyncIterator[TestClient]:
     (images / "python").symlink_to("python-k1")
     settings = Settings.load({}, libvirt_uri="test:///default", image_dir=images,
                              state_dir=tmp_path / "state", run_dir=tmp_path / "run",
-                             domain_prefix="khunit-", accel="tcg", boot_timeout=1.0,
+                             ram_dir=tmp_path / "ram", domain_prefix="khunit-", accel="tcg",
+                             boot_timeout=1.0, pool_size=0,
                              api_keys=(KEY, OTHER))
     app = init_app(settings)
     async with TestClient(TestServer(app)) as c:
