@@ -183,15 +183,27 @@ def test_sync_sandbox_context_manager(client_env: Service) -> None:
 
 
 async def test_service_restart_reattaches_with_state(service: Service) -> None:
+    """Running sandboxes are reattached and hibernated ones kept, variables intact."""
     sbx = await AsyncSandbox.create(url=service.url, api_key=service.api_key)
+    sleeper = await AsyncSandbox.create(url=service.url, api_key=service.api_key)
     try:
         await sbx.run_code("survivor = [1, 2, 3]")
+        await sleeper.run_code("dreamt = 'of sheep'")
+        async with aiohttp.ClientSession(
+                headers={"Authorization": f"Bearer {service.api_key}"}) as http:
+            r = await http.post(f"{service.url}/v1/sandboxes/{sleeper.id}/hibernate")
+            assert (await r.json())["state"] == "hibernated"
         service.stop()
         service.start()
         again = await AsyncSandbox.connect(sbx.id, url=service.url, api_key=service.api_key)
+        woken = await AsyncSandbox.connect(sleeper.id, url=service.url, api_key=service.api_key)
         try:
             assert (await again.run_code("sum(survivor)")).text == "6"
+            assert (await woken.info()).state == "hibernated"
+            assert (await woken.run_code("dreamt")).text == "'of sheep'"
         finally:
             await again.close()
+            await woken.close()
     finally:
         await sbx.close()
+        await sleeper.close()
