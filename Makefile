@@ -7,7 +7,9 @@ PY := $(VENV)/bin/python
 IMAGE_DIR ?= $(or $(KERNELHOST_IMAGE_DIR),/var/cache/kernelhost/images)
 PYTEST_ARGS ?=
 
-.PHONY: help deps image libvirt serve test test-unit test-vm lint fmt bench clean
+JS := js
+
+.PHONY: help deps js-deps image libvirt serve test test-unit test-vm test-js lint fmt bench clean
 
 help:
 	@echo "make serve   install, build the guest image, start libvirt and the service"
@@ -27,8 +29,21 @@ libvirt: deps
 serve: image libvirt
 	@KERNELHOST_IMAGE_DIR=$(IMAGE_DIR) $(VENV)/bin/kernelhost serve
 
-test: image libvirt
+test: image libvirt js-deps
 	@KERNELHOST_IMAGE_DIR=$(IMAGE_DIR) $(PY) -m pytest -m "unit or vm or clients" $(PYTEST_ARGS)
+
+# The npm package: dependencies from the lockfile (npm ci, only when the lockfile changed),
+# then a tsc build. Its tests run in the clients tier (tests/clients/agents/test_js.py).
+$(JS)/node_modules/.package-lock.json: $(JS)/package-lock.json $(JS)/package.json
+	@echo "==> npm ci in $(JS)"
+	@cd $(JS) && npm ci --no-audit --no-fund --loglevel=error
+	@touch $@
+
+js-deps: deps $(JS)/node_modules/.package-lock.json
+	@cd $(JS) && npm run --silent build
+
+test-js: image libvirt js-deps
+	@KERNELHOST_IMAGE_DIR=$(IMAGE_DIR) $(PY) -m pytest -m clients tests/clients/agents/test_js.py $(PYTEST_ARGS)
 
 test-unit: deps
 	@$(PY) -m pytest -m unit $(PYTEST_ARGS)
@@ -47,4 +62,4 @@ bench: image libvirt
 	@KERNELHOST_IMAGE_DIR=$(IMAGE_DIR) $(PY) bench/run.py
 
 clean:
-	rm -rf $(VENV) results .pytest_cache .mypy_cache .ruff_cache *.egg-info
+	rm -rf $(VENV) results .pytest_cache .mypy_cache .ruff_cache *.egg-info $(JS)/node_modules $(JS)/dist $(JS)/build

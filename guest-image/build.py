@@ -109,8 +109,36 @@ def image_key(template: str, spec: dict, sources: tuple[str, str]) -> str:
     return h.hexdigest()[:16]
 
 
+def stub_repo(stubs: dict[str, str], work: Path) -> str | None:
+    """A local apt repository of empty packages standing in for dependencies a template must not
+    pull (templates.json: ``stub_packages`` maps a package name to the reason). Their version
+    sorts above any real one, so apt takes them; the ``copy:`` method copies them into the
+    rootfs's apt cache, where the chrooted dpkg finds them. Returns the sources line, or None."""
+    if not stubs:
+        return None
+    repo = work / "stubs"
+    stanzas = []
+    for name, reason in sorted(stubs.items()):
+        tree = work / "stub-trees" / name
+        (tree / "DEBIAN").mkdir(parents=True)
+        control = (f"Package: {name}\nVersion: 99:0-kernelhost.stub\nArchitecture: all\n"
+                   f"Maintainer: kernelhost <kernelhost@localhost>\nPriority: optional\n"
+                   f"Description: empty stand-in for {name} (kernelhost guest image)\n"
+                   f" {reason}\n")
+        (tree / "DEBIAN" / "control").write_text(control)
+        repo.mkdir(exist_ok=True)
+        deb = repo / f"{name}.deb"
+        run(["dpkg-deb", "--root-owner-group", "--build", str(tree), str(deb)],
+            stdout=subprocess.DEVNULL)
+        data = deb.read_bytes()
+        stanzas.append(control.rstrip("\n") + f"\nFilename: ./{deb.name}\nSize: {len(data)}\n"
+                       f"SHA256: {hashlib.sha256(data).hexdigest()}\n")
+    (repo / "Packages").write_text("\n".join(stanzas))
+    return f"deb [trusted=yes] copy://{repo} ./"
+
+
 def build_rootfs(root: Path, packages: list[str], suite: str, sources: tuple[str, str],
-                 work: Path) -> None:
+                 work: Path, stubs: str | None = None) -> None:
     mirrors = []
     if sources[0]:
         (work / "host.sources").write_text(sources[0])
@@ -124,7 +152,7 @@ def build_rootfs(root: Path, packages: list[str], suite: str, sources: tuple[str
         "--include=" + ",".join([*BASE_PACKAGES, KERNEL_PACKAGE, *packages]),
         *[f"--dpkgopt=path-exclude={p}" for p in EXCLUDED_PATHS],
         "--dpkgopt=path-include=/usr/share/doc/*/copyright",
-        suite, str(root), *mirrors,
+        suite, str(root), *mirrors, *([stubs] if stubs else []),
     ]
     log("rootfs: mmdebstrap " + ", ".join([*BASE_PACKAGES, KERNEL_PACKAGE, *packages]))
     run(cmd, stdout=subprocess.DEVNULL)
@@ -150,11 +178,15 @@ def install_overlay(root: Path) -> None:
     opt.mkdir(parents=True, exist_ok=True)
     shutil.copy2(HERE / "agent" / "kernelhost_agent.py", opt / "kernelhost_agent.py")
     shutil.copy2(HERE / "agent" / "launch_kernel.py", opt / "launch_kernel.py")
+    shutil.copy2(HERE / "agent" / "kernel_limits.py", opt / "kernel_limits.py")
     shutil.copy2(CODEC, opt / "codec.py")
     spec_dir = root / "usr" / "local" / "share" / "jupyter" / "kernels" / "kernelhost"
     spec_dir.mkdir(parents=True, exist_ok=True)
     (spec_dir / "kernel.json").write_text(json.dumps({
-        "argv": ["/usr/bin/python3", "/opt/kernelhost/launch_kernel.py", "-f", "{connection_file}"],
+        # No IPython history database: clones of one snapshot would share its session number
+        # ("Session/line number was not unique in database"), and nothing reads it back.
+        "argv": ["/usr/bin/python3", "/opt/kernelhost/launch_kernel.py", "-f", "{connection_file}",
+                 "--HistoryManager.enabled=False"],
         "display_name": "Python 3 (kernelhost)", "language": "python",
         "interrupt_mode": "signal", "metadata": {"debugger": False},
     }, indent=1))
@@ -165,6 +197,20 @@ def install_overlay(root: Path) -> None:
     (root / "etc" / "hostname").write_text("sandbox\n")
     (root / "etc" / "hosts").write_text("127.0.0.1 localhost sandbox\n::1 localhost\n")
     run(["chroot", str(root), "python3", "-m", "compileall", "-q", "/opt/kernelhost"])
+
+
+def warm_up(root: Path, preload: list[str]) -> None:
+    """Import the template's preloaded modules once at build time, as the guest's kernel will
+    (HOME=/root), so caches they build on first use (matplotlib's font list) are in the image."""
+    if not preload:
+        return
+    for module in preload:
+        if not all(part.isidentifier() for part in module.split(".")):
+            raise SystemExit(f"templates.json: preload entry {module!r} is not a module name")
+    log("warm-up: import " + ", ".join(preload))
+    env = ["HOME=/root", "PATH=/usr/bin:/bin", "LANG=C.UTF-8", "MPLBACKEND=Agg"]
+    run(["chroot", str(root), "/usr/bin/env", "-i", *env, "python3", "-c",
+         "; ".join(f"import {m}" for m in preload)], stdout=subprocess.DEVNULL)
 
 
 def module_order(modules: Path, wanted: list[str]) -> list[str]:
@@ -242,10 +288,12 @@ def build(template: str, spec: dict, image_dir: Path, force: bool) -> Path:
         out = work / "out"
         out.mkdir()
         root = work / "rootfs"
-        build_rootfs(root, list(spec.get("packages", [])), suite, sources, work)
+        stubs = stub_repo(dict(spec.get("stub_packages", {})), work)
+        build_rootfs(root, list(spec.get("packages", [])), suite, sources, work, stubs)
         kernel_version, modules = take_kernel(root, out)
         log("overlay: agent, codec, init, kernelspec")
         install_overlay(root)
+        warm_up(root, list(spec.get("preload", [])))
         log("rootfs: packing erofs (lz4hc)")
         run(["mkfs.erofs", "-zlz4hc", "--quiet", str(out / "rootfs.erofs"), str(root)],
             stdout=subprocess.DEVNULL)

@@ -6,11 +6,14 @@ server (``kernelhost.api`` and friends) nor libvirt or jupyter_client.
 
 from kernelhost.client import (
     APIError,
+    AsyncFiles,
     AsyncSandbox,
     AuthenticationError,
     ConflictError,
     Execution,
     ExecutionError,
+    FileInfo,
+    Files,
     InvalidRequestError,
     KernelHostError,
     KernelHostTimeout,
@@ -25,11 +28,14 @@ from kernelhost.client import (
 
 __all__ = [
     "APIError",
+    "AsyncFiles",
     "AsyncSandbox",
     "AuthenticationError",
     "ConflictError",
     "Execution",
     "ExecutionError",
+    "FileInfo",
+    "Files",
     "InvalidRequestError",
     "KernelHostError",
     "KernelHostTimeout",

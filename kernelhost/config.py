@@ -55,6 +55,13 @@ class Settings:
     max_fork: int = 32
     max_frame_bytes: int = 64 * 1024 * 1024
     max_code_bytes: int = 4 * 1024 * 1024
+    # execution depth (docs/limits.md): output caps, files, the timeout ladder
+    max_output_bytes: int = 4 * 1024 * 1024  # stdout + stderr kept per execution
+    max_result_bytes: int = 16 * 1024 * 1024  # one rich result (all its MIME types together)
+    max_file_bytes: int = 256 * 1024 * 1024  # one file read or written through the files API
+    default_execution_timeout: float = 0.0  # seconds; 0: a call without timeout runs unbounded
+    restart_timeout: float = 60.0  # seconds a kernel restart may take before the VM is replaced
+    agent_timeout: float = 10.0  # seconds the agent gets to answer before its VM is replaced
     api_keys: tuple[str, ...] = ()
     log_format: str = "auto"  # auto | json | console
     log_level: str = "info"
@@ -134,6 +141,19 @@ class Settings:
             raise ConfigError(f"port has value {self.port}; use 1-65535")
         if self.vm_memory_mib < 256:
             raise ConfigError(f"vm_memory_mib has value {self.vm_memory_mib}; ipykernel needs >= 256")
+        for name in ("max_output_bytes", "max_result_bytes", "max_file_bytes"):
+            if getattr(self, name) < 1024:
+                raise ConfigError(f"{name} has value {getattr(self, name)}; use at least 1024")
+        if self.max_result_bytes > self.max_frame_bytes:
+            raise ConfigError(f"max_result_bytes ({self.max_result_bytes}) cannot exceed "
+                              f"max_frame_bytes ({self.max_frame_bytes}); a result is one frame")
+        if self.default_execution_timeout < 0:
+            raise ConfigError(f"default_execution_timeout has value "
+                              f"{self.default_execution_timeout}; use seconds, or 0 for none")
+        for name in ("restart_timeout", "agent_timeout", "interrupt_grace"):
+            if not getattr(self, name) > 0:
+                raise ConfigError(f"{name} has value {getattr(self, name)}; use a positive "
+                                  "number of seconds")
         for key in self.api_keys:
             if len(key) < 16:
                 raise ConfigError("every API key must be at least 16 characters long")

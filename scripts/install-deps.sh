@@ -8,6 +8,7 @@ APT_PACKAGES=(
   qemu-system-x86 libvirt-daemon-system libvirt-daemon-driver-qemu libvirt-clients
   libvirt-dev pkg-config gcc python3-dev python3-venv
   mmdebstrap erofs-utils squashfs-tools busybox-static tini cpio zstd
+  chromium  # the JupyterLab browser test (tests/clients/test_jupyter_lab.py)
 )
 VENV=${VENV:-.venv}
 PYTHON=${PYTHON:-python3}
@@ -31,6 +32,25 @@ install_apt() {
   fi
 }
 
+# Node.js and npm, for the npm package in js/ (it needs node >= 20). A machine that already has
+# node (e.g. from NodeSource) keeps it; only a missing one comes from the distribution.
+install_node() {
+  if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
+    echo "==> installing nodejs and npm"
+    local sudo=""
+    [ "$(id -u)" -eq 0 ] || sudo="sudo"
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends \
+      nodejs npm >/dev/null
+  fi
+  local major
+  major=$(node -p 'process.versions.node.split(".")[0]')
+  if [ "$major" -lt 20 ]; then
+    echo "warning: node $(node --version) is older than 20, which js/ needs; install Node.js 20" \
+      "or newer (e.g. from NodeSource) before 'make test'" >&2
+  fi
+}
+
 install_venv() {
   if [ ! -x "$VENV/bin/python" ]; then
     echo "==> creating virtualenv $VENV"
@@ -48,4 +68,5 @@ install_venv() {
 }
 
 install_apt
+install_node
 install_venv

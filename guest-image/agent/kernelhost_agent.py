@@ -9,7 +9,8 @@ Runs inside the VM (started by /sbin/kernelhost-init under tini). It opens the v
   ``{"op": "jupyter", "channel": ..., "msg": {...}}``.
 
 It also answers requests ``{"op": NAME, "id": N, ...}`` with ``{"op": "reply", "id": N, "ok": ...}``:
-``hello`` (answered once the kernel is ready), ``ping``, ``interrupt`` and ``restart``; and it reports
+``hello`` (answered once the kernel is ready), ``ping``, ``interrupt`` and ``restart``; the ops of
+the "execution depth" section (``bash*``, ``fs_*``; see there); and it reports
 ``{"op": "event", "event": "kernel_died" | "kernel_restarted"}``.
 
 Only what the guest image has is used: Python 3, jupyter_client, pyzmq, msgpack (distribution
@@ -19,11 +20,18 @@ packages) and ``codec.py``, the host's own frame codec copied in by the image bu
 from __future__ import annotations
 
 import asyncio
+import codecs
+import contextlib
 import datetime
+import errno
 import glob
 import os
 import queue
 import select
+import shutil
+import signal
+import stat
+import subprocess
 import sys
 import threading
 import time
@@ -91,7 +99,7 @@ class Port:
         poller.register(self.fd, select.POLLIN)
         connected = False
         while True:
-            events = poller.poll(1000)
+            events = poller.poll(None if connected else 1000)
             if not events:
                 continue
             revents = events[0][1]
@@ -161,6 +169,7 @@ class Agent:
         self.kernel_info: dict[str, Any] = {}
         self.tasks: set[asyncio.Task[Any]] = set()
         self.port: Port | None = None
+        self._depth_init()
 
     # -- kernel --------------------------------------------------------------------------------
 
@@ -168,7 +177,11 @@ class Agent:
         os.makedirs(KERNEL_CWD, exist_ok=True)
         self.port = Port(find_port(PORT_NAME), self.loop, self.on_frame)
         t0 = time.monotonic()
-        await self.km.start_kernel(cwd=KERNEL_CWD)
+        # The kernel's own fds 1 and 2 would otherwise be the serial console, a file on the host:
+        # anything printed at the fd level (subprocesses, C code) must not grow the host's disk.
+        # jupyter_client keeps these arguments for restarts.
+        await self.km.start_kernel(cwd=KERNEL_CWD, stdout=subprocess.DEVNULL,
+                                   stderr=subprocess.DEVNULL)
         for channel in ("iopub", "shell", "control", "stdin"):
             sock = getattr(self.km, f"connect_{channel}")()
             self.sockets[channel] = sock
@@ -226,22 +239,27 @@ class Agent:
                 "content": _plain(msg.get("content") or {}),
                 "buffers": [_plain(b) for b in msg.get("buffers") or []],
             }
-            self.send({"op": "jupyter", "channel": channel, "msg": wire})
+            if self._depth_outgoing(channel, wire):
+                self.send({"op": "jupyter", "channel": channel, "msg": wire})
 
     async def monitor_kernel(self) -> None:
+        # Wait on the kernel process itself (a thread parked in waitpid) rather than polling:
+        # an idle sandbox then costs no wake-ups here, which matters for many idle VMs under TCG.
         while True:
-            await asyncio.sleep(MONITOR_INTERVAL)
-            if self.restarting or await self.km.is_alive():
+            proc = getattr(self.km.provisioner, "process", None)
+            if proc is None or self.restarting:
+                await asyncio.sleep(MONITOR_INTERVAL)
                 continue
-            code = None
-            if self.km.has_kernel and self.km.provisioner is not None:
-                code = await self.km.provisioner.poll()
+            code = await asyncio.to_thread(proc.wait)
+            if self.restarting or getattr(self.km.provisioner, "process", None) is not proc:
+                continue  # a restart we asked for replaced it
             log("kernel died, exit code", code)
             self.send({"op": "event", "event": "kernel_died", "exit_code": code})
             await self.restart_kernel(reason="died")
 
     async def restart_kernel(self, reason: str) -> None:
         self.restarting = True
+        self.ready.clear()  # shell messages wait for the new kernel instead of reaching the old
         try:
             await self.km.restart_kernel(now=True)
             await self.wait_kernel_ready()
@@ -283,6 +301,7 @@ class Agent:
             return
         if channel == "shell":
             await self.ready.wait()
+        self._depth_incoming(channel, msg)
         buffers = msg.get("buffers") or []
         parts = self.km.session.serialize(msg)
         await self.sockets[channel].send_multipart(parts + list(buffers))
@@ -313,6 +332,384 @@ class Agent:
         await self.restart_kernel(reason="requested")
         return {"kernel_info": self.kernel_info}
 
+    # == execution depth: output limits, usage figures, bash, files ================================
+    # Ops and relay hooks of the execution-depth work (issue 3). Hooks: _depth_incoming (host ->
+    # kernel) notes each execute_request's limits and the kernel's CPU time at its start;
+    # _depth_outgoing (kernel -> host) caps stream output per request and puts the usage figures in
+    # the execute_reply's metadata["kernelhost"]. The host re-checks everything: this side only
+    # keeps the guest from pushing output nobody will keep through the channel.
+    #
+    # bash: each command runs as its own `bash -c` in a new session (process group), stdin
+    # /dev/null; the exported environment and the working directory are saved by an EXIT trap and
+    # handed to the next command, so they persist between calls. Output and the end come back as
+    # Jupyter-shaped messages whose parent msg_id is the host's run_id: iopub "stream", then shell
+    # "bash_reply" {exit_code, signal, cpu_ms, peak_memory_bytes}.
+    #
+    # files: stateless ops on paths (relative ones are under KERNEL_CWD); an OSError is answered
+    # ok=True with {"oserror": {"errno": "ENOENT", "message", "path"}} so the host can map it.
+
+    def _depth_init(self) -> None:
+        self.stream_left: dict[str, int] = {}  # execute msg_id -> stream bytes it may still send
+        self.usage_start: dict[str, tuple[int, int]] = {}  # msg_id -> (kernel pid, cpu ticks)
+        self.bash_runs: dict[str, subprocess.Popen[bytes]] = {}
+        self.bash_env: dict[str, str] | None = None  # None: the agent's own environment
+        self.bash_cwd = KERNEL_CWD
+        self.bash_cgroups: dict[str, str] = {}  # run_id -> its cgroup ("" without cgroup2)
+        self.bash_stale_cgroups: list[str] = []  # cgroups still holding background jobs
+
+    @staticmethod
+    def _remember(table: dict[str, Any], key: str, value: Any) -> None:
+        table[key] = value
+        while len(table) > DEPTH_TABLE_MAX:  # replies that never came must not pile up
+            table.pop(next(iter(table)))
+
+    def _depth_incoming(self, channel: str, msg: dict[str, Any]) -> None:
+        try:
+            self._depth_note(channel, msg)
+        except Exception as exc:  # bookkeeping only: the message goes to the kernel anyway
+            log("execution depth: cannot note a request:", repr(exc))
+
+    def _depth_note(self, channel: str, msg: dict[str, Any]) -> None:
+        header = msg.get("header") if isinstance(msg.get("header"), dict) else {}
+        if channel != "shell" or header.get("msg_type") != "execute_request":
+            return
+        msg_id = header.get("msg_id")
+        if not isinstance(msg_id, str):
+            return
+        meta = msg.get("metadata") if isinstance(msg.get("metadata"), dict) else {}
+        limits = meta.get("kernelhost") if isinstance(meta.get("kernelhost"), dict) else {}
+        cap = limits.get("max_output_bytes")
+        if isinstance(cap, int) and not isinstance(cap, bool) and cap >= 0:
+            self._remember(self.stream_left, msg_id, cap + 1)  # one more: the host sees the cut
+        pid = self._kernel_pid()
+        if pid is not None:
+            ticks = _cpu_ticks(pid)
+            _reset_peak(pid)
+            if ticks is not None:
+                self._remember(self.usage_start, msg_id, (pid, ticks))
+
+    def _depth_outgoing(self, channel: str, wire: dict[str, Any]) -> bool:
+        """Adjust a kernel message on its way to the host; False drops it. Never raises: user
+        code can make the kernel send odd messages, and the relay must outlive them."""
+        try:
+            return self._depth_adjust(channel, wire)
+        except Exception as exc:
+            log("execution depth: passing on a message it could not inspect:", repr(exc))
+            return True
+
+    def _depth_adjust(self, channel: str, wire: dict[str, Any]) -> bool:
+        parent = wire["parent_header"].get("msg_id")
+        msg_type = wire["header"].get("msg_type")
+        if channel == "iopub" and msg_type == "stream" and parent in self.stream_left:
+            text = wire["content"].get("text")
+            if not isinstance(text, str):
+                return True
+            left = self.stream_left[parent]
+            data = text.encode("utf-8", "surrogatepass")
+            if left <= 0:
+                return False
+            if len(data) > left:
+                wire["content"]["text"] = data[:left].decode("utf-8", "ignore")
+                left = 0
+            else:
+                left -= len(data)
+            self.stream_left[parent] = left
+        elif channel == "iopub" and msg_type == "status" and parent in self.stream_left:
+            if wire["content"].get("execution_state") == "idle":
+                self.stream_left.pop(parent, None)
+        elif channel == "shell" and msg_type == "execute_reply" and parent in self.usage_start:
+            pid, ticks = self.usage_start.pop(parent)
+            now = _cpu_ticks(pid)
+            usage: dict[str, Any] = {}
+            if now is not None:
+                usage["cpu_ms"] = round((now - ticks) * 1000 / CLOCK_TICKS, 1)
+            peak = _peak_rss(pid)
+            if peak is not None:
+                usage["peak_memory_bytes"] = peak
+            wire["metadata"]["kernelhost"] = usage
+        return True
+
+    def _kernel_pid(self) -> int | None:
+        pid = getattr(getattr(self.km, "provisioner", None), "pid", None)
+        return pid if isinstance(pid, int) and not isinstance(pid, bool) else None
+
+    # -- bash --
+
+    async def op_bash(self, frame: dict[str, Any]) -> dict[str, Any]:
+        run_id, command = frame.get("run_id"), frame.get("command")
+        cap = frame.get("max_output_bytes")
+        if not isinstance(run_id, str) or not run_id.isalnum() or len(run_id) > 64:
+            raise ValueError("run_id must be an alphanumeric string of at most 64 characters")
+        if not isinstance(command, str):
+            raise ValueError("command must be a string")
+        if cap is not None and (not isinstance(cap, int) or isinstance(cap, bool) or cap < 0):
+            raise ValueError("max_output_bytes must be a non-negative integer or null")
+        if run_id in self.bash_runs:
+            raise ValueError(f"bash run {run_id} is already running")
+        os.makedirs(BASH_DIR, mode=0o700, exist_ok=True)
+        script = os.path.join(BASH_DIR, run_id + ".sh")
+        state = os.path.join(BASH_DIR, run_id + ".state")
+        with open(script, "w", encoding="utf-8", errors="surrogateescape") as f:  # noqa: ASYNC230 (tmpfs)
+            f.write(command)
+        env = dict(os.environ) if self.bash_env is None else dict(self.bash_env)
+        cwd = self.bash_cwd if os.path.isdir(self.bash_cwd) else KERNEL_CWD
+        self._bash_prune_cgroups()
+        cgroup = _new_cgroup(f"kh-bash-{run_id}")
+        proc = subprocess.Popen(  # noqa: ASYNC220 (fork+exec only; it is reaped via a pidfd)
+            ["/bin/bash", "--noprofile", "--norc", "-c", BASH_PRELUDE, "bash", state, script,
+             cgroup],
+            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            cwd=cwd, env=env, start_new_session=True, close_fds=True, bufsize=0)
+        self.bash_runs[run_id] = proc
+        self.bash_cgroups[run_id] = cgroup
+        self.spawn(self._bash_relay(run_id, proc, script, state,
+                                    None if cap is None else cap + 1))
+        return {"pid": proc.pid}
+
+    async def _bash_relay(self, run_id: str, proc: subprocess.Popen[bytes], script: str,
+                          state: str, cap: int | None) -> None:
+        left = [cap]
+        pumps = [asyncio.ensure_future(self._bash_pump(run_id, proc.stdout, "stdout", left)),
+                 asyncio.ensure_future(self._bash_pump(run_id, proc.stderr, "stderr", left))]
+        exit_code: int | None = None
+        sig: int | None = None
+        usage: dict[str, Any] = {}
+        failure: str | None = None
+        try:
+            status, rusage = await _wait_process(self.loop, proc.pid)
+            proc.returncode = os.waitstatus_to_exitcode(status)  # reaped here, not by Popen
+            if os.WIFSIGNALED(status):
+                sig = os.WTERMSIG(status)
+                exit_code = 128 + sig
+            else:
+                exit_code = os.WEXITSTATUS(status)
+            # CPU from rusage (bash and the children it waited for); memory from the run's cgroup:
+            # a child's ru_maxrss starts at the agent's own size, copied in by fork.
+            usage = {"cpu_ms": round((rusage.ru_utime + rusage.ru_stime) * 1000, 1),
+                     "peak_memory_bytes": _cgroup_peak(self.bash_cgroups.get(run_id, ""))}
+            # A background job (`server &`) keeps the pipes open: take what is there, not wait.
+            _, pending = await asyncio.wait(pumps, timeout=BASH_DRAIN_SECONDS)
+            for task in pending:
+                task.cancel()
+            self._bash_load_state(state)
+        except Exception as exc:  # the host must still hear that the run ended
+            failure = f"{type(exc).__name__}: {exc}"
+            log("bash run", run_id, "failed:", failure)
+        finally:
+            for task in pumps:
+                task.cancel()
+            self.bash_runs.pop(run_id, None)
+            cgroup = self.bash_cgroups.pop(run_id, "")
+            if cgroup:
+                self.bash_stale_cgroups.append(cgroup)
+            self._bash_prune_cgroups()
+            for path in (script, state, state + ".tmp"):
+                with contextlib.suppress(OSError):
+                    os.unlink(path)
+        self._bash_send(run_id, "shell", "bash_reply",
+                        {"exit_code": exit_code, "signal": sig, "failure": failure, **usage})
+
+    async def _bash_pump(self, run_id: str, pipe: Any, name: str, left: list[int | None]) -> None:
+        reader = asyncio.StreamReader(limit=BASH_CHUNK)
+        transport, _ = await self.loop.connect_read_pipe(
+            lambda: asyncio.StreamReaderProtocol(reader), pipe)
+        decoder = codecs.getincrementaldecoder("utf-8")("replace")
+        try:
+            while True:
+                data = await reader.read(BASH_CHUNK)
+                if not data:
+                    text = decoder.decode(b"", final=True)
+                    if text:
+                        self._bash_send(run_id, "iopub", "stream", {"name": name, "text": text})
+                    return
+                budget = left[0]
+                if budget is not None:  # past the cap: keep draining so bash never blocks
+                    data = data[:max(0, budget)]
+                    left[0] = max(0, budget) - len(data)
+                    if not data:
+                        continue
+                text = decoder.decode(data)
+                if text:
+                    self._bash_send(run_id, "iopub", "stream", {"name": name, "text": text})
+        finally:
+            transport.close()
+
+    def _bash_send(self, run_id: str, channel: str, msg_type: str,
+                   content: dict[str, Any]) -> None:
+        self.send({"op": "jupyter", "channel": channel, "msg": {
+            "header": {"msg_id": uuid.uuid4().hex, "msg_type": msg_type, "session": "bash",
+                       "username": "kernelhost", "version": "5.3",
+                       "date": datetime.datetime.now(datetime.timezone.utc).isoformat()},
+            "parent_header": {"msg_id": run_id, "msg_type": "bash_request"},
+            "metadata": {}, "content": content, "buffers": []}})
+
+    def _bash_load_state(self, path: str) -> None:
+        try:
+            with open(path, "rb") as f:
+                raw = f.read(BASH_STATE_MAX + 1)
+        except OSError:
+            return  # killed before its EXIT trap ran: the previous state stays
+        if len(raw) > BASH_STATE_MAX:
+            log("bash state over", BASH_STATE_MAX, "bytes; keeping the previous one")
+            return
+        cwd, *entries = raw.split(b"\0")
+        env: dict[str, str] = {}
+        for entry in entries:
+            key, sep, value = entry.partition(b"=")
+            name = os.fsdecode(key)
+            if sep and name and name not in ("_", "SHLVL") and not name.startswith("__kh"):
+                env[name] = os.fsdecode(value)
+        self.bash_env = env
+        self.bash_cwd = os.fsdecode(cwd) or KERNEL_CWD
+
+    async def op_bash_signal(self, frame: dict[str, Any]) -> dict[str, Any]:
+        run_id, name = frame.get("run_id"), frame.get("signal")
+        if name not in BASH_SIGNALS:
+            raise ValueError(f"signal must be one of {', '.join(BASH_SIGNALS)}, got {name!r}")
+        targets = list(self.bash_runs.items()) if run_id is None else \
+            [(run_id, self.bash_runs[run_id])] if run_id in self.bash_runs else []
+        for target, proc in targets:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, BASH_SIGNALS[name])
+            if name == "KILL":  # also what left the process group (setsid, daemons)
+                _cgroup_kill(self.bash_cgroups.get(target, ""))
+        return {"signalled": len(targets)}
+
+    def _bash_prune_cgroups(self) -> None:
+        for path in list(self.bash_stale_cgroups):
+            with contextlib.suppress(OSError):
+                os.rmdir(path)  # fails while a background job of that run still lives
+                self.bash_stale_cgroups.remove(path)
+
+    async def op_bash_reset(self, frame: dict[str, Any]) -> dict[str, Any]:
+        """Kill every running command and forget the saved environment and directory."""
+        for run_id, proc in list(self.bash_runs.items()):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            _cgroup_kill(self.bash_cgroups.get(run_id, ""))
+        for path in self.bash_stale_cgroups:  # background jobs of earlier commands
+            _cgroup_kill(path)
+        self.bash_env = None
+        self.bash_cwd = KERNEL_CWD
+        return {}
+
+    # -- files --
+
+    @staticmethod
+    def _fs_path(frame: dict[str, Any], key: str = "path") -> str:
+        path = frame.get(key)
+        if not isinstance(path, str) or not path or "\0" in path or len(path) > 4096:
+            raise ValueError(f"{key} must be a non-empty path of at most 4096 characters")
+        return os.path.normpath(os.path.join(KERNEL_CWD, path))
+
+    @staticmethod
+    def _fs_int(frame: dict[str, Any], key: str, low: int, high: int) -> int:
+        value = frame.get(key)
+        if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+            raise ValueError(f"{key} must be an integer from {low} to {high}")
+        return value
+
+    @staticmethod
+    def _oserror(exc: OSError, path: str) -> dict[str, Any]:
+        return {"oserror": {"errno": errno.errorcode.get(exc.errno or 0, "EIO"),
+                            "message": exc.strerror or str(exc),
+                            "path": exc.filename if isinstance(exc.filename, str) else path}}
+
+    async def op_fs_stat(self, frame: dict[str, Any]) -> dict[str, Any]:
+        path = self._fs_path(frame)
+        try:
+            return {"path": path, "stat": _stat_dict(os.stat(path))}
+        except OSError as exc:
+            return self._oserror(exc, path)
+
+    async def op_fs_read(self, frame: dict[str, Any]) -> dict[str, Any]:
+        path = self._fs_path(frame)
+        offset = self._fs_int(frame, "offset", 0, 1 << 62)
+        length = self._fs_int(frame, "length", 1, FS_CHUNK_MAX)
+        try:
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                st = os.fstat(fd)
+                if not stat.S_ISREG(st.st_mode):
+                    raise IsADirectoryError(errno.EISDIR, "Is a directory", path) \
+                        if stat.S_ISDIR(st.st_mode) else \
+                        OSError(errno.EINVAL, "Not a regular file", path)
+                data = os.pread(fd, length, offset)
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            return self._oserror(exc, path)
+        return {"path": path, "data": data, "size": st.st_size}
+
+    async def op_fs_write(self, frame: dict[str, Any]) -> dict[str, Any]:
+        path = self._fs_path(frame)
+        offset = self._fs_int(frame, "offset", 0, 1 << 62)
+        data = frame.get("data")
+        if not isinstance(data, bytes) or len(data) > FS_CHUNK_MAX:
+            raise ValueError(f"data must be bytes, at most {FS_CHUNK_MAX} of them")
+        create = frame.get("create") is True
+        try:
+            if create:
+                os.makedirs(os.path.dirname(path) or "/", exist_ok=True)
+            flags = os.O_WRONLY | (os.O_CREAT | os.O_TRUNC if create else 0)
+            fd = os.open(path, flags, 0o644)
+            try:
+                view = memoryview(data)
+                while view:
+                    n = os.pwrite(fd, view, offset)
+                    view, offset = view[n:], offset + n
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            return self._oserror(exc, path)
+        return {"path": path}
+
+    async def op_fs_rename(self, frame: dict[str, Any]) -> dict[str, Any]:
+        src, dst = self._fs_path(frame, "src"), self._fs_path(frame, "dst")
+        try:
+            if os.path.isdir(dst) and not os.path.islink(dst):
+                raise IsADirectoryError(errno.EISDIR, "Is a directory", dst)
+            os.replace(src, dst)
+        except OSError as exc:
+            return self._oserror(exc, dst)
+        return {"path": dst}
+
+    async def op_fs_list(self, frame: dict[str, Any]) -> dict[str, Any]:
+        path = self._fs_path(frame)
+        entries = []
+        truncated = False
+        try:
+            with os.scandir(path) as it:
+                for entry in it:
+                    if len(entries) >= FS_LIST_MAX:
+                        truncated = True
+                        break
+                    try:
+                        st = entry.stat(follow_symlinks=False)
+                    except OSError:
+                        continue  # vanished while listing
+                    entries.append({"name": entry.name, **_stat_dict(st)})
+        except OSError as exc:
+            return self._oserror(exc, path)
+        entries.sort(key=lambda e: e["name"])
+        return {"path": path, "entries": entries, "truncated": truncated}
+
+    async def op_fs_remove(self, frame: dict[str, Any]) -> dict[str, Any]:
+        path = self._fs_path(frame)
+        recursive = frame.get("recursive") is True
+        try:
+            st = os.lstat(path)
+            if stat.S_ISDIR(st.st_mode):
+                if recursive:
+                    shutil.rmtree(path)
+                else:
+                    os.rmdir(path)
+            else:
+                os.unlink(path)
+        except OSError as exc:
+            return self._oserror(exc, path)
+        return {"path": path}
+
     # -- snapshots, clones and resumes -----------------------------------------------------------
 
     async def run_silent(self, code: str, timeout: float = 120.0) -> None:
@@ -340,8 +737,11 @@ class Agent:
 
         gc.collect()
         os.sync()
-        with open("/proc/sys/vm/drop_caches", "w") as f:
-            f.write("3\n")
+        fd = os.open("/proc/sys/vm/drop_caches", os.O_WRONLY)
+        try:
+            os.write(fd, b"3\n")
+        finally:
+            os.close(fd)
         return {"preloaded": modules, "seconds": round(time.monotonic() - t0, 3)}
 
     async def op_resumed(self, frame: dict[str, Any]) -> dict[str, Any]:
@@ -382,6 +782,130 @@ def _add_entropy(data: bytes) -> None:
         fcntl.ioctl(fd, RNDRESEEDCRNG)
     finally:
         os.close(fd)
+
+
+# -- execution depth: constants and helpers (see the Agent section of the same name) ------------
+
+DEPTH_TABLE_MAX = 64
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+BASH_DIR = "/run/kernelhost/bash"
+BASH_CHUNK = 1 << 20  # at most this much output per message; more is buffered while one is sent
+BASH_DRAIN_SECONDS = 0.5
+BASH_STATE_MAX = 1 << 20
+BASH_SIGNALS = {"INT": signal.SIGINT, "TERM": signal.SIGTERM, "KILL": signal.SIGKILL}
+# $1: where the EXIT trap saves the working directory and the exported environment (NUL-separated,
+# the directory first); $2: the file holding the command, run by eval so errors read "bash: ...".
+BASH_PRELUDE = r"""__kh_state=$1 __kh_cmd=$2
+[ -z "$3" ] || echo $$ >"$3/cgroup.procs" 2>/dev/null  # $3: the run's cgroup, or empty
+set --
+__kh_save() {
+    { printf '%s\0' "$PWD"; env -0; } >"$__kh_state.tmp" 2>/dev/null \
+        && mv -f "$__kh_state.tmp" "$__kh_state"
+}
+trap __kh_save EXIT
+eval "$(< "$__kh_cmd")"
+"""
+FS_CHUNK_MAX = 4 << 20
+CGROUP_ROOT: str | None = "/sys/fs/cgroup"  # cgroup2 (mounted on first use); None: do without
+_cgroup_ready: list[bool] = []
+FS_LIST_MAX = 10000
+
+
+def _cpu_ticks(pid: int) -> int | None:
+    """utime + stime + cutime + cstime of ``pid``, in clock ticks."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return sum(int(x) for x in fields[11:15])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _reset_peak(pid: int) -> None:
+    try:
+        with open(f"/proc/{pid}/clear_refs", "w") as f:
+            f.write("5")  # resets VmHWM, the peak resident set size
+    except OSError:
+        pass
+
+
+def _peak_rss(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, IndexError, ValueError):
+        pass
+    return None
+
+
+async def _wait_process(loop: asyncio.AbstractEventLoop, pid: int) -> tuple[int, Any]:
+    """Wait for a child without a thread (pidfd), then reap it: (wait status, rusage)."""
+    pidfd = os.pidfd_open(pid)
+    exited = loop.create_future()
+    loop.add_reader(pidfd, lambda: exited.done() or exited.set_result(None))
+    try:
+        await exited
+    finally:
+        loop.remove_reader(pidfd)
+        os.close(pidfd)
+    _, status, rusage = os.wait4(pid, 0)  # noqa: ASYNC222 (it has exited: returns at once)
+    return status, rusage
+
+
+def _new_cgroup(name: str) -> str:
+    """A fresh cgroup2 group with the memory controller, or "" where that is not possible."""
+    if CGROUP_ROOT is None:
+        return ""
+    if not _cgroup_ready:
+        ok = os.path.exists(f"{CGROUP_ROOT}/cgroup.controllers")
+        if not ok:
+            import ctypes
+
+            libc = ctypes.CDLL(None, use_errno=True)
+            ok = libc.mount(b"cgroup2", CGROUP_ROOT.encode(), b"cgroup2", 0, None) == 0
+        if ok:
+            try:
+                with open(f"{CGROUP_ROOT}/cgroup.subtree_control", "w") as f:
+                    f.write("+memory")
+            except OSError as exc:
+                log("cgroup2: cannot enable the memory controller:", exc)
+        _cgroup_ready.append(ok)
+    if not _cgroup_ready[0]:
+        return ""
+    path = f"{CGROUP_ROOT}/{name}"
+    try:
+        os.mkdir(path)
+    except OSError as exc:
+        log("cgroup2: cannot create", path, exc)
+        return ""
+    return path
+
+
+def _cgroup_peak(path: str) -> int | None:
+    if not path:
+        return None
+    try:
+        with open(f"{path}/memory.peak") as f:
+            return int(f.read())
+    except (OSError, ValueError):
+        return None
+
+
+def _cgroup_kill(path: str) -> None:
+    if path:
+        with contextlib.suppress(OSError):
+            with open(f"{path}/cgroup.kill", "w") as f:
+                f.write("1")
+
+
+def _stat_dict(st: os.stat_result) -> dict[str, Any]:
+    mode = st.st_mode
+    kind = ("dir" if stat.S_ISDIR(mode) else "file" if stat.S_ISREG(mode)
+            else "symlink" if stat.S_ISLNK(mode) else "other")
+    return {"type": kind, "size": st.st_size, "mtime": st.st_mtime,
+            "mode": stat.S_IMODE(mode)}
 
 
 BOOT_ID = uuid.uuid4().hex

@@ -6,6 +6,8 @@ import sys
 # not offered by kernelhost, so it is blocked before ipykernel looks for it.
 sys.modules["debugpy"] = None  # type: ignore[assignment]
 
+import kernel_limits  # noqa: E402  (per-execution output cap; see kernel_limits.py)
 from ipykernel import kernelapp  # noqa: E402
 
+kernel_limits.install()
 kernelapp.launch_new_instance()

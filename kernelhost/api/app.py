@@ -15,6 +15,8 @@ from ..config import Settings
 from ..sandboxes import BackendUnavailable, SandboxManager, Store
 from .auth import KeyRing
 from .errors import Handler, error_middleware, error_response
+from .gateway import setup_gateway
+from .mcp_http import setup_mcp
 from .routes import routes
 from .state import KEY_ID, KEYS, RUNTIME, SETTINGS, Runtime
 
@@ -90,4 +92,6 @@ def init_app(settings: Settings, keys: KeyRing | None = None) -> web.Application
     app[KEYS] = keys or KeyRing.from_settings(settings)
     app.cleanup_ctx.append(_resources)
     app.add_routes(routes)
+    setup_mcp(app, settings)  # /mcp: the MCP server over streamable HTTP
+    setup_gateway(app)  # /api/kernels, /api/kernelspecs: the Kernel Gateway API (Jupyter)
     return app

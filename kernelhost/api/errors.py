@@ -12,10 +12,16 @@ import structlog
 from aiohttp import web
 
 from ..sandboxes import (
+    AgentUnresponsive,
     BackendUnavailable,
     BootFailed,
     CapacityExceeded,
+    FileOperationFailed,
+    FileTooLarge,
     InvalidRequest,
+    NotSupportedByImage,
+    PathNotFound,
+    SandboxDiskFull,
     SandboxError,
     SandboxNotFound,
     SandboxNotRunning,
@@ -30,6 +36,12 @@ STATUS: list[tuple[type[SandboxError], int]] = [
     (CapacityExceeded, 429),
     (BootFailed, 503),
     (BackendUnavailable, 503),
+    (AgentUnresponsive, 503),
+    (NotSupportedByImage, 501),
+    (PathNotFound, 404),
+    (FileTooLarge, 413),
+    (SandboxDiskFull, 507),
+    (FileOperationFailed, 400),
 ]
 
 

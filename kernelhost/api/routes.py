@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
+from collections.abc import AsyncIterator
 from typing import Any
 
 from aiohttp import web
@@ -86,7 +88,9 @@ async def get_sandbox(request: web.Request) -> web.Response:
 
 @routes.delete("/v1/sandboxes/{sandbox_id}")
 async def delete_sandbox(request: web.Request) -> web.Response:
-    await _runtime(request).manager.delete(request[KEY_ID], request.match_info["sandbox_id"])
+    # shielded: a client hanging up mid-delete must not leave a half-removed sandbox behind
+    await asyncio.shield(
+        _runtime(request).manager.delete(request[KEY_ID], request.match_info["sandbox_id"]))
     return web.Response(status=204)
 
 
@@ -130,3 +134,96 @@ async def hibernate_sandbox(request: web.Request) -> web.Response:
     manager = _runtime(request).manager
     await manager.hibernate(_sandbox(request))
     return web.json_response(_sandbox(request).to_dict())
+
+
+# -- execution depth: interrupt, restart, files --------------------------------------------------
+
+
+@routes.post("/v1/sandboxes/{sandbox_id}/interrupt")
+async def interrupt_sandbox(request: web.Request) -> web.Response:
+    """Interrupt the running call (Python: KeyboardInterrupt; bash: SIGINT); state is kept.
+
+    Does not wait behind the running call. ``{"interrupted": false}`` when nothing was running.
+    """
+    result = await _runtime(request).manager.interrupt(_sandbox(request))
+    return web.json_response(result)
+
+
+@routes.post("/v1/sandboxes/{sandbox_id}/restart")
+async def restart_sandbox(request: web.Request) -> web.Response:
+    """Restart the kernel and reset the shell; variables and imports are lost, files are kept.
+
+    A running call ends with status ``restarted``. If the agent does not answer, or the sandbox's
+    VM is dead, the sandbox gets a fresh VM from its template (files lost too):
+    ``{"recovery": "kernel_restarted" | "vm_replaced", "sandbox": {...}}``.
+    """
+    sbx = _sandbox(request)
+    result = await _runtime(request).manager.restart(sbx)
+    return web.json_response({**result, "sandbox": sbx.to_dict()})
+
+
+def _query_path(request: web.Request, default: str | None = None) -> str:
+    path = request.query.get("path", default)
+    if path is None:
+        raise InvalidRequest("query parameter 'path' is required, e.g. ?path=data/input.csv "
+                             "(relative paths are under /home/user)", field="path")
+    return path
+
+
+def _query_bool(request: web.Request, name: str) -> bool:
+    raw = request.query.get(name, "false").lower()
+    if raw not in ("true", "false", "1", "0"):
+        raise InvalidRequest(f"query parameter {name!r} is {raw!r}; use true or false", field=name)
+    return raw in ("true", "1")
+
+
+@routes.put("/v1/sandboxes/{sandbox_id}/files")
+async def write_file(request: web.Request) -> web.Response:
+    """Write the request body (raw bytes, streamed) to ``?path=``; parents are created, an
+    existing file is replaced atomically. 413 over ``max_file_bytes``."""
+    sbx = _sandbox(request)
+    path = _query_path(request)
+
+    async def body() -> AsyncIterator[bytes]:
+        async for chunk in request.content.iter_any():
+            yield chunk
+
+    result = await _runtime(request).manager.write_file(sbx, path, body(),
+                                                        request.content_length)
+    return web.json_response(result, status=201)
+
+
+@routes.get("/v1/sandboxes/{sandbox_id}/files")
+async def read_file(request: web.Request) -> web.StreamResponse:
+    """The bytes of the file at ``?path=``, streamed; 404 naming the path if there is none."""
+    sbx = _sandbox(request)
+    path = _query_path(request)
+    size, chunks = await _runtime(request).manager.read_file(sbx, path)
+    resp = web.StreamResponse(headers={
+        "Content-Type": "application/octet-stream", "Content-Length": str(size),
+        "Cache-Control": "no-store"})
+    await resp.prepare(request)
+    # An error past this point cannot become a JSON error any more: the connection is cut, and
+    # the client sees fewer bytes than Content-Length promised.
+    async with contextlib.aclosing(chunks):  # type: ignore[type-var]
+        async for chunk in chunks:
+            await resp.write(chunk)
+    await resp.write_eof()
+    return resp
+
+
+@routes.get("/v1/sandboxes/{sandbox_id}/files/list")
+async def list_files(request: web.Request) -> web.Response:
+    """The entries of the directory ``?path=`` (default: /home/user, the kernel's cwd)."""
+    sbx = _sandbox(request)
+    result = await _runtime(request).manager.list_files(sbx, _query_path(request, "."))
+    return web.json_response(result)
+
+
+@routes.delete("/v1/sandboxes/{sandbox_id}/files")
+async def remove_file(request: web.Request) -> web.Response:
+    """Remove the file or empty directory ``?path=`` (``&recursive=true``: with contents)."""
+    sbx = _sandbox(request)
+    await _runtime(request).manager.remove_file(sbx, _query_path(request),
+                                                _query_bool(request, "recursive"))
+    return web.Response(status=204)

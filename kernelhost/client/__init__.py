@@ -22,17 +22,21 @@ from kernelhost.client._exceptions import (
     ServerError,
     TransportError,
 )
-from kernelhost.client._models import Execution, ExecutionError, Result, SandboxInfo
+from kernelhost.client._files import AsyncFiles
+from kernelhost.client._models import Execution, ExecutionError, FileInfo, Result, SandboxInfo
 from kernelhost.client._sandbox import AsyncSandbox
-from kernelhost.client._sync import Sandbox
+from kernelhost.client._sync import Files, Sandbox
 
 __all__ = [
     "APIError",
+    "AsyncFiles",
     "AsyncSandbox",
     "AuthenticationError",
     "ConflictError",
     "Execution",
     "ExecutionError",
+    "FileInfo",
+    "Files",
     "InvalidRequestError",
     "KernelHostError",
     "KernelHostTimeout",

@@ -7,9 +7,10 @@ Nothing here knows what a sandbox is; ``_sandbox.py`` builds on it. Every reques
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
 import os
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from importlib import metadata as importlib_metadata
@@ -108,14 +109,27 @@ class HTTPClient:
             await session.close()
 
     async def request(
-        self, method: str, path: str, *, json_body: Any = None, timeout: float = REQUEST_TIMEOUT
+        self,
+        method: str,
+        path: str,
+        *,
+        json_body: Any = None,
+        timeout: float = REQUEST_TIMEOUT,
+        params: Mapping[str, str] | None = None,
+        data: Any = None,
     ) -> Any:
-        """Send a request and return its decoded JSON body (None for an empty body)."""
+        """Send a request and return its decoded JSON body (None for an empty body).
+
+        ``data`` (bytes, a binary file, or an async iterable of bytes) is sent as the raw body
+        instead of ``json_body``.
+        """
         what = f"{method} {path}"
         deadline = aiohttp.ClientTimeout(total=timeout, connect=CONNECT_TIMEOUT)
+        headers = {"Content-Type": "application/octet-stream"} if data is not None else None
         with self._translate_errors(what, timeout):
             async with self._get_session().request(
-                method, self.config.url + path, json=json_body, timeout=deadline
+                method, self.config.url + path, json=json_body, timeout=deadline, params=params,
+                data=data, headers=headers,
             ) as resp:
                 body = await resp.read()
                 if resp.status >= 400:
@@ -123,6 +137,41 @@ class HTTPClient:
         if not body:
             return None
         return _decode_json(body, what)
+
+    async def download(
+        self,
+        path: str,
+        *,
+        params: Mapping[str, str] | None,
+        sink: Callable[[bytes], Awaitable[object] | object],
+        timeout: float,
+    ) -> int:
+        """GET a raw body and hand it to ``sink`` chunk by chunk; returns the byte count.
+
+        A body shorter than its Content-Length (the server hit an error mid-stream) raises
+        ``TransportError``: a download never ends silently short.
+        """
+        what = f"GET {path}"
+        deadline = aiohttp.ClientTimeout(total=timeout, connect=CONNECT_TIMEOUT)
+        received = 0
+        with self._translate_errors(what, timeout):
+            async with self._get_session().get(
+                self.config.url + path, params=params, timeout=deadline
+            ) as resp:
+                if resp.status >= 400:
+                    raise _error_from(resp, await resp.read(), what)
+                async for chunk in resp.content.iter_chunked(1 << 20):
+                    received += len(chunk)
+                    outcome = sink(chunk)
+                    if inspect.isawaitable(outcome):
+                        await outcome
+                expected = resp.content_length
+        if expected is not None and received != expected:
+            raise TransportError(
+                f"{what} from {self.config.url} ended after {received} of {expected} bytes; "
+                "the file may have changed while it was read, or the server failed mid-way"
+            )
+        return received
 
     @asynccontextmanager
     async def stream(

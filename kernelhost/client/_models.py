@@ -13,7 +13,7 @@ from typing import Any
 
 from kernelhost.client._exceptions import TransportError
 
-__all__ = ["Execution", "ExecutionError", "Result", "SandboxInfo"]
+__all__ = ["Execution", "ExecutionError", "FileInfo", "Result", "SandboxInfo"]
 
 
 def _require(obj: dict[str, Any], key: str, kind: str) -> Any:
@@ -24,6 +24,10 @@ def _require(obj: dict[str, Any], key: str, kind: str) -> Any:
 
 def _optional_int(value: Any) -> int | None:
     return None if value is None else int(value)
+
+
+def _optional_float(value: Any) -> float | None:
+    return None if value is None else float(value)
 
 
 def _parse_time(value: Any, key: str) -> datetime | None:
@@ -169,9 +173,22 @@ class ExecutionError:
 class Execution:
     """Everything one ``run_code`` call produced.
 
-    ``status`` is the server's verdict: ``"ok"``, ``"error"`` (the code raised; see
-    ``error``), ``"timeout"`` (the server stopped it after ``timeout`` seconds),
-    ``"interrupted"`` or ``"kernel_died"``.
+    ``status`` is the server's verdict: ``"ok"``, ``"error"`` (the code raised, or a bash
+    command exited non-zero; see ``error``), ``"timeout"`` (the server stopped it after
+    ``timeout`` seconds), ``"interrupted"`` (``interrupt()``), ``"restarted"`` (``restart()``
+    while it ran) or ``"kernel_died"`` (the kernel or the VM died under it).
+
+    ``recovery`` says what the server did to get the sandbox usable again: ``"interrupted"``
+    (KeyboardInterrupt / SIGINT, state kept), ``"killed"`` (a bash command's processes),
+    ``"kernel_restarted"`` (variables and imports lost) or ``"vm_replaced"`` (a fresh VM:
+    files lost too); None when nothing was needed.
+
+    Figures: ``duration_ms`` is the wall time on the server; ``cpu_time_ms`` the CPU time of
+    the kernel (or of the bash command) and the processes it waited for; ``peak_memory_bytes``
+    the kernel's peak resident memory during the call (bash: the command's processes). Either
+    is None when the sandbox did not report it. ``exit_code`` is set for ``language="bash"``.
+    ``output_truncated`` is True when stdout/stderr went over the server's limit (a marker in
+    the text says where).
     """
 
     stdout: str = ""
@@ -181,6 +198,28 @@ class Execution:
     execution_count: int | None = None
     duration_ms: float | None = None
     status: str = "ok"
+    exit_code: int | None = None
+    cpu_time_ms: float | None = None
+    peak_memory_bytes: int | None = None
+    recovery: str | None = None
+    output_truncated: bool = False
+
+    def _finish(self, end: dict[str, Any]) -> None:
+        """Fill the verdict and figures from the stream's ``end`` event."""
+        self.status = str(end.get("status", "ok"))
+        self.execution_count = _optional_int(end.get("execution_count"))
+        self.duration_ms = _optional_float(end.get("duration_ms"))
+        self.exit_code = _optional_int(end.get("exit_code"))
+        self.cpu_time_ms = _optional_float(end.get("cpu_ms"))
+        self.peak_memory_bytes = _optional_int(end.get("peak_memory_bytes"))
+        recovery = end.get("recovery")
+        self.recovery = None if recovery is None else str(recovery)
+        self.output_truncated = bool(end.get("output_truncated", False))
+
+    @property
+    def wall_time_ms(self) -> float | None:
+        """Same as ``duration_ms``: wall-clock time of the call on the server."""
+        return self.duration_ms
 
     @property
     def text(self) -> str | None:
@@ -189,3 +228,30 @@ class Execution:
             if result.is_main_result:
                 return result.text
         return None
+
+
+@dataclass
+class FileInfo:
+    """A file or directory in a sandbox, as ``files.list`` and ``files.write`` describe it.
+
+    ``type`` is ``"file"``, ``"dir"``, ``"symlink"`` or ``"other"``; ``path`` is absolute.
+    """
+
+    name: str
+    path: str
+    type: str = "file"
+    size: int = 0
+    modified_at: datetime | None = None
+
+    @classmethod
+    def from_wire(cls, obj: Any) -> FileInfo:
+        if not isinstance(obj, dict):
+            raise TransportError(f"expected a file entry, the server sent {obj!r:.300}")
+        path = str(_require(obj, "path", "file entry"))
+        return cls(
+            name=str(obj.get("name") or path.rstrip("/").rsplit("/", 1)[-1]),
+            path=path,
+            type=str(obj.get("type", "file")),
+            size=int(obj.get("size") or 0),
+            modified_at=_parse_time(obj.get("modified_at"), "modified_at"),
+        )

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
 from kernelhost.client._exceptions import KernelHostError, NotFoundError, TransportError
+from kernelhost.client._files import AsyncFiles
 from kernelhost.client._http import HTTPClient, resolve_config
 from kernelhost.client._models import Execution, ExecutionError, Result, SandboxInfo
 
@@ -26,11 +27,12 @@ __all__ = ["AsyncSandbox", "OnError", "OnResult", "OnText"]
 
 #: Default deadline for creating a sandbox: a VM boots, which takes ~15 s on slow hosts.
 CREATE_TIMEOUT = 120.0
-#: Deadline for restarting the kernel.
-RESTART_TIMEOUT = 120.0
+#: Deadline for a restart: the kernel restarts, or the sandbox gets a fresh VM if it must.
+RESTART_TIMEOUT = 300.0
 #: Added to run_code's ``timeout`` for the HTTP deadline. The server enforces ``timeout``
-#: itself and then still has to stop the code and send the final event.
-EXECUTE_DEADLINE_MARGIN = 30.0
+#: itself and then may still have to climb its recovery ladder (interrupt grace, kernel restart,
+#: a fresh VM) before it sends the final event; this is only a safety net.
+EXECUTE_DEADLINE_MARGIN = 240.0
 
 #: Callback types. Each may be a plain function or a coroutine function.
 OnText = Callable[[str], object]
@@ -234,6 +236,12 @@ class AsyncSandbox:
 
     # -- operations --------------------------------------------------------------------------
 
+    @property
+    def files(self) -> AsyncFiles:
+        """The sandbox's files: ``read``, ``read_text``, ``write``, ``list``, ``remove``,
+        ``download`` (see ``AsyncFiles``)."""
+        return AsyncFiles(self)
+
     async def info(self) -> SandboxInfo:
         """Fetch the sandbox's current record from the server."""
         self._ensure_open()
@@ -297,11 +305,7 @@ class AsyncSandbox:
                 elif kind == "end":
                     execution.stdout = "".join(stdout)
                     execution.stderr = "".join(stderr)
-                    execution.status = str(event.get("status", "ok"))
-                    count = event.get("execution_count")
-                    execution.execution_count = None if count is None else int(count)
-                    duration = event.get("duration_ms")
-                    execution.duration_ms = None if duration is None else float(duration)
+                    execution._finish(event)
                     return execution
                 # Any other type comes from a newer server: ignored on purpose.
         raise TransportError(
@@ -310,15 +314,28 @@ class AsyncSandbox:
             "restarted or dropped the connection"
         )
 
-    async def interrupt(self) -> None:
-        """Interrupt the code running in the kernel (like Jupyter's stop button); state is kept."""
-        self._ensure_open()
-        await self._http.request("POST", _sandbox_path(self.id, "interrupt"))
+    async def interrupt(self) -> bool:
+        """Interrupt the running call (like Jupyter's stop button); state is kept.
 
-    async def restart(self) -> None:
-        """Restart the kernel: running code is stopped and all variables are lost."""
+        Python gets a KeyboardInterrupt, a bash command SIGINT; the call ends with status
+        ``"interrupted"``. Does not wait behind the running call. Returns False if nothing ran.
+        """
         self._ensure_open()
-        await self._http.request("POST", _sandbox_path(self.id, "restart"), timeout=RESTART_TIMEOUT)
+        reply = await self._http.request("POST", _sandbox_path(self.id, "interrupt"))
+        return bool(reply.get("interrupted")) if isinstance(reply, dict) else False
+
+    async def restart(self) -> str:
+        """Restart the kernel and reset the shell: running code is stopped, variables are lost.
+
+        Files are kept, unless the sandbox's VM was dead or did not answer: then it gets a
+        fresh VM from its template. Returns what happened: ``"kernel_restarted"`` or
+        ``"vm_replaced"``.
+        """
+        self._ensure_open()
+        reply = await self._http.request("POST", _sandbox_path(self.id, "restart"),
+                                         timeout=RESTART_TIMEOUT)
+        recovery = reply.get("recovery") if isinstance(reply, dict) else None
+        return str(recovery or "kernel_restarted")
 
     async def fork(self, n: int = 1, timeout: float = CREATE_TIMEOUT) -> builtins.list[AsyncSandbox]:
         """Copy this sandbox, live, into ``n`` new sandboxes (1 to 32).

@@ -20,6 +20,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 
 from kernelhost.client._exceptions import KernelHostError
+from kernelhost.client._files import AsyncFiles
 from kernelhost.client._models import SandboxInfo
 from kernelhost.client._sandbox import CREATE_TIMEOUT, AsyncSandbox
 
@@ -112,6 +113,36 @@ def _sync_method(
     return blocking
 
 
+def _sync_files_method(
+    method: Callable[Concatenate[AsyncFiles, P], Coroutine[Any, Any, R]],
+) -> Callable[Concatenate[Files, P], R]:
+    """Derive a blocking ``Files`` method from an ``AsyncFiles`` coroutine method."""
+
+    @functools.wraps(method)
+    def blocking(self: Files, /, *args: P.args, **kwargs: P.kwargs) -> R:
+        return self._sandbox._call(method(self._sandbox._async.files, *args, **kwargs))
+
+    blocking.__qualname__ = f"Files.{method.__name__}"
+    return blocking
+
+
+class Files:
+    """The files of a ``Sandbox``: the blocking twin of ``AsyncFiles`` (``sandbox.files``)."""
+
+    __doc__ = (__doc__ or "") + "\n\n" + (AsyncFiles.__doc__ or "")
+
+    def __init__(self, sandbox: Sandbox) -> None:
+        self._sandbox = sandbox
+
+    write = _sync_files_method(AsyncFiles.write)
+    read = _sync_files_method(AsyncFiles.read)
+    read_text = _sync_files_method(AsyncFiles.read_text)
+    download = _sync_files_method(AsyncFiles.download)
+    remove = _sync_files_method(AsyncFiles.remove)
+    # Defined last: inside the class body, the name ``list`` refers to this method afterwards.
+    list = _sync_files_method(AsyncFiles.list)
+
+
 def _doc_from(source: Callable[..., Any]) -> Callable[[Callable[P, R]], Callable[P, R]]:
     """Give a hand-written ``Sandbox`` method the docstring of its ``AsyncSandbox`` original."""
 
@@ -195,6 +226,12 @@ class Sandbox:
     def id(self) -> str:
         """The sandbox's id, ``sbx_...``."""
         return self._async.id
+
+    @property
+    def files(self) -> Files:
+        """The sandbox's files: ``read``, ``read_text``, ``write``, ``list``, ``remove``,
+        ``download``."""
+        return Files(self)
 
     info = _sync_method(AsyncSandbox.info)
     run_code = _sync_method(AsyncSandbox.run_code)

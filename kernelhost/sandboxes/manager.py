@@ -11,10 +11,10 @@ import contextlib
 import secrets
 import time
 import uuid
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import structlog
 
@@ -27,23 +27,28 @@ from hypervisor import (
     LibvirtUnavailable,
 )
 
-from ..channel import AgentClient, AgentError, ChannelClosed, Subscription
+from ..channel import AgentClient, AgentError, ChannelClosed, JupyterMessage, Subscription
 from ..config import Settings
 from .errors import (
+    AgentUnresponsive,
     BackendUnavailable,
     BootFailed,
+    FileOperationFailed,
+    FileTooLarge,
     InvalidRequest,
+    NotSupportedByImage,
+    PathNotFound,
+    SandboxDiskFull,
     SandboxNotFound,
     SandboxNotRunning,
     UnknownTemplate,
 )
-from .execution import inject_kernel_death, run_cell
+from .execution import LANGUAGES, Control, inject_kernel_death, run_cell
 from .store import SandboxRecord, Store
 from .vms import VmFactory
 
 log = structlog.get_logger("kernelhost.sandboxes")
 
-LANGUAGES = ("python",)
 
 
 @dataclass(eq=False)
@@ -56,6 +61,11 @@ class Sandbox:
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     current: Subscription | None = None
     busy: bool = False
+    control: Control | None = None  # the running execution, for interrupt and restart
+    replacement: asyncio.Task[bool] | None = None  # a VM replacement in progress
+    # co-attach (issue 5): who sees every Jupyter message, agent event and channel change of
+    # this sandbox (the Kernel Gateway's WebSocket hub); fed by _listen, called from _bind
+    listeners: set[SandboxListener] = field(default_factory=set)
 
     @property
     def id(self) -> str:
@@ -266,6 +276,7 @@ class SandboxManager:
         agent.on_event = lambda ev: self._on_event(sbx, ev)
         agent.on_close = lambda reason, violation: self._on_close(sbx, reason, violation)
         sbx.agent = agent
+        _listen(sbx, agent)  # co-attach broadcast (issue 5)
         if not agent.connected:  # closed before we listened: report it now
             self._on_close(sbx, agent.closed_reason or "channel closed", False)
 
@@ -342,20 +353,31 @@ class SandboxManager:
         if timeout is not None and timeout <= 0:
             raise InvalidRequest(f"timeout={timeout} must be positive (seconds) or null",
                                  field="timeout")
+        if timeout is None and self.settings.default_execution_timeout > 0:
+            timeout = self.settings.default_execution_timeout
         self._check_running(sbx)
-        return self._execute(sbx, code, timeout)
+        return self._execute(sbx, code, timeout, language)
 
-    async def _execute(self, sbx: Sandbox, code: str, timeout: float | None
-                       ) -> AsyncGenerator[dict[str, Any], None]:
+    async def _execute(self, sbx: Sandbox, code: str, timeout: float | None,
+                       language: str = "python") -> AsyncGenerator[dict[str, Any], None]:
         async with sbx.lock:
+            await self._wait_replacement(sbx)
             self._check_running(sbx)
             await self._ensure_awake(sbx)
             assert sbx.agent is not None
             sbx.busy = True
+            sbx.control = Control()
             self.store.touch(sbx.id)
             try:
                 gen = run_cell(sbx.agent, sbx.session, code, timeout=timeout,
+                               language=language,
                                interrupt_grace=self.settings.interrupt_grace,
+                               restart_timeout=self.settings.restart_timeout,
+                               agent_timeout=self.settings.agent_timeout,
+                               max_output_bytes=self.settings.max_output_bytes,
+                               max_result_bytes=self.settings.max_result_bytes,
+                               control=sbx.control,
+                               replace_vm=lambda reason: self._replace_vm(sbx, reason),
                                on_subscription=lambda sub: setattr(sbx, "current", sub))
                 async with contextlib.aclosing(gen):
                     async for event in gen:
@@ -363,18 +385,20 @@ class SandboxManager:
             finally:
                 sbx.busy = False
                 sbx.current = None
+                sbx.control = None
                 sbx.record.last_active_at = time.time()
                 if self.sandboxes.get(sbx.id) is sbx:
                     self.store.touch(sbx.id, sbx.record.last_active_at)
 
     def _check_running(self, sbx: Sandbox) -> None:
-        if sbx.record.state == "hibernated":
-            return  # woken by the caller under the sandbox's lock
+        if sbx.record.state in ("hibernated", "replacing"):
+            return  # woken, or waited for, by the caller
         if sbx.record.state != "running" or sbx.agent is None or not sbx.agent.connected:
             raise SandboxNotRunning(
                 f"sandbox {sbx.id} is {sbx.record.state}"
                 f"{': ' + sbx.record.detail if sbx.record.detail else ''}; "
-                "delete it and create a new one", state=sbx.record.state)
+                f"POST /v1/sandboxes/{sbx.id}/restart gives it a fresh VM (state lost), "
+                "or delete it and create a new one", state=sbx.record.state)
 
     # -- idle reaper ---------------------------------------------------------------------------
 
@@ -484,3 +508,368 @@ class SandboxManager:
             log.info("sandbox.forked", sandbox_id=prec.id, children=[k.id for k in kids],
                      ms=round((time.monotonic() - t0) * 1000))
             return kids
+
+    # == execution depth: interrupt, restart, VM replacement, files ================================
+    # The timeout ladder's last rung and the restart of a dead VM reuse ``_launch`` with a new
+    # domain name (so a destroy still in flight for the old name cannot hit the new VM). Interrupt,
+    # restart and file calls do not queue behind executions: they act while one runs.
+
+    async def interrupt(self, sbx: Sandbox) -> dict[str, Any]:
+        """Interrupt what runs now (Python: KeyboardInterrupt; bash: SIGINT); state is kept."""
+        await self._wait_replacement(sbx)
+        self._check_running(sbx)
+        control = sbx.control
+        if sbx.record.state != "running" or sbx.agent is None or control is None:
+            return {"interrupted": False}  # nothing runs (a hibernated sandbox runs nothing)
+        control.interrupt_requested = True
+        try:
+            if control.kind == "bash":
+                await sbx.agent.request("bash_signal", timeout=self.settings.agent_timeout,
+                                        run_id=control.run_id, signal="INT")
+            else:
+                await sbx.agent.request("interrupt", timeout=self.settings.agent_timeout)
+        except (asyncio.TimeoutError, AgentError, ChannelClosed) as exc:
+            raise AgentUnresponsive(
+                f"the agent of sandbox {sbx.id} did not carry out the interrupt within "
+                f"{self.settings.agent_timeout:g}s ({exc or type(exc).__name__}); "
+                f"POST /v1/sandboxes/{sbx.id}/restart restarts the kernel, or gives the sandbox "
+                "a fresh VM if its agent stays silent") from exc
+        return {"interrupted": True}
+
+    async def restart(self, sbx: Sandbox) -> dict[str, Any]:
+        """Restart the kernel and reset the shell (state lost); a dead or silent VM is replaced.
+
+        Does not wait for a running execution: that one ends at once with status ``restarted``.
+        """
+        await self._wait_replacement(sbx)
+        if sbx.record.state == "hibernated":
+            async with sbx.lock:
+                await self._ensure_awake(sbx)
+        if sbx.control is not None:
+            sbx.control.notify("restarted")
+        agent = sbx.agent
+        if sbx.record.state == "running" and agent is not None and agent.connected:
+            try:
+                # The restart frame goes out before the woken execution's successor can send
+                # anything; the agent holds shell messages until the new kernel is ready.
+                await agent.request("restart", timeout=self.settings.restart_timeout)
+                with contextlib.suppress(AgentError):  # images older than bash lack the op
+                    await agent.request("bash_reset", timeout=self.settings.agent_timeout)
+                self.store.touch(sbx.id)
+                return {"recovery": "kernel_restarted"}
+            except (asyncio.TimeoutError, AgentError, ChannelClosed) as exc:
+                reason = f"the kernel restart failed ({exc or type(exc).__name__})"
+        else:
+            reason = f"restart of a {sbx.record.state} sandbox"
+        if not await self._replace_vm(sbx, reason):
+            raise SandboxNotFound(sbx.id)  # deleted meanwhile
+        return {"recovery": "vm_replaced"}
+
+    async def _wait_replacement(self, sbx: Sandbox) -> None:
+        task = sbx.replacement
+        if task is not None and not task.done():
+            with contextlib.suppress(Exception):
+                await asyncio.shield(task)
+
+    async def _replace_vm(self, sbx: Sandbox, reason: str) -> bool:
+        """Give the sandbox a fresh VM from its template (every variable and file is lost).
+
+        One replacement at a time per sandbox; it runs as an owned task, so a caller that goes
+        away (client disconnect) does not leave it half done. False if the sandbox is going away.
+        """
+        task = sbx.replacement
+        if task is None or task.done():
+            task = asyncio.get_running_loop().create_task(self._do_replace(sbx, reason),
+                                                          name=f"replace-vm:{sbx.id}")
+            sbx.replacement = task
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+        return await asyncio.shield(task)
+
+    async def _do_replace(self, sbx: Sandbox, reason: str) -> bool:
+        rec = sbx.record
+        if self.sandboxes.get(sbx.id) is not sbx:
+            return False
+        log.warning("sandbox.replacing_vm", sandbox_id=sbx.id, domain=rec.domain, reason=reason)
+        t0 = time.monotonic()
+        old_agent, sbx.agent = sbx.agent, None
+        if old_agent is not None:
+            await old_agent.close()
+        # Tasks the close spawned (_on_close: destroy the old domain, or remove the sandbox after
+        # a protocol violation) take their first step now, binding the old names.
+        await asyncio.sleep(0)
+        if self.sandboxes.get(sbx.id) is not sbx:
+            return False
+        with contextlib.suppress(HypervisorError):
+            await asyncio.to_thread(self.hv.destroy, rec.domain)
+        rec.domain, rec.state, rec.detail = self.hv.new_name(), "replacing", ""
+        self.store.update(rec.id, domain=rec.domain, state="replacing", detail="")
+        try:
+            image = self.images.get(rec.template)
+            await self._launch(sbx, image)
+        except Exception as exc:
+            detail = f"replacing its VM ({reason}) failed: {exc or type(exc).__name__}"
+            log.error("sandbox.replace_failed", sandbox_id=sbx.id, error=detail)
+            if self.sandboxes.get(sbx.id) is sbx:
+                rec.state, rec.detail = "dead", detail
+                self.store.update(rec.id, state="dead", detail=detail)
+            raise BootFailed(f"sandbox {sbx.id}: {detail}; delete it and create a new one") \
+                from exc
+        if self.sandboxes.get(sbx.id) is not sbx:  # deleted while the new VM came up
+            if sbx.agent is not None:
+                await sbx.agent.close()
+            await self._destroy_vm_only(sbx)
+            return False
+        rec.state, rec.image_key = "running", image.key
+        self.store.update(rec.id, state="running", image_key=image.key, detail="")
+        log.info("sandbox.vm_replaced", sandbox_id=sbx.id, domain=rec.domain,
+                 ms=round((time.monotonic() - t0) * 1000))
+        return True
+
+    # -- files --
+
+    def _path(self, path: Any, field: str = "path") -> str:
+        if not isinstance(path, str) or not path or "\0" in path or len(path) > 4096:
+            raise InvalidRequest(
+                f"{field}={path!r:.100} is not a usable path: give a non-empty path of at most "
+                "4096 characters without NUL; relative paths are under /home/user", field=field)
+        return path
+
+    async def _fs(self, sbx: Sandbox, op: str, timeout: float | None = None,
+                  **fields: Any) -> dict[str, Any]:
+        await self._wait_replacement(sbx)
+        if sbx.record.state == "hibernated":
+            async with sbx.lock:
+                await self._ensure_awake(sbx)
+        self._check_running(sbx)
+        agent = sbx.agent
+        if agent is None or sbx.record.state != "running":
+            raise SandboxNotRunning(f"sandbox {sbx.id} is {sbx.record.state}",
+                                    state=sbx.record.state)
+        wait = timeout or FILE_OP_TIMEOUT
+        try:
+            reply = await agent.request(op, timeout=wait, **fields)
+        except asyncio.TimeoutError:
+            raise AgentUnresponsive(
+                f"the agent of sandbox {sbx.id} did not answer {op} within {wait:g}s; "
+                f"POST /v1/sandboxes/{sbx.id}/restart gives it a fresh VM if it stays silent"
+            ) from None
+        except ChannelClosed as exc:
+            raise SandboxNotRunning(f"sandbox {sbx.id} lost its VM during {op}: {exc}",
+                                    state=sbx.record.state) from exc
+        except AgentError as exc:
+            if "unknown op" in str(exc):
+                raise NotSupportedByImage(
+                    f"sandbox {sbx.id} runs a guest image without file operations; rebuild the "
+                    "images (make image) and create a new sandbox") from exc
+            raise FileOperationFailed(f"{op} was refused: {exc}") from exc
+        if "oserror" in reply:
+            raise _fs_error(sbx, reply["oserror"], fields)
+        sbx.record.last_active_at = time.time()
+        return reply
+
+    async def write_file(self, sbx: Sandbox, path: str, chunks: AsyncIterator[bytes],
+                         length: int | None = None) -> dict[str, Any]:
+        """Stream ``chunks`` into ``path`` (parents created); atomic: a failed upload leaves
+        nothing. The size limit is checked up front when ``length`` is known, and as bytes come."""
+        self._path(path)
+        limit = self.settings.max_file_bytes
+        if length is not None and length > limit:
+            raise _too_large(path, length, limit)
+        head, _, name = path.rpartition("/")
+        tmp = f"{head}/.{name}.kh-upload-{secrets.token_hex(4)}" if head or path.startswith("/") \
+            else f".{name}.kh-upload-{secrets.token_hex(4)}"
+        written = 0
+        created = False
+        inflight: set[asyncio.Future[dict[str, Any]]] = set()
+        try:
+            async for piece in _rechunk(chunks, FILE_CHUNK):
+                if written + len(piece) > limit:
+                    raise _too_large(path, written + len(piece), limit)
+                if not created:
+                    await self._fs(sbx, "fs_write", path=tmp, offset=0, data=piece, create=True)
+                    created = True
+                else:
+                    if len(inflight) >= FILE_WINDOW:
+                        done, inflight = await asyncio.wait(
+                            inflight, return_when=asyncio.FIRST_COMPLETED)
+                        for task in done:
+                            task.result()
+                    inflight.add(asyncio.ensure_future(self._fs(
+                        sbx, "fs_write", path=tmp, offset=written, data=piece)))
+                written += len(piece)
+            if not created:
+                await self._fs(sbx, "fs_write", path=tmp, offset=0, data=b"", create=True)
+                created = True
+            for task in asyncio.as_completed(inflight):
+                await task
+            inflight = set()
+            reply = await self._fs(sbx, "fs_rename", src=tmp, dst=path)
+        except BaseException:
+            for task in inflight:
+                task.cancel()
+            if created:
+                with contextlib.suppress(Exception):
+                    await asyncio.shield(self._fs(sbx, "fs_remove", path=tmp))
+            raise
+        final = reply.get("path")
+        return {"path": final if isinstance(final, str) else path, "size": written}
+
+    async def read_file(self, sbx: Sandbox, path: str) -> tuple[int, AsyncIterator[bytes]]:
+        """The file's size, and its bytes in chunks (errors before the first byte raise here)."""
+        self._path(path)
+        reply = await self._fs(sbx, "fs_stat", path=path)
+        stat = reply.get("stat")
+        if not isinstance(stat, dict) or not isinstance(stat.get("size"), int) \
+                or isinstance(stat.get("size"), bool) or stat["size"] < 0:
+            raise FileOperationFailed(f"the sandbox answered a stat of {path!r} with nonsense")
+        if stat.get("type") == "dir":
+            raise FileOperationFailed(
+                f"{path!r} is a directory; list it with GET /v1/sandboxes/{sbx.id}/files/list",
+                path=path, errno="EISDIR")
+        if stat.get("type") != "file":
+            raise FileOperationFailed(f"{path!r} is not a regular file ({stat.get('type')})",
+                                      path=path)
+        size = int(stat["size"])
+        if size > self.settings.max_file_bytes:
+            raise _too_large(path, size, self.settings.max_file_bytes)
+        return size, self._read_chunks(sbx, path, size)
+
+    async def _read_chunks(self, sbx: Sandbox, path: str, size: int) -> AsyncIterator[bytes]:
+        offsets = iter(range(0, size, FILE_CHUNK))
+        inflight: list[tuple[int, asyncio.Future[dict[str, Any]]]] = []
+
+        def more() -> None:
+            while len(inflight) < FILE_WINDOW:
+                offset = next(offsets, None)
+                if offset is None:
+                    return
+                length = min(FILE_CHUNK, size - offset)
+                inflight.append((length, asyncio.ensure_future(self._fs(
+                    sbx, "fs_read", path=path, offset=offset, length=length))))
+
+        try:
+            more()
+            while inflight:
+                length, task = inflight.pop(0)
+                data = (await task).get("data")
+                if not isinstance(data, bytes) or len(data) > length:
+                    raise FileOperationFailed(f"the sandbox answered a read of {path!r} with "
+                                              f"{type(data).__name__} instead of bytes")
+                if len(data) < length:
+                    raise FileOperationFailed(f"{path!r} shrank while it was being read")
+                more()
+                yield data
+        finally:
+            for _, task in inflight:
+                task.cancel()
+
+    async def list_files(self, sbx: Sandbox, path: str = ".") -> dict[str, Any]:
+        self._path(path)
+        reply = await self._fs(sbx, "fs_list", path=path)
+        where = str(reply["path"]) if isinstance(reply.get("path"), str) else path
+        entries = []
+        for raw in reply.get("entries") or []:
+            if not isinstance(raw, dict) or not isinstance(raw.get("name"), str):
+                continue
+            size, mtime = raw.get("size"), raw.get("mtime")
+            entries.append({
+                "name": raw["name"], "path": f"{where.rstrip('/')}/{raw['name']}",
+                "type": raw.get("type") if raw.get("type") in ("file", "dir", "symlink") else "other",
+                "size": size if isinstance(size, int) and not isinstance(size, bool) else 0,
+                "modified_at": _iso(float(mtime)) if isinstance(mtime, (int, float))
+                and not isinstance(mtime, bool) and 0 <= mtime < 1e11 else None,
+            })
+        return {"path": where, "entries": entries, "truncated": reply.get("truncated") is True}
+
+    async def remove_file(self, sbx: Sandbox, path: str, recursive: bool = False) -> None:
+        self._path(path)
+        await self._fs(sbx, "fs_remove", path=path, recursive=recursive)
+
+
+FILE_CHUNK = 1 << 20  # bytes per channel frame of a file transfer
+FILE_WINDOW = 4  # chunk requests in flight per transfer
+FILE_OP_TIMEOUT = 60.0  # seconds one file op may take in the guest
+
+
+async def _rechunk(chunks: AsyncIterator[bytes], size: int) -> AsyncIterator[bytes]:
+    """Pieces of exactly ``size`` bytes (the last may be shorter) from any chunking."""
+    buf = bytearray()
+    async for chunk in chunks:
+        buf += chunk
+        while len(buf) >= size:
+            yield bytes(buf[:size])
+            del buf[:size]
+    if buf:
+        yield bytes(buf)
+
+
+def _too_large(path: str, size: int, limit: int) -> FileTooLarge:
+    return FileTooLarge(
+        f"{path!r} is {size} bytes, over the limit of {limit} bytes; the server's "
+        "max_file_bytes setting raises it (the sandbox's disk is half its VM memory)",
+        path=path, limit=limit)
+
+
+def _fs_error(sbx: Sandbox, err: Any, fields: dict[str, Any]) -> Exception:
+    err = err if isinstance(err, dict) else {}
+    code = str(err.get("errno", "EIO"))[:32]
+    message = str(err.get("message", "error"))[:200]
+    asked = fields.get("dst") or fields.get("path") or ""
+    path = err.get("path") if isinstance(err.get("path"), str) else asked
+    if code == "ENOENT":
+        return PathNotFound(f"no such file or directory in sandbox {sbx.id}: {path!r}",
+                            path=path)
+    if code in ("ENOSPC", "EDQUOT"):
+        return SandboxDiskFull(
+            f"the disk of sandbox {sbx.id} is full writing {path!r}: files live in the VM's "
+            f"memory ({sbx.record.memory_mib} MiB, half of it for files); remove files, or "
+            "raise vm_memory_mib on the server", path=path)
+    hint = {"EISDIR": "; it is a directory", "ENOTDIR": "; a parent is not a directory",
+            "ENOTEMPTY": "; pass recursive=true to remove a directory and its contents",
+            "EEXIST": "; something else is already there"}.get(code, "")
+    return FileOperationFailed(f"{message}: {path!r} ({code}){hint}", path=path, errno=code)
+
+
+# == co-attach (issue 5): a sandbox's kernel traffic to its listeners ==============================
+# Every Jupyter message from the guest, every agent event and every channel change of a sandbox is
+# handed to each of ``Sandbox.listeners`` (the Kernel Gateway's WebSocket hub, kernelhost/api/
+# gateway.py), after the manager's own handling. Listeners run on the channel's reader: they must
+# not block, and one that raises is logged, never allowed to break the channel (a raise there
+# would count as a protocol violation and destroy the VM).
+
+
+class SandboxListener(Protocol):
+    def on_message(self, message: JupyterMessage) -> None: ...
+
+    def on_event(self, event: dict[str, Any]) -> None: ...
+
+    def on_channel(self, connected: bool, reason: str) -> None: ...
+
+
+def _listen(sbx: Sandbox, agent: AgentClient) -> None:
+    """Chain the listeners after the manager's own hooks of ``agent`` (called by ``_bind``)."""
+    on_event, on_close = agent.on_event, agent.on_close
+
+    def event(ev: dict[str, Any]) -> None:
+        if on_event is not None:
+            on_event(ev)
+        _tell(sbx, "on_event", ev)
+
+    def close(reason: str, violation: bool) -> None:
+        if on_close is not None:
+            on_close(reason, violation)
+        _tell(sbx, "on_channel", False, reason)
+
+    agent.on_message = lambda m: _tell(sbx, "on_message", m)
+    agent.on_event, agent.on_close = event, close
+    if agent.connected:
+        _tell(sbx, "on_channel", True, "")
+
+
+def _tell(sbx: Sandbox, hook: str, *args: Any) -> None:
+    for listener in list(sbx.listeners):
+        try:
+            getattr(listener, hook)(*args)
+        except Exception:
+            log.exception("sandbox.listener_failed", sandbox_id=sbx.id, hook=hook)

@@ -216,8 +216,21 @@ def _closed_port_url() -> str:
     return f"http://127.0.0.1:{port}"
 
 
+_threads_before: set[int] = set()
+
+
+@pytest.fixture(autouse=True)
+def _sdk_thread_baseline() -> None:
+    """SDK threads alive before a test (e.g. a session-scoped Sandbox of another tier) are not
+    this test's to account for."""
+    _threads_before.clear()
+    _threads_before.update(t.ident for t in threading.enumerate() if t.ident is not None)
+
+
 def _sdk_threads() -> list[threading.Thread]:
-    return [t for t in threading.enumerate() if t.name == "kernelhost-sandbox"]
+    """SDK loop threads started during the current test and still alive."""
+    return [t for t in threading.enumerate()
+            if t.name == "kernelhost-sandbox" and t.ident not in _threads_before]
 
 
 # -- public surface ------------------------------------------------------------------------
@@ -225,10 +238,10 @@ def _sdk_threads() -> list[threading.Thread]:
 
 def test_all_lists_exactly_the_public_names() -> None:
     expected = {
-        "APIError", "AsyncSandbox", "AuthenticationError", "ConflictError", "Execution",
-        "ExecutionError", "InvalidRequestError", "KernelHostError", "KernelHostTimeout",
-        "NotFoundError", "RateLimitError", "Result", "Sandbox", "SandboxInfo", "ServerError",
-        "TransportError",
+        "APIError", "AsyncFiles", "AsyncSandbox", "AuthenticationError", "ConflictError",
+        "Execution", "ExecutionError", "FileInfo", "Files", "InvalidRequestError",
+        "KernelHostError", "KernelHostTimeout", "NotFoundError", "RateLimitError", "Result",
+        "Sandbox", "SandboxInfo", "ServerError", "TransportError",
     }  # fmt: skip
     assert set(kernelhost.__all__) == expected
     assert kernelhost.__all__ == sorted(kernelhost.__all__)

@@ -11,7 +11,8 @@ import pytest
 pytestmark = pytest.mark.unit
 
 PACKAGES = ["hypervisor", "kernelhost", "kernelhost.channel", "kernelhost.channel.codec",
-            "kernelhost.sandboxes", "kernelhost.api", "kernelhost.client", "kernelhost.cli"]
+            "kernelhost.sandboxes", "kernelhost.api", "kernelhost.client", "kernelhost.cli",
+            "kernelhost.integrations", "kernelhost.jupyter"]
 
 
 def loaded_after(module: str) -> set[str]:

@@ -1,0 +1,71 @@
+"""Per-execution output cap inside the kernel process (``launch_kernel.py`` installs it).
+
+The host is the authority on limits (nothing in the guest is trusted) and cuts every execution's
+stdout/stderr at ``max_output_bytes``. This is the cooperative part, in the kernel itself, so that
+one huge ``print('x' * 10**9)`` is never copied into ipykernel's buffer, a Jupyter message, the
+agent and the channel: past the cap, writes to ``sys.stdout``/``sys.stderr`` (and the fd-level
+output ipykernel captures) are dropped where they happen.
+
+The cap comes with each execute_request, in ``metadata["kernelhost"]["max_output_bytes"]``; a
+request without it (another Jupyter client) is not capped here. One character more than the cap
+is let through, so the host always sees that the cap was crossed and adds its visible marker.
+"""
+
+from __future__ import annotations
+
+import inspect
+import threading
+from typing import Any
+
+from ipykernel import iostream, kernelbase
+
+_lock = threading.Lock()
+_cap: int | None = None  # characters the current execution may still write (plus one)
+_installed = False
+
+
+def _requested_cap(parent: Any) -> int | None:
+    meta = parent.get("metadata") if isinstance(parent, dict) else None
+    limits = meta.get("kernelhost") if isinstance(meta, dict) else None
+    cap = limits.get("max_output_bytes") if isinstance(limits, dict) else None
+    if isinstance(cap, int) and not isinstance(cap, bool) and cap >= 0:
+        return cap + 1
+    return None
+
+
+def install() -> None:
+    """Patch ipykernel before the kernel object exists (its handlers are bound at creation)."""
+    global _installed
+    if _installed:
+        return
+    _installed = True
+    original_execute = kernelbase.Kernel.execute_request
+    original_write = iostream.OutStream.write
+
+    async def execute_request(self: Any, stream: Any, ident: Any, parent: Any) -> Any:
+        global _cap
+        with _lock:
+            _cap = _requested_cap(parent)
+        result = original_execute(self, stream, ident, parent)
+        if inspect.isawaitable(result):
+            result = await result
+        return result
+
+    def write(self: Any, string: Any) -> Any:
+        global _cap
+        if not isinstance(string, str):
+            return original_write(self, string)  # raises ipykernel's own TypeError
+        with _lock:
+            if _cap is None:
+                allowed = len(string)
+            else:
+                allowed = min(len(string), _cap)
+                _cap -= allowed
+        if allowed == len(string):
+            return original_write(self, string)
+        if allowed:
+            original_write(self, string[:allowed])
+        return len(string)  # the caller's text counts as written: dropping it is the point
+
+    kernelbase.Kernel.execute_request = execute_request  # type: ignore[method-assign]
+    iostream.OutStream.write = write  # type: ignore[method-assign]

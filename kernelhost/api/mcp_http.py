@@ -1,0 +1,177 @@
+"""The MCP server over streamable HTTP at ``/mcp``, inside the aiohttp service.
+
+The ``mcp`` package implements the transport as an ASGI app (its session manager); this module
+bridges one aiohttp request to it (``_asgi_call``) and runs the session manager for the app's
+lifetime. Authentication is the service's own: the auth middleware has already checked the
+``Authorization: Bearer`` key before a request gets here, and the MCP tools act with that key by
+calling the service through the SDK, like any other client.
+
+If the ``mcp`` package is missing, ``/mcp`` answers 501 with the command that installs it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
+from typing import Any
+
+import structlog
+from aiohttp import web
+
+from ..config import Settings
+from .errors import error_response
+from .state import KEY_ID
+
+log = structlog.get_logger("kernelhost.api")
+
+MCP_PATH = "/mcp"
+#: How long the session manager may take to start and to stop.
+MANAGER_TIMEOUT = 10.0
+#: Bytes of request body handed to the ASGI app per ``http.request`` message.
+BODY_CHUNK = 64 * 1024
+
+Message = MutableMapping[str, Any]
+ASGIApp = Callable[[dict[str, Any], Callable[[], Awaitable[Message]],
+                    Callable[[Message], Awaitable[None]]], Awaitable[None]]
+
+def loopback_url(settings: Settings) -> str:
+    """The URL at which the service reaches itself (a wildcard listen address is not one)."""
+    host = settings.host
+    if host in ("", "0.0.0.0"):
+        host = "127.0.0.1"
+    elif host == "::":
+        host = "::1"
+    if ":" in host and not host.startswith("["):
+        host = f"[{host}]"
+    return f"http://{host}:{settings.port}"
+
+
+def setup_mcp(app: web.Application, settings: Settings) -> None:
+    """Serve the MCP server at ``/mcp`` (GET, POST, DELETE), or a 501 if mcp is not installed."""
+    try:
+        from mcp.server.auth.middleware.bearer_auth import AuthenticatedUser
+        from mcp.server.auth.provider import AccessToken
+        from mcp.server.transport_security import TransportSecuritySettings
+
+        from ..integrations.mcp_server import bearer_credentials, create_server
+    except ImportError as exc:
+        reason = str(exc)
+
+        async def missing(request: web.Request) -> web.Response:
+            return error_response(501, "mcp_not_installed",
+                                  f"this server has no MCP support ({reason}); install it with "
+                                  "pip install 'kernelhost[mcp]' and restart the service")
+
+        for method in ("GET", "POST", "DELETE"):
+            app.router.add_route(method, MCP_PATH, missing)
+        return
+
+    server = create_server(bearer_credentials(loopback_url(settings)))
+    # The transport's DNS-rebinding guard protects servers that trust ambient credentials
+    # (cookies, being on localhost); every request here must carry the API key, which a
+    # rebinding page cannot have, so the guard is off and any Host name the service is reached
+    # by works.
+    server.streamable_http_app(
+        streamable_http_path=MCP_PATH,
+        transport_security=TransportSecuritySettings(enable_dns_rebinding_protection=False),
+        max_request_body_size=settings.max_code_bytes + 1024 * 1024,
+    )
+    manager = server.session_manager
+
+    async def handle(request: web.Request) -> web.StreamResponse:
+        # MCP sessions belong to the API key that opened them: the manager compares this
+        # principal on every request of a session.
+        kid = request[KEY_ID]
+        user = AuthenticatedUser(AccessToken(token=kid, client_id=kid, scopes=[]))
+        return await _asgi_call(manager.handle_request, request, {"user": user})
+
+    for method in ("GET", "POST", "DELETE"):
+        app.router.add_route(method, MCP_PATH, handle)
+
+    async def run_manager(app: web.Application) -> AsyncIterator[None]:
+        # The manager's anyio task group must be entered and left in one task, so it lives in a
+        # task of its own for the app's lifetime.
+        started, stop = asyncio.Event(), asyncio.Event()
+
+        async def serve() -> None:
+            async with manager.run():
+                started.set()
+                await stop.wait()
+
+        task = asyncio.create_task(serve(), name="kernelhost-mcp")
+        ready = asyncio.create_task(started.wait())
+        await asyncio.wait({task, ready}, timeout=MANAGER_TIMEOUT,
+                           return_when=asyncio.FIRST_COMPLETED)
+        if not started.is_set():
+            ready.cancel()
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task  # re-raises the manager's own start-up error, if it had one
+            raise RuntimeError(f"the MCP session manager did not start in {MANAGER_TIMEOUT} s")
+        log.info("mcp.ready", path=MCP_PATH)
+        try:
+            yield
+        finally:
+            stop.set()
+            try:
+                await asyncio.wait_for(task, MANAGER_TIMEOUT)
+            except asyncio.TimeoutError:
+                log.warning("mcp.stop_timeout", seconds=MANAGER_TIMEOUT)
+
+    app.cleanup_ctx.append(run_manager)
+
+
+async def _asgi_call(asgi: ASGIApp, request: web.Request, extra_scope: dict[str, Any]
+                     ) -> web.StreamResponse:
+    """Serve one aiohttp request with an ASGI app; stream its answer back as it is sent."""
+    scope: dict[str, Any] = {
+        "type": "http",
+        "asgi": {"version": "3.0", "spec_version": "2.3"},
+        "http_version": f"{request.version.major}.{request.version.minor}",
+        "method": request.method,
+        "scheme": request.scheme,
+        "path": request.path,
+        "raw_path": request.raw_path.split("?", 1)[0].encode(),
+        "root_path": "",
+        "query_string": request.query_string.encode(),
+        "headers": [(name.lower(), value) for name, value in request.raw_headers],
+        "client": (request.remote or "", 0),
+        "server": None,
+        **extra_scope,
+    }
+    response: web.StreamResponse | None = None
+    body_done = False
+    never = asyncio.Event()
+
+    async def receive() -> Message:
+        nonlocal body_done
+        if not body_done:
+            chunk = await request.content.read(BODY_CHUNK)
+            body_done = request.content.at_eof()
+            return {"type": "http.request", "body": chunk, "more_body": not body_done}
+        # After the body there is only the disconnect, which aiohttp delivers by cancelling this
+        # handler's task; until then there is nothing to receive.
+        await never.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(message: Message) -> None:
+        nonlocal response
+        if message["type"] == "http.response.start":
+            response = web.StreamResponse(status=message["status"])
+            for name, value in message.get("headers", []):
+                response.headers.add(name.decode("latin-1"), value.decode("latin-1"))
+            await response.prepare(request)
+        elif message["type"] == "http.response.body":
+            if response is None:
+                raise RuntimeError("the ASGI app sent a body before starting the response")
+            body = message.get("body", b"")
+            if body:
+                await response.write(body)
+            if not message.get("more_body", False):
+                await response.write_eof()
+
+    await asgi(scope, receive, send)
+    if response is None:
+        return error_response(500, "internal_error", "the MCP transport sent no response")
+    return response

@@ -1,0 +1,69 @@
+"""Fixtures for the agent-framework adapters (issue 4): the real anthropic, openai-agents and mcp
+libraries, and the npm package's tests, driving a real ``kernelhost serve``.
+
+Fixture graph (session scoped)::
+
+    agents_service ──> agents_sandbox          one AsyncSandbox shared by the adapter tests
+                  └──> agents_sync_sandbox     one blocking Sandbox (the derived sync surfaces)
+
+The tests pass the service's url and key explicitly: nothing here changes ``os.environ``. At
+teardown no domain and no VM directory of the service's prefix may be left; the service log is
+kept as ``results/agents-service.log``.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import AsyncIterator, Iterator
+
+import pytest
+
+from kernelhost import AsyncSandbox, Sandbox
+
+from ...harness import REPO, Service
+
+RESULTS = REPO / "results"
+
+#: Python that displays a 4x4 red PNG without matplotlib (the minimal template has none).
+SHOW_PNG = "\n".join([
+    "import struct, zlib",
+    "from IPython.display import Image, display",
+    "def _chunk(kind, data):",
+    "    return (struct.pack('>I', len(data)) + kind + data",
+    "            + struct.pack('>I', zlib.crc32(kind + data) & 0xffffffff))",
+    "_raw = b''.join(b'\\x00' + b'\\xff\\x00\\x00' * 4 for _ in range(4))",
+    "_png = (b'\\x89PNG\\r\\n\\x1a\\n' + _chunk(b'IHDR', struct.pack('>IIBBBBB', 4, 4, 8, 2, 0, 0, 0))",
+    "        + _chunk(b'IDAT', zlib.compress(_raw)) + _chunk(b'IEND', b''))",
+    "display(Image(data=_png))",
+])
+
+
+@pytest.fixture(scope="session")
+def agents_service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
+    svc = Service.make(tmp_path_factory.mktemp("agents-state"), KERNELHOST_REAPER_INTERVAL="1")
+    svc.start(timeout=120)
+    try:
+        yield svc
+    finally:
+        leaked, leaked_dirs = svc.cleanup()
+        RESULTS.mkdir(exist_ok=True)
+        shutil.copy(svc.log_path, RESULTS / "agents-service.log")
+        assert not leaked, f"domains left behind by the agent-framework tests: {leaked}"
+        assert not leaked_dirs, f"VM directories left behind: {leaked_dirs}"
+
+
+@pytest.fixture(scope="session")
+async def agents_sandbox(agents_service: Service) -> AsyncIterator[AsyncSandbox]:
+    sbx = await AsyncSandbox.create(url=agents_service.url, api_key=agents_service.api_key,
+                                    metadata={"test": "agents"})
+    try:
+        yield sbx
+    finally:
+        await sbx.close()
+
+
+@pytest.fixture(scope="session")
+def agents_sync_sandbox(agents_service: Service) -> Iterator[Sandbox]:
+    with Sandbox(url=agents_service.url, api_key=agents_service.api_key,
+                 metadata={"test": "agents-sync"}) as sbx:
+        yield sbx

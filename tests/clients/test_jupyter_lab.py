@@ -1,0 +1,73 @@
+"""JupyterLab in headless Chromium (the distribution's package), on ``jupyter lab
+--gateway-url=...``: a notebook opens on a VM-backed kernel, a cell runs, its output shows.
+The screenshot is kept as results/jupyterlab.png."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+
+import aiohttp
+import nbformat
+import pytest
+from nbformat.v4 import new_code_cell, new_notebook
+
+from ..harness import Service
+from .conftest import RESULTS
+from .jupyter_support import JupyterLab
+
+pytestmark = [pytest.mark.clients, pytest.mark.timeout(600)]
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+# as root, without a GPU, and without the background traffic this machine's closed network refuses
+FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+PATIENCE_MS = 180_000  # JupyterLab's first load on a busy 2-core machine, and a VM under TCG
+
+
+async def test_jupyterlab_runs_a_cell_in_a_vm(jupyter_lab: JupyterLab,
+                                              jupyter_service: Service) -> None:
+    from playwright.async_api import WebSocket, async_playwright
+
+    nb = new_notebook(cells=[new_code_cell(
+        "import os\nprint('hello from', os.getcwd(), 6 * 7)")])
+    nb.metadata["kernelspec"] = {"name": "python", "language": "python",
+                                 "display_name": "Python 3 (kernelhost VM, python)"}
+    nbformat.write(nb, jupyter_lab.root / "vm.ipynb")
+
+    RESULTS.mkdir(exist_ok=True)
+    shot = RESULTS / "jupyterlab.png"
+    shot.unlink(missing_ok=True)
+    async with async_playwright() as pw:
+        browser = await pw.chromium.launch(executable_path=CHROMIUM, headless=True, args=FLAGS)
+        try:
+            page = await browser.new_page(viewport={"width": 1280, "height": 800})
+            page.set_default_timeout(PATIENCE_MS)
+            # the notebook's kernel is up once its WebSocket brought a kernel_info_reply (the
+            # page shows "idle" before the kernel exists, and a cell run then goes nowhere)
+            kernel_ready = asyncio.Event()
+
+            def watch(ws: WebSocket) -> None:
+                if "/channels" in ws.url:
+                    ws.on("framereceived", lambda payload: kernel_ready.set()
+                          if "kernel_info_reply" in str(payload) else None)
+
+            page.on("websocket", watch)
+            await page.goto(f"{jupyter_lab.url}/lab/tree/vm.ipynb?token={jupyter_lab.token}")
+            await asyncio.wait_for(kernel_ready.wait(), PATIENCE_MS / 1000)
+            await page.locator(".jp-Cell .jp-InputArea-editor .cm-content").first.click()
+            await page.keyboard.press("Shift+Enter")
+            output = page.locator(".jp-OutputArea-output", has_text="hello from /home/user 42")
+            try:
+                await output.wait_for()
+            finally:
+                await page.screenshot(path=str(shot))
+            # the kernel that ran the cell is a sandbox on the service, JupyterLab attached
+            async with aiohttp.ClientSession(
+                    headers={"Authorization": f"token {jupyter_service.api_key}"}) as http, \
+                    http.get(f"{jupyter_service.url}/api/kernels") as r:
+                kernels = await r.json()
+            assert any(k["connections"] >= 1 and k["name"] == "python" for k in kernels), kernels
+        finally:
+            await browser.close()
+    assert shot.stat().st_size > 10_000
