@@ -95,8 +95,8 @@ class DomainSpec:
       <source mode='bind' path={quoteattr(str(self.channel_socket))}/>
       <target type='virtio' name='{CHANNEL_NAME}'/>
     </channel>
-    <serial type='file'>
-      <source path={quoteattr(str(self.console_log))}/>
+    <serial type='pty'>
+      <log file={quoteattr(str(self.console_log))} append='off'/>
       <target port='0'/>
     </serial>
     <rng model='virtio'><backend model='random'>/dev/urandom</backend></rng>

@@ -53,6 +53,7 @@ class AgentError(ChannelError):
 class JupyterMessage:
     channel: str
     msg: dict[str, Any]
+    size: int = 0  # wire bytes (estimated from the frames' share of the stream)
 
     @property
     def msg_type(self) -> str:
@@ -71,23 +72,46 @@ class JupyterMessage:
 class Subscription:
     """Messages whose parent is one request, in arrival order, with backpressure."""
 
-    def __init__(self, client: AgentClient, msg_id: str, maxsize: int) -> None:
+    def __init__(self, client: AgentClient, msg_id: str, maxsize: int,
+                 max_bytes: int = 16 * 1024 * 1024) -> None:
         self._client = client
         self.msg_id = msg_id
         self.queue: asyncio.Queue[JupyterMessage | None] = asyncio.Queue(maxsize)
+        # Bounded in bytes as well as in messages: a few huge frames must not pile up either.
+        self.max_bytes = max_bytes
+        self.queued_bytes = 0
+        self._room = asyncio.Event()
+        self._room.set()
+        self.closed = False
+
+    async def put(self, message: JupyterMessage) -> None:
+        """Queue a message, waiting (backpressure on the channel) while the queue is full."""
+        while (not self.closed and self.queued_bytes > 0
+               and self.queued_bytes + message.size > self.max_bytes):
+            self._room.clear()
+            await self._room.wait()
+        if self.closed:
+            return
+        await self.queue.put(message)
+        self.queued_bytes += message.size
 
     async def get(self, timeout: float | None = None) -> JupyterMessage:
         """Next message; raises ChannelClosed if the channel closes, TimeoutError at the deadline."""
         item = await asyncio.wait_for(self.queue.get(), timeout)
         if item is None:
             raise ChannelClosed(self._client.closed_reason or "channel closed")
+        self.queued_bytes = max(0, self.queued_bytes - item.size)
+        self._room.set()
         return item
 
     def close(self) -> None:
+        self.closed = True
         self._client._subs.pop(self.msg_id, None)
         # free space so a reader blocked on put() for this subscription moves on
         while not self.queue.empty():
             self.queue.get_nowait()
+        self.queued_bytes = 0
+        self._room.set()
 
     def __enter__(self) -> Subscription:
         return self
@@ -189,13 +213,19 @@ class AgentClient:
         assert self._reader is not None
         decoder = FrameDecoder(self.max_frame_bytes)
         reason, violation = "agent closed the channel", False
+        unattributed = 0  # stream bytes not yet accounted to a decoded frame
         try:
             while True:
                 data = await self._reader.read(READ_CHUNK)
                 if not data:
                     break
-                for frame in decoder.feed(data):
-                    await self._dispatch(frame)
+                unattributed += len(data)
+                frames = decoder.feed(data)
+                if frames:
+                    share = max(1, (unattributed - decoder.buffered) // len(frames))
+                    unattributed = decoder.buffered
+                    for frame in frames:
+                        await self._dispatch(frame, share)
         except FrameError as exc:
             reason, violation = f"guest sent a bad frame: {exc}", True
         except ProtocolViolation as exc:
@@ -206,7 +236,7 @@ class AgentClient:
             reason, violation = f"channel reader failed: {exc!r}", True
         await self._shutdown(reason, violation, from_reader=True)
 
-    async def _dispatch(self, frame: dict[str, Any]) -> None:
+    async def _dispatch(self, frame: dict[str, Any], size: int = 0) -> None:
         op = frame["op"]
         if op == "reply":
             req_id = frame.get("id")
@@ -217,12 +247,12 @@ class AgentClient:
                 fut.set_result(frame)
             return
         if op == "jupyter":
-            message = _check_jupyter(frame)
+            message = _check_jupyter(frame, size)
             if self.on_message is not None:
                 self.on_message(message)
             sub = self._subs.get(message.parent_id or "")
             if sub is not None:
-                await sub.queue.put(message)
+                await sub.put(message)
             return
         if op == "event":
             if not isinstance(frame.get("event"), str):
@@ -264,7 +294,7 @@ class AgentClient:
                 await self._task
 
 
-def _check_jupyter(frame: dict[str, Any]) -> JupyterMessage:
+def _check_jupyter(frame: dict[str, Any], size: int = 0) -> JupyterMessage:
     channel = frame.get("channel")
     msg = frame.get("msg")
     if not isinstance(channel, str) or channel not in JUPYTER_CHANNELS or not isinstance(msg, dict):
@@ -281,4 +311,4 @@ def _check_jupyter(frame: dict[str, Any]) -> JupyterMessage:
         raise ProtocolViolation("jupyter message buffers are not a list of bytes")
     if parent.get("msg_id") is not None and not isinstance(parent.get("msg_id"), str):
         raise ProtocolViolation("jupyter parent msg_id is not a string")
-    return JupyterMessage(str(channel), msg)
+    return JupyterMessage(str(channel), msg, size)

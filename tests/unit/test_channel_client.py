@@ -480,3 +480,29 @@ async def test_close_without_connect(sock_path):
     await client.close()
     assert closes.calls == [("closed by the host", False)]
 
+
+
+async def test_subscription_is_bounded_in_bytes_not_only_in_messages():
+    from kernelhost.channel.client import JupyterMessage, Subscription
+
+    class _Owner:
+        closed_reason = None
+        _subs: dict = {}
+
+    sub = Subscription(_Owner(), "p", maxsize=1000, max_bytes=100)  # type: ignore[arg-type]
+
+    def msg(size: int) -> JupyterMessage:
+        return JupyterMessage("iopub", {"header": {"msg_type": "stream"}, "parent_header": {},
+                                        "content": {}}, size)
+
+    await asyncio.wait_for(sub.put(msg(80)), WAIT)
+    second = asyncio.create_task(sub.put(msg(80)))
+    done, _ = await asyncio.wait({second}, timeout=0.2)
+    assert not done and sub.queued_bytes == 80  # held back: 160 bytes would exceed 100
+    assert (await sub.get(timeout=WAIT)).size == 80
+    await asyncio.wait_for(second, WAIT)  # room again: the reader moves on
+    assert sub.queued_bytes == 80
+    third = asyncio.create_task(sub.put(msg(80)))
+    sub.close()  # a closed subscription never blocks the channel reader
+    await asyncio.wait_for(third, WAIT)
+    assert sub.queued_bytes == 0

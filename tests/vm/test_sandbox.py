@@ -207,3 +207,22 @@ async def test_service_restart_reattaches_with_state(service: Service) -> None:
     finally:
         await sbx.close()
         await sleeper.close()
+
+
+async def test_guest_cannot_fill_the_host_disk_through_its_serial_console(
+        sandbox: AsyncSandbox, service: Service) -> None:
+    """The console log goes through virtlogd, which rotates it: at most 4 x 2 MiB per VM."""
+    flood = await sandbox.run_code(
+        "fd = open('/dev/ttyS0', 'wb', buffering=0)\n"
+        "for _ in range(9):\n"
+        "    fd.write(b'x' * 1024 * 1024)\n"
+        "fd.close()", timeout=240)
+    assert flood.error is None, flood.error
+    hv = service.hypervisor()
+    try:
+        [info] = [d for d in hv.domains() if d.metadata.get("sandbox") == sandbox.id]
+        logs = list(hv.vm_dir(info.name).glob("console.log*"))
+        assert logs and sum(p.stat().st_size for p in logs) <= 8 * 1024 * 1024
+    finally:
+        hv.close()
+    assert (await sandbox.run_code("'still here'")).text == "'still here'"
