@@ -192,12 +192,15 @@ class Hypervisor:
         except libvirt.libvirtError as exc:
             self.cleanup_files(spec.name)
             raise DomainStartFailed(spec.name, str(exc)) from exc
-        src.suspend()
         try:
-            migrate_live(src, dst, timeout=timeout)
-        finally:
-            src.resume()
-        return save_state(dst, state, ignore_shared=True, timeout=timeout)
+            src.suspend()
+            try:
+                migrate_live(src, dst, timeout=timeout)
+            finally:
+                src.resume()
+            return save_state(dst, state, ignore_shared=True, timeout=timeout)
+        except libvirt.libvirtError as exc:
+            raise HypervisorError(f"cannot copy domain {parent!r}: {exc}") from exc
 
     def freeze(self, name: str, state: Path, *, ignore_shared: bool, resume: bool = False,
                timeout: float = 120.0) -> int:
@@ -206,12 +209,15 @@ class Hypervisor:
         Returns the size of the state file.
         """
         dom = self._lookup(name)
-        dom.suspend()
         try:
-            return save_state(dom, state, ignore_shared=ignore_shared, timeout=timeout)
-        finally:
-            if resume:
-                dom.resume()
+            dom.suspend()
+            try:
+                return save_state(dom, state, ignore_shared=ignore_shared, timeout=timeout)
+            finally:
+                if resume:
+                    dom.resume()
+        except libvirt.libvirtError as exc:  # e.g. the domain died or was destroyed meanwhile
+            raise HypervisorError(f"cannot freeze domain {name!r}: {exc}") from exc
 
     def set_metadata(self, name: str, metadata: dict[str, str]) -> None:
         attrs = "".join(f" {k}={quoteattr(str(v))}" for k, v in sorted(metadata.items()))

@@ -1,14 +1,21 @@
-"""``kernelhost`` command line: ``serve`` runs the service."""
+"""``kernelhost`` command line: ``serve`` runs the service; ``ls``, ``run``, ``exec`` and ``rm``
+drive one through the SDK (HTTP); ``doctor`` checks the host."""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import signal
 import sys
+from collections.abc import Callable, Coroutine
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
 from .config import ConfigError, Settings
+
+if TYPE_CHECKING:
+    from .client import AsyncSandbox, Execution
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -96,6 +103,212 @@ def _kernelspec_install(args: argparse.Namespace) -> int:
     return 0
 
 
+# -- operator commands over the SDK: ls, run, exec, rm -----------------------------------------
+
+
+def _client_call(command: str, work: Callable[[], Coroutine[Any, Any, int]]) -> int:
+    """Run ``work``; an SDK error becomes one line on stderr and exit status 1 (2: bad setup)."""
+    from .client import AuthenticationError, KernelHostError
+
+    try:
+        return asyncio.run(work())
+    except AuthenticationError as exc:
+        print(f"kernelhost {command}: {exc}", file=sys.stderr)
+        return 2
+    except (KernelHostError, ValueError) as exc:
+        print(f"kernelhost {command}: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+def _ls(args: argparse.Namespace) -> int:
+    from .client import AsyncSandbox
+
+    async def work() -> int:
+        sandboxes = await AsyncSandbox.list(url=args.url, api_key=args.api_key)
+        if args.quiet:
+            for s in sandboxes:
+                print(s.id)
+            return 0
+        rows = [("ID", "TEMPLATE", "STATE", "ACCEL", "CREATED", "LAST ACTIVE")] + [
+            (s.id, s.template, s.state, s.accel or "-",
+             s.created_at.strftime("%Y-%m-%d %H:%M:%S") if s.created_at else "-",
+             s.last_active_at.strftime("%Y-%m-%d %H:%M:%S") if s.last_active_at else "-")
+            for s in sorted(sandboxes,
+                            key=lambda s: s.created_at.timestamp() if s.created_at else 0.0)]
+        widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+        for row in rows:
+            print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
+        return 0
+
+    return _client_call("ls", work)
+
+
+def _read_code(source: str) -> str:
+    if source == "-":
+        return sys.stdin.read()
+    with open(source, encoding="utf-8") as f:
+        return f.read()
+
+
+async def _run_streamed(sbx: AsyncSandbox, code: str, language: str,
+                        timeout: float | None) -> int:
+    """Run ``code``, printing output as it arrives; exit status 0 only if it ended ``ok``."""
+    from .client import ExecutionError, Result
+
+    def out(text: str) -> None:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+
+    def err(text: str) -> None:
+        sys.stderr.write(text)
+        sys.stderr.flush()
+
+    def result(r: Result) -> None:
+        if r.text is not None:
+            out(r.text + "\n")
+        else:
+            out(f"<{', '.join(r.formats())} output; the CLI shows text only>\n")
+
+    def error(e: ExecutionError) -> None:
+        err("\n".join(e.traceback) + "\n" if e.traceback else f"{e}\n")
+
+    execution: Execution = await sbx.run_code(code, language=language, timeout=timeout,
+                                              on_stdout=out, on_stderr=err, on_result=result,
+                                              on_error=error)
+    if execution.status == "ok":
+        return 0
+    note = f" (recovery: {execution.recovery})" if execution.recovery else ""
+    if execution.status != "error" or language == "bash":
+        err(f"kernelhost: execution ended with status {execution.status}{note}"
+            f"{f', exit code {execution.exit_code}' if execution.exit_code else ''}\n")
+    return 1
+
+
+def _run(args: argparse.Namespace) -> int:
+    from .client import AsyncSandbox
+
+    try:
+        code = _read_code(args.file)
+    except OSError as exc:
+        print(f"kernelhost run: cannot read {args.file!r}: {exc}", file=sys.stderr)
+        return 2
+
+    async def work() -> int:
+        async with AsyncSandbox(template=args.template, url=args.url,
+                                api_key=args.api_key) as sbx:  # closed (deleted) on the way out
+            return await _run_streamed(sbx, code, args.language, args.timeout)
+
+    return _client_call("run", work)
+
+
+async def _detach(sbx: AsyncSandbox) -> None:
+    # Release the connection but keep the sandbox: close() would delete it. The SDK has no
+    # public "detach" yet, so this uses the handle's own release step.
+    await sbx._discard()
+
+
+def _exec(args: argparse.Namespace) -> int:
+    from .client import AsyncSandbox
+
+    code = sys.stdin.read() if args.code == "-" else args.code
+
+    async def work() -> int:
+        sbx = await AsyncSandbox.connect(args.id, url=args.url, api_key=args.api_key)
+        try:
+            return await _run_streamed(sbx, code, args.language, args.timeout)
+        finally:
+            await _detach(sbx)
+
+    return _client_call("exec", work)
+
+
+def _rm(args: argparse.Namespace) -> int:
+    from .client import AsyncSandbox, NotFoundError
+
+    async def work() -> int:
+        status = 0
+        for sandbox_id in args.ids:
+            try:
+                sbx = await AsyncSandbox.connect(sandbox_id, url=args.url, api_key=args.api_key)
+            except NotFoundError:
+                print(f"kernelhost rm: no sandbox {sandbox_id} (for this API key)",
+                      file=sys.stderr)
+                status = 1
+                continue
+            await sbx.close()  # deletes the VM and its files
+            print(sandbox_id)
+        return status
+
+    return _client_call("rm", work)
+
+
+def _doctor(args: argparse.Namespace) -> int:
+    from .doctor import run_checks
+
+    try:
+        settings = Settings.load()
+    except ConfigError as exc:
+        print(f"FAIL configuration: {exc}\n       fix: correct the KERNELHOST_* variables or "
+              "the KERNELHOST_CONFIG file", flush=True)
+        return 1
+    failed = False
+    for check in run_checks(settings, probe_timeout=args.probe_timeout):
+        print(check.line(), flush=True)
+        failed = failed or (not check.ok and not check.warning)
+    print("kernelhost doctor: " + ("problems found; fix the FAIL lines above" if failed
+                                   else "this host can run kernelhost"))
+    return 1 if failed else 0
+
+
+def _client_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--url", help="the service (default: KERNELHOST_URL, else "
+                        "http://127.0.0.1:8999)")
+    parser.add_argument("--api-key", help="API key (default: KERNELHOST_API_KEY)")
+
+
+def _code_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--language", default="python", choices=("python", "bash"))
+    parser.add_argument("--timeout", type=float,
+                        help="seconds before the service stops the code (default: its own)")
+
+
+def _add_operator_commands(sub: Any) -> None:
+    ls = sub.add_parser("ls", help="list your sandboxes")
+    ls.add_argument("-q", "--quiet", action="store_true", help="print ids only")
+    _client_options(ls)
+    ls.set_defaults(func=_ls)
+    run = sub.add_parser("run", help="run a file in a fresh sandbox, streaming its output",
+                         description="Create a sandbox, run FILE (or standard input with -) in "
+                         "it while printing its output, then delete the sandbox. The exit status "
+                         "is 0 when the code ran without error, 1 otherwise.")
+    run.add_argument("file", metavar="FILE", help="the code to run, or - for standard input")
+    run.add_argument("--template", default="python", help="sandbox template (default python)")
+    _code_options(run)
+    _client_options(run)
+    run.set_defaults(func=_run)
+    ex = sub.add_parser("exec", help="run code in an existing sandbox (it is kept)",
+                        description="Run CODE in sandbox ID, printing its output as it comes; "
+                        "exit status 1 when the code fails.")
+    ex.add_argument("id", metavar="ID", help="the sandbox, sbx_...")
+    ex.add_argument("code", metavar="CODE", help="the code, or - for standard input")
+    _code_options(ex)
+    _client_options(ex)
+    ex.set_defaults(func=_exec)
+    rm = sub.add_parser("rm", help="delete sandboxes (their VMs and files)")
+    rm.add_argument("ids", metavar="ID", nargs="+", help="the sandboxes, sbx_...")
+    _client_options(rm)
+    rm.set_defaults(func=_rm)
+    doctor = sub.add_parser("doctor", help="check this host (libvirt, QEMU, KVM, images, tmpfs)",
+                            description="Check what the service needs on this host, with the "
+                            "service's own settings (KERNELHOST_* variables), and say what to "
+                            "fix. Exit status 1 when something must be fixed.")
+    doctor.add_argument("--probe-timeout", type=float, default=20.0,
+                        help="seconds the KVM probe guest may take (default 20)")
+    doctor.set_defaults(func=_doctor)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="kernelhost", description="Self-hosted code interpreter")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -141,6 +354,7 @@ def main(argv: list[str] | None = None) -> int:
     where.add_argument("--prefix", help="install under PREFIX/share/jupyter/kernels")
     where.add_argument("--system", action="store_true", help="install system-wide")
     kinstall.set_defaults(func=_kernelspec_install)
+    _add_operator_commands(sub)
     args = parser.parse_args(argv)
     return int(args.func(args))
 

@@ -53,6 +53,8 @@ class Settings:
     idle_action: str = "hibernate"  # hibernate | delete
     hibernate_retention_seconds: int = 7 * 24 * 3600
     max_fork: int = 32
+    max_sandboxes_per_key: int = 100  # live and hibernated sandboxes one API key may hold
+    max_memory_mib_per_key: int = 32768  # sum of running sandboxes' VM memory per API key
     max_frame_bytes: int = 64 * 1024 * 1024
     max_code_bytes: int = 4 * 1024 * 1024
     # execution depth (docs/limits.md): output caps, files, the timeout ladder

@@ -12,18 +12,22 @@ from aiohttp import web
 from hypervisor import Hypervisor, ImageNotFound, ImageStore, LibvirtUnavailable, choose_accel
 
 from ..config import Settings
+from ..metrics import StateCollector
 from ..sandboxes import BackendUnavailable, SandboxManager, Store
 from .auth import KeyRing
+from .console import PATHS as CONSOLE_PATHS
+from .console import setup_console
 from .errors import Handler, error_middleware, error_response
 from .gateway import setup_gateway
 from .mcp_http import setup_mcp
+from .openapi import setup_openapi
 from .routes import routes
 from .state import KEY_ID, KEYS, RUNTIME, SETTINGS, Runtime
 
 log = structlog.get_logger("kernelhost.api")
 
 
-PUBLIC_PATHS = frozenset({"/healthz"})
+PUBLIC_PATHS = frozenset({"/healthz", "/metrics", "/openapi.json"}) | CONSOLE_PATHS
 
 
 @web.middleware
@@ -74,6 +78,7 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
     log.info("accel.chosen", accel=accel, reason=reason)
     manager = SandboxManager(settings, hv, images, store, accel)
     await manager.start()
+    manager.metrics.registry.register(StateCollector(manager))
     app[RUNTIME] = Runtime(settings, app[KEYS], store, hv, manager, accel, reason, time.time())
     log.info("service.ready", url=settings.url, sandboxes=len(manager.sandboxes),
              templates=templates)
@@ -92,6 +97,8 @@ def init_app(settings: Settings, keys: KeyRing | None = None) -> web.Application
     app[KEYS] = keys or KeyRing.from_settings(settings)
     app.cleanup_ctx.append(_resources)
     app.add_routes(routes)
+    setup_openapi(app)
     setup_mcp(app, settings)  # /mcp: the MCP server over streamable HTTP
     setup_gateway(app)  # /api/kernels, /api/kernelspecs: the Kernel Gateway API (Jupyter)
+    setup_console(app)  # /: the web console
     return app

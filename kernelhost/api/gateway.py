@@ -480,7 +480,7 @@ async def _body(request: web.Request) -> dict[str, Any]:
         return {}
     try:
         body = await request.json()
-    except json.JSONDecodeError as exc:
+    except ValueError as exc:  # JSONDecodeError, or UnicodeDecodeError for non-UTF-8 bytes
         raise InvalidRequest(f"request body is not valid JSON: {exc}") from None
     if body is None:
         return {}

@@ -10,6 +10,7 @@ from typing import Any
 
 from aiohttp import web
 
+from ..metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from ..sandboxes import InvalidRequest, Sandbox
 from .state import KEY_ID, RUNTIME, Runtime
 
@@ -25,7 +26,7 @@ async def _json_body(request: web.Request) -> dict[str, Any]:
         return {}
     try:
         body = await request.json()
-    except json.JSONDecodeError as exc:
+    except ValueError as exc:  # JSONDecodeError, or UnicodeDecodeError for non-UTF-8 bytes
         raise InvalidRequest(f"request body is not valid JSON: {exc}") from None
     if not isinstance(body, dict):
         raise InvalidRequest(f"request body must be a JSON object, got {type(body).__name__}")
@@ -61,6 +62,13 @@ async def healthz(request: web.Request) -> web.Response:
         "templates": rt.manager.templates(), "sandboxes": len(rt.manager.sandboxes),
         "pool": {t: rt.manager.vms.pool.ready(t) for t in rt.manager.templates()},
     })
+
+
+@routes.get("/metrics")
+async def metrics(request: web.Request) -> web.Response:
+    """Prometheus text format; no key needed, like /healthz (labels carry no ids or keys)."""
+    body = _runtime(request).manager.metrics.render()
+    return web.Response(body=body, headers={"Content-Type": METRICS_CONTENT_TYPE})
 
 
 @routes.post("/v1/sandboxes")
@@ -106,7 +114,9 @@ async def execute(request: web.Request) -> web.StreamResponse:
     code = _field(body, "code", str, required=True)
     language = _field(body, "language", str, "python")
     timeout = _field(body, "timeout", (int, float))
-    events = await _runtime(request).manager.execute(sbx, code, language, timeout)
+    manager = _runtime(request).manager
+    events = await manager.execute(sbx, code, language, timeout)
+    manager.metrics.count_relayed("execute", "in", len(code.encode()))
     resp = web.StreamResponse(headers={
         "Content-Type": "application/x-ndjson", "Cache-Control": "no-store",
         "X-Accel-Buffering": "no",
@@ -114,7 +124,9 @@ async def execute(request: web.Request) -> web.StreamResponse:
     await resp.prepare(request)
     async with contextlib.aclosing(events):
         async for event in events:
-            await resp.write(json.dumps(event, separators=(",", ":")).encode() + b"\n")
+            line = json.dumps(event, separators=(",", ":")).encode() + b"\n"
+            manager.metrics.count_relayed("execute", "out", len(line))
+            await resp.write(line)
     await resp.write_eof()
     return resp
 
@@ -184,8 +196,11 @@ async def write_file(request: web.Request) -> web.Response:
     sbx = _sandbox(request)
     path = _query_path(request)
 
+    metrics = _runtime(request).manager.metrics
+
     async def body() -> AsyncIterator[bytes]:
         async for chunk in request.content.iter_any():
+            metrics.count_relayed("files", "in", len(chunk))
             yield chunk
 
     result = await _runtime(request).manager.write_file(sbx, path, body(),
@@ -207,6 +222,7 @@ async def read_file(request: web.Request) -> web.StreamResponse:
     # the client sees fewer bytes than Content-Length promised.
     async with contextlib.aclosing(chunks):  # type: ignore[type-var]
         async for chunk in chunks:
+            _runtime(request).manager.metrics.count_relayed("files", "out", len(chunk))
             await resp.write(chunk)
     await resp.write_eof()
     return resp

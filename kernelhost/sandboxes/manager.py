@@ -29,10 +29,12 @@ from hypervisor import (
 
 from ..channel import AgentClient, AgentError, ChannelClosed, JupyterMessage, Subscription
 from ..config import Settings
+from ..metrics import Metrics
 from .errors import (
     AgentUnresponsive,
     BackendUnavailable,
     BootFailed,
+    CapacityExceeded,
     FileOperationFailed,
     FileTooLarge,
     InvalidRequest,
@@ -96,6 +98,7 @@ class SandboxManager:
         self.accel = accel
         self.sandboxes: dict[str, Sandbox] = {}
         self.vms = VmFactory(settings, hv, images, accel)
+        self.metrics = Metrics()  # scraped at GET /metrics
         self._tasks: set[asyncio.Task[Any]] = set()
         self._reaper: asyncio.Task[None] | None = None
 
@@ -164,8 +167,12 @@ class SandboxManager:
         for t in tasks:
             t.cancel()
         for t in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
+            try:
                 await t
+            except asyncio.CancelledError:
+                pass
+            except Exception as exc:  # one failed task must not stop the rest of the cleanup
+                log.error("shutdown.task_failed", task=t.get_name(), error=repr(exc))
         await self.vms.close()
         for sbx in self.sandboxes.values():
             if sbx.agent is not None:
@@ -187,8 +194,28 @@ class SandboxManager:
 
     # -- create / delete -----------------------------------------------------------------------
 
+    def _check_quota(self, owner: str, new: int) -> None:
+        """Per-key limits: how many sandboxes, and how much VM memory while running."""
+        mine = self.owned(owner)
+        limit = self.settings.max_sandboxes_per_key
+        if len(mine) + new > limit:
+            raise CapacityExceeded(
+                f"this API key holds {len(mine)} sandboxes and asked for {new} more, over its "
+                f"limit of {limit} (max_sandboxes_per_key); close some first",
+                limit="max_sandboxes_per_key", value=limit)
+        used = sum(s.record.memory_mib for s in mine if s.record.state != "hibernated")
+        want = new * self.settings.vm_memory_mib
+        mem_limit = self.settings.max_memory_mib_per_key
+        if used + want > mem_limit:
+            raise CapacityExceeded(
+                f"this API key's running sandboxes use {used} MiB of VM memory; {want} MiB more "
+                f"would pass its limit of {mem_limit} MiB (max_memory_mib_per_key); close or "
+                "hibernate some first", limit="max_memory_mib_per_key", value=mem_limit)
+
     async def create(self, owner: str, template: str, idle_timeout: int | None = None,
                      metadata: dict[str, str] | None = None) -> Sandbox:
+        t0 = time.monotonic()
+        self._check_quota(owner, new=1)
         idle = self.settings.default_idle_timeout if idle_timeout is None else idle_timeout
         if not 1 <= idle <= self.settings.max_idle_timeout:
             raise InvalidRequest(
@@ -217,6 +244,7 @@ class SandboxManager:
             self._bind(sbx, clone.agent)
             self.sandboxes[rec.id] = sbx
             self._spawn(self._label(rec))
+            self.metrics.observe_create(template, "pool", time.monotonic() - t0)
             log.info("sandbox.created", sandbox_id=rec.id, domain=rec.domain, template=template,
                      how="pool")
             return sbx
@@ -224,13 +252,14 @@ class SandboxManager:
             self._spawn(self.vms._discard(clone))
         self.store.insert(rec)
         bound = log.bind(sandbox_id=rec.id, domain=rec.domain)
-        t0 = time.monotonic()
         try:
             await self._launch(sbx, image)
         except BaseException as exc:
+            self.metrics.count_create_failure(template)
             # includes cancellation (client went away): never leave the VM or its files behind
             tail = self._console_tail(rec.domain)
-            await asyncio.shield(self._destroy_quietly(rec))
+            await self.vms.destroy_tracked(rec.domain)
+            self.store.delete(rec.id)
             if isinstance(exc, LibvirtUnavailable):
                 raise BackendUnavailable(str(exc)) from exc
             if isinstance(exc, (HypervisorError, ChannelClosed, AgentError, TimeoutError,
@@ -245,6 +274,7 @@ class SandboxManager:
         rec.state = "running"
         self.store.update(rec.id, state="running")
         self.sandboxes[rec.id] = sbx
+        self.metrics.observe_create(template, self.vms.last.how, time.monotonic() - t0)
         bound.info("sandbox.created", template=template, how=self.vms.last.how,
                    ms=round((time.monotonic() - t0) * 1000))
         return sbx
@@ -311,8 +341,10 @@ class SandboxManager:
 
     def _on_event(self, sbx: Sandbox, event: dict[str, Any]) -> None:
         log.info("sandbox.agent_event", sandbox_id=sbx.id, agent_event=event.get("event"))
-        if event.get("event") == "kernel_died" and sbx.current is not None:
-            inject_kernel_death(sbx.current, event)
+        if event.get("event") == "kernel_died":
+            self.metrics.count_kernel_death("kernel")
+            if sbx.current is not None:
+                inject_kernel_death(sbx.current, event)
 
     def _on_close(self, sbx: Sandbox, reason: str, violation: bool) -> None:
         if self.sandboxes.get(sbx.id) is not sbx or reason == "closed by the host":
@@ -323,6 +355,7 @@ class SandboxManager:
             self._spawn(self._remove(sbx, reason=f"protocol violation: {reason}"))
             return
         log.warning("sandbox.lost", sandbox_id=sbx.id, reason=reason)
+        self.metrics.count_kernel_death("vm")
         sbx.record.state = "dead"
         sbx.record.detail = f"the VM stopped: {reason}"
         self.store.update(sbx.id, state="dead", detail=sbx.record.detail)
@@ -368,6 +401,7 @@ class SandboxManager:
             sbx.busy = True
             sbx.control = Control()
             self.store.touch(sbx.id)
+            t0 = time.monotonic()
             try:
                 gen = run_cell(sbx.agent, sbx.session, code, timeout=timeout,
                                language=language,
@@ -381,6 +415,8 @@ class SandboxManager:
                                on_subscription=lambda sub: setattr(sbx, "current", sub))
                 async with contextlib.aclosing(gen):
                     async for event in gen:
+                        if event.get("type") == "end":
+                            self.metrics.observe_end(language, event, time.monotonic() - t0)
                         yield event
             finally:
                 sbx.busy = False
@@ -405,25 +441,32 @@ class SandboxManager:
     async def _reap_loop(self) -> None:
         while True:
             await asyncio.sleep(self.settings.reaper_interval)
-            now = time.time()
             for sbx in list(self.sandboxes.values()):
-                rec = sbx.record
-                idle_for = now - rec.last_active_at
-                if sbx.busy or sbx.lock.locked():
-                    continue
-                if rec.state == "hibernated":
-                    if idle_for > self.settings.hibernate_retention_seconds:
-                        log.info("sandbox.retention_expired", sandbox_id=sbx.id)
-                        await self._remove(sbx, reason="hibernation retention expired")
-                    continue
-                if idle_for <= rec.idle_timeout_seconds:
-                    continue
-                log.info("sandbox.idle_expired", sandbox_id=sbx.id, idle_seconds=round(idle_for),
-                         action=self.settings.idle_action)
-                if self.settings.idle_action == "hibernate" and rec.state == "running":
-                    await self.hibernate(sbx)
-                else:
-                    await self._remove(sbx, reason="idle timeout")
+                try:
+                    await self._reap(sbx, time.time())
+                except (HypervisorError, ChannelClosed, AgentError, OSError) as exc:
+                    # the reaper must outlive any one sandbox's trouble
+                    log.error("reaper.failed", sandbox_id=sbx.id, error=str(exc))
+
+    async def _reap(self, sbx: Sandbox, now: float) -> None:
+        """Hibernate or delete one sandbox if it has been idle for long enough."""
+        rec = sbx.record
+        idle_for = now - rec.last_active_at
+        if sbx.busy or sbx.lock.locked() or self.sandboxes.get(sbx.id) is not sbx:
+            return
+        if rec.state == "hibernated":
+            if idle_for > self.settings.hibernate_retention_seconds:
+                log.info("sandbox.retention_expired", sandbox_id=sbx.id)
+                await self._remove(sbx, reason="hibernation retention expired")
+            return
+        if idle_for <= rec.idle_timeout_seconds:
+            return
+        log.info("sandbox.idle_expired", sandbox_id=sbx.id, idle_seconds=round(idle_for),
+                 action=self.settings.idle_action)
+        if self.settings.idle_action == "hibernate" and rec.state == "running":
+            await self.hibernate(sbx)
+        else:
+            await self._remove(sbx, reason="idle timeout")
 
     # -- hibernate, wake, fork -----------------------------------------------------------------
 
@@ -444,6 +487,7 @@ class SandboxManager:
                 return
             sbx.record.state = "hibernated"
             self.store.update(sbx.id, state="hibernated")
+            self.metrics.count_hibernation(sbx.record.template)
             log.info("sandbox.hibernated", sandbox_id=sbx.id, bytes=size,
                      ms=round((time.monotonic() - t0) * 1000))
 
@@ -466,6 +510,7 @@ class SandboxManager:
         rec.state = "running"
         self.store.update(rec.id, state="running")
         path.unlink(missing_ok=True)
+        self.metrics.observe_wake(rec.template, time.monotonic() - t0)
         log.info("sandbox.woken", sandbox_id=rec.id, ms=round((time.monotonic() - t0) * 1000))
 
     async def fork(self, owner: str, sandbox_id: str, n: int = 1) -> list[Sandbox]:
@@ -474,6 +519,7 @@ class SandboxManager:
             raise InvalidRequest(f"n={n!r} is out of range; fork between 1 and "
                                  f"{self.settings.max_fork} children at once", field="n")
         parent = self.get(owner, sandbox_id)
+        self._check_quota(owner, new=n)
         async with parent.lock:
             self._check_running(parent)
             await self._ensure_awake(parent)
@@ -505,6 +551,7 @@ class SandboxManager:
                 self.store.update(kid.id, state="running")
                 self.sandboxes[kid.id] = kid
             self.store.touch(prec.id)
+            self.metrics.observe_fork(prec.template, n, time.monotonic() - t0)
             log.info("sandbox.forked", sandbox_id=prec.id, children=[k.id for k in kids],
                      ms=round((time.monotonic() - t0) * 1000))
             return kids

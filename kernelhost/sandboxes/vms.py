@@ -80,7 +80,7 @@ class VmFactory:
     async def close(self) -> None:
         await self.pool.close()
         if self._background:  # let cleanups finish: they remove domains and files
-            await asyncio.wait(self._background, timeout=30)
+            await asyncio.wait(set(self._background), timeout=30)
 
     @property
     def use_snapshots(self) -> bool:
@@ -138,7 +138,7 @@ class VmFactory:
                 return await self._clone(domain, image, snap, meta)
             return await self._boot(domain, image, meta)
         except BaseException:
-            await asyncio.shield(self.destroy(domain))
+            await self.destroy_tracked(domain)
             raise
 
     async def _boot(self, domain: str, image: GuestImage, meta: dict[str, str]) -> AgentClient:
@@ -168,6 +168,11 @@ class VmFactory:
             raise
         self.last = VmTimings("clone", t1 - t0, t2 - t1, time.monotonic() - t2)
         return agent
+
+    async def destroy_tracked(self, domain: str) -> None:
+        """Destroy ``domain`` even if the caller is cancelled meanwhile: the destroy runs as a
+        task that ``close`` waits for, so a shutdown mid-launch leaves no domain behind."""
+        await asyncio.shield(self._spawn(self.destroy(domain)))
 
     async def destroy(self, domain: str) -> None:
         try:
@@ -216,7 +221,7 @@ class VmFactory:
                 await agent.close()
                 raise
         except BaseException:
-            await asyncio.shield(self.destroy(domain))
+            await self.destroy_tracked(domain)
             raise
         self.last = VmTimings("wake", t1 - t0, t2 - t1, time.monotonic() - t2)
         return agent
@@ -256,7 +261,7 @@ class VmFactory:
             for agent in agents:
                 await agent.close()
             for domain, _ in children:
-                await asyncio.shield(self.destroy(domain))
+                await self.destroy_tracked(domain)
             raise
         finally:
             # The children run (or failed); the paused copy and the file names go, off the
@@ -270,10 +275,11 @@ class VmFactory:
         finally:
             shutil.rmtree(work, ignore_errors=True)
 
-    def _spawn(self, coro: Any) -> None:
+    def _spawn(self, coro: Any) -> asyncio.Task[Any]:
         task = asyncio.get_running_loop().create_task(coro)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
+        return task
 
     def stats(self) -> dict[str, Any]:
         return {"pool_hits": self.pool.hits, "pool_misses": self.pool.misses}

@@ -135,3 +135,29 @@ def test_dev_key_is_generated_once_and_kept(tmp_path: Path) -> None:
     assert first.dev_key and first.dev_key == second.dev_key
     assert settings.dev_key_file.stat().st_mode & 0o777 == 0o600
     assert first.identify(first.dev_key) is not None and first.identify("nope") is None
+
+
+@pytest.mark.parametrize("limits,needle", [
+    ({"max_sandboxes_per_key": 0}, "max_sandboxes_per_key"),
+    ({"max_memory_mib_per_key": 256}, "max_memory_mib_per_key"),
+])
+async def test_per_key_limits_answer_429_naming_the_limit(tmp_path: Path, limits: dict,
+                                                          needle: str) -> None:
+    settings = Settings.load({}, libvirt_uri="test:///default", image_dir=tmp_path / "none",
+                             state_dir=tmp_path / "state", run_dir=tmp_path / "run",
+                             ram_dir=tmp_path / "ram", domain_prefix="khunit-", accel="tcg",
+                             pool_size=0, api_keys=(KEY,), **limits)
+    async with TestClient(TestServer(init_app(settings))) as c:
+        r = await c.post("/v1/sandboxes", json={}, headers=auth())
+        assert r.status == 429
+        err = (await r.json())["error"]
+        assert err["code"] == "capacity_exceeded" and needle in err["message"]
+        assert err["limit"] == needle
+
+
+async def test_a_body_that_is_not_utf8_is_a_400_not_a_500(client: TestClient) -> None:
+    for path in ("/v1/sandboxes", "/v1/sandboxes/sbx_x/execute", "/api/kernels"):
+        r = await client.post(path, data=b"\xffg\x13", headers={**auth(),
+                                                                "Content-Type": "application/json"})
+        assert r.status in (400, 404), path
+        assert "error" in (await r.json()) or "message" in (await r.json())

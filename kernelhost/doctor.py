@@ -1,0 +1,132 @@
+"""``kernelhost doctor``: check the host the service runs on, and say what to fix.
+
+It inspects the host directly (libvirt, QEMU, the acceleration probe, the guest images, the
+tmpfs that holds VM memory) with the service's own settings, so it works while the service is
+down, which is when it is needed most.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import shutil
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from .config import Settings
+
+MIN_SHM_FREE_MIB = 1024  # a template's RAM file plus a few clones' private pages
+
+
+@dataclass
+class Check:
+    name: str
+    ok: bool
+    detail: str
+    fix: str = ""
+    warning: bool = False  # a problem that slows or limits the service but does not stop it
+
+    def line(self) -> str:
+        mark = "ok  " if self.ok else ("warn" if self.warning else "FAIL")
+        text = f"{mark} {self.name}: {self.detail}"
+        return text + (f"\n       fix: {self.fix}" if self.fix and not self.ok else "")
+
+
+def run_checks(settings: Settings, probe_timeout: float = 20.0) -> list[Check]:
+    """Every check, in the order a broken host should be repaired."""
+    from hypervisor import Hypervisor, ImageStore, LibvirtUnavailable, choose_accel
+
+    checks = [_qemu()]
+    hv = Hypervisor(settings.libvirt_uri, settings.domain_prefix, settings.run_dir)
+    try:
+        try:
+            v = hv.versions()
+            checks.append(Check("libvirt", True, f"{settings.libvirt_uri} answers (libvirt "
+                                f"{v['libvirt']}, hypervisor {v['hypervisor']})"))
+            reachable = True
+        except LibvirtUnavailable as exc:
+            checks.append(Check(
+                "libvirt", False, str(exc),
+                "start libvirt's daemons ('make serve' does; or systemctl start libvirtd "
+                "virtqemud), or point KERNELHOST_LIBVIRT_URI at a running one"))
+            reachable = False
+        images = ImageStore(settings.image_dir)
+        templates = images.templates()
+        if templates:
+            checks.append(Check("images", True, f"{', '.join(templates)} in {settings.image_dir}"))
+        else:
+            checks.append(Check("images", False, f"no guest image in {settings.image_dir}",
+                                "run 'make image' (about a minute the first time)"))
+        if not reachable or not templates:
+            checks.append(Check("acceleration", False, "not probed: needs libvirt and an image",
+                                "fix the checks above first"))
+        else:
+            checks.append(_accel(lambda: choose_accel(
+                hv, images.get(templates[0]), settings.accel, settings.state_dir / "accel.json",
+                timeout=probe_timeout)))
+    finally:
+        hv.close()
+    checks.append(_shm(settings.ram_dir, settings.vm_memory_mib))
+    checks.append(_service(settings.url))
+    return checks
+
+
+def _service(url: str) -> Check:
+    """Whether the service answers at its configured address (a warning only: doctor is for
+    when it does not start, too)."""
+    try:
+        with urllib.request.urlopen(url + "/healthz", timeout=5) as r:
+            health = json.loads(r.read())
+    except (OSError, ValueError) as exc:
+        return Check("service", False, f"nothing answers at {url} ({exc})",
+                     "start it with 'kernelhost serve' (or 'make serve')", warning=True)
+    return Check("service", True, f"{url} answers: accel {health.get('accel')}, "
+                 f"{health.get('sandboxes')} sandboxes, pool {health.get('pool')}")
+
+
+def _qemu() -> Check:
+    arch = {"amd64": "x86_64", "arm64": "aarch64"}.get(platform.machine().lower(),
+                                                        platform.machine())
+    binary = f"qemu-system-{arch}"
+    path = shutil.which(binary) or next(
+        (p for p in (f"/usr/bin/{binary}", f"/usr/libexec/{binary}") if Path(p).exists()), None)
+    if path:
+        return Check("qemu", True, path)
+    package = "qemu-system-x86" if arch == "x86_64" else "qemu-system-arm"
+    return Check("qemu", False, f"{binary} not found",
+                 f"apt-get install {package} (or run 'make deps')")
+
+
+def _accel(probe: Callable[[], tuple[str, str]]) -> Check:
+    try:
+        accel, reason = probe()
+    except RuntimeError as exc:  # accel=kvm configured, and KVM cannot boot a guest
+        return Check("acceleration", False, str(exc),
+                     "set KERNELHOST_ACCEL=auto (falls back to TCG) or repair KVM on this host")
+    reason = " ".join(reason.split())  # QEMU's error output spans lines
+    reason = reason if len(reason) <= 300 else reason[:297] + "..."
+    if accel == "kvm":
+        return Check("acceleration", True, f"kvm ({reason})")
+    return Check("acceleration", False, f"tcg, software emulation ({reason}); sandboxes work "
+                 "but run several times slower",
+                 "use a host where KVM can boot a guest (bare metal, or nested virtualization "
+                 "enabled)", warning=True)
+
+
+def _shm(ram_dir: Path, vm_memory_mib: int) -> Check:
+    where = ram_dir if ram_dir.exists() else ram_dir.parent
+    try:
+        usage = shutil.disk_usage(where)
+    except OSError as exc:
+        return Check("vm memory tmpfs", False, f"{where}: {exc}",
+                     f"mount a tmpfs at {ram_dir.parent} or set KERNELHOST_RAM_DIR")
+    free_mib = usage.free // (1024 * 1024)
+    need = max(MIN_SHM_FREE_MIB, 2 * vm_memory_mib)
+    detail = f"{free_mib} MiB free of {usage.total // (1024 * 1024)} MiB in {where}"
+    if free_mib >= need:
+        return Check("vm memory tmpfs", True, detail)
+    return Check("vm memory tmpfs", False, detail + f"; need at least {need} MiB",
+                 f"grow it (mount -o remount,size=4G {where}) or remove stale files in "
+                 f"{ram_dir}")
