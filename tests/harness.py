@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -99,3 +102,21 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+@contextlib.contextmanager
+def running_service(state_dir: Path, name: str, start_timeout: float = 120.0,
+                    **env: str) -> Iterator[Service]:
+    """A started service for one test tier; on exit it is stopped, its log kept as
+    ``results/<name>-service.log``, and no domain or VM directory of its prefix may be left."""
+    svc = Service.make(state_dir, **env)
+    svc.start(timeout=start_timeout)
+    try:
+        yield svc
+    finally:
+        leaked, leaked_dirs = svc.cleanup()
+        results = REPO / "results"
+        results.mkdir(exist_ok=True)
+        shutil.copy(svc.log_path, results / f"{name}-service.log")
+        assert not leaked, f"domains left behind by the {name} tests: {leaked}"
+        assert not leaked_dirs, f"VM directories left behind by the {name} tests: {leaked_dirs}"

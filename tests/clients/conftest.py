@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from ..harness import REPO, Service
+from ..harness import REPO, Service, running_service
 from .jupyter_support import JupyterLab
 
 RESULTS = REPO / "results"
@@ -38,16 +38,9 @@ JUPYTER_KERNEL = "kernelhost-python"
 
 @pytest.fixture(scope="session")
 def jupyter_service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
-    svc = Service.make(tmp_path_factory.mktemp("jupyter-state"), KERNELHOST_REAPER_INTERVAL="1")
-    svc.start(timeout=120)
-    try:
+    with running_service(tmp_path_factory.mktemp("jupyter-state"), "jupyter",
+                         KERNELHOST_REAPER_INTERVAL="1") as svc:
         yield svc
-    finally:
-        leaked, leaked_dirs = svc.cleanup()
-        RESULTS.mkdir(exist_ok=True)
-        shutil.copy(svc.log_path, RESULTS / "jupyter-service.log")
-        assert not leaked, f"domains left behind by the Jupyter tests: {leaked}"
-        assert not leaked_dirs, f"VM directories left behind: {leaked_dirs}"
 
 
 @pytest.fixture(scope="session")

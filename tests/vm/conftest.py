@@ -14,30 +14,20 @@ service log is copied to ``results/vm-service.log``.
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
 from kernelhost import AsyncSandbox
 
-from ..harness import REPO, Service
-
-RESULTS = REPO / "results"
+from ..harness import Service, running_service
 
 
 @pytest.fixture(scope="session")
 def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
-    svc = Service.make(tmp_path_factory.mktemp("state"), KERNELHOST_REAPER_INTERVAL="1")
-    svc.start()
-    try:
+    with running_service(tmp_path_factory.mktemp("state"), "vm",
+                         KERNELHOST_REAPER_INTERVAL="1") as svc:
         yield svc
-    finally:
-        leaked, leaked_dirs = svc.cleanup()
-        RESULTS.mkdir(exist_ok=True)
-        shutil.copy(svc.log_path, RESULTS / "vm-service.log")
-        assert not leaked, f"domains left behind by the VM tests: {leaked}"
-        assert not leaked_dirs, f"VM directories left behind: {leaked_dirs}"
 
 
 @pytest.fixture(scope="session")

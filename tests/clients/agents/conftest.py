@@ -13,16 +13,13 @@ kept as ``results/agents-service.log``.
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
 from kernelhost import AsyncSandbox, Sandbox
 
-from ...harness import REPO, Service
-
-RESULTS = REPO / "results"
+from ...harness import Service, running_service
 
 #: Python that displays a 4x4 red PNG without matplotlib (the minimal template has none).
 SHOW_PNG = "\n".join([
@@ -40,16 +37,9 @@ SHOW_PNG = "\n".join([
 
 @pytest.fixture(scope="session")
 def agents_service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
-    svc = Service.make(tmp_path_factory.mktemp("agents-state"), KERNELHOST_REAPER_INTERVAL="1")
-    svc.start(timeout=120)
-    try:
+    with running_service(tmp_path_factory.mktemp("agents-state"), "agents",
+                         KERNELHOST_REAPER_INTERVAL="1") as svc:
         yield svc
-    finally:
-        leaked, leaked_dirs = svc.cleanup()
-        RESULTS.mkdir(exist_ok=True)
-        shutil.copy(svc.log_path, RESULTS / "agents-service.log")
-        assert not leaked, f"domains left behind by the agent-framework tests: {leaked}"
-        assert not leaked_dirs, f"VM directories left behind: {leaked_dirs}"
 
 
 @pytest.fixture(scope="session")
