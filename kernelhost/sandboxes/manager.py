@@ -653,6 +653,9 @@ class SandboxManager:
         self.store.update(rec.id, domain=rec.domain, state="replacing", detail="")
         try:
             image = self.images.get(rec.template)
+            # the new VM runs the template's current image: later forks and wakes must use it
+            rec.image_key = image.key
+            self.store.update(rec.id, image_key=image.key)
             await self._launch(sbx, image)
         except Exception as exc:
             detail = f"replacing its VM ({reason}) failed: {exc or type(exc).__name__}"
