@@ -6,7 +6,6 @@ exercises the boot-failure path, which must leave no record, domain or file behi
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -16,6 +15,8 @@ from aiohttp.test_utils import TestClient, TestServer
 from kernelhost.api import init_app
 from kernelhost.config import ConfigError, Settings
 
+from .offline import fake_image_dir, offline_settings
+
 pytestmark = pytest.mark.unit
 
 KEY = "unit-test-key-0123456789"
@@ -24,17 +25,8 @@ OTHER = "other-test-key-0123456789"
 
 @pytest.fixture
 async def client(tmp_path: Path) -> AsyncIterator[TestClient]:
-    images = tmp_path / "images"
-    (images / "python-k1").mkdir(parents=True)
-    for name in ("vmlinuz", "initrd.img", "rootfs.erofs"):
-        (images / "python-k1" / name).write_bytes(b"x")
-    (images / "python-k1" / "manifest.json").write_text(json.dumps({"key": "k1"}))
-    (images / "python").symlink_to("python-k1")
-    settings = Settings.load({}, libvirt_uri="test:///default", image_dir=images,
-                             state_dir=tmp_path / "state", run_dir=tmp_path / "run",
-                             ram_dir=tmp_path / "ram", domain_prefix="khunit-", accel="tcg",
-                             boot_timeout=1.0, pool_size=0,
-                             api_keys=(KEY, OTHER))
+    settings = offline_settings(tmp_path, image_dir=fake_image_dir(tmp_path), boot_timeout=1.0,
+                                pool_size=0, api_keys=(KEY, OTHER))
     app = init_app(settings)
     async with TestClient(TestServer(app)) as c:
         c.app_settings = settings  # type: ignore[attr-defined]
@@ -143,10 +135,7 @@ def test_dev_key_is_generated_once_and_kept(tmp_path: Path) -> None:
 ])
 async def test_per_key_limits_answer_429_naming_the_limit(tmp_path: Path, limits: dict,
                                                           needle: str) -> None:
-    settings = Settings.load({}, libvirt_uri="test:///default", image_dir=tmp_path / "none",
-                             state_dir=tmp_path / "state", run_dir=tmp_path / "run",
-                             ram_dir=tmp_path / "ram", domain_prefix="khunit-", accel="tcg",
-                             pool_size=0, api_keys=(KEY,), **limits)
+    settings = offline_settings(tmp_path, pool_size=0, api_keys=(KEY,), **limits)
     async with TestClient(TestServer(init_app(settings))) as c:
         r = await c.post("/v1/sandboxes", json={}, headers=auth())
         assert r.status == 429

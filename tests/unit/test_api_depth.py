@@ -3,7 +3,6 @@ filesystem errors mapped to clear ones, and the new limits' validation."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -24,6 +23,8 @@ from kernelhost.sandboxes import (
 )
 from kernelhost.sandboxes.manager import _fs_error, _rechunk
 
+from .offline import fake_image_dir, offline_settings
+
 pytestmark = pytest.mark.unit
 
 KEY = "unit-test-key-0123456789"
@@ -31,16 +32,8 @@ KEY = "unit-test-key-0123456789"
 
 @pytest.fixture
 async def client(tmp_path: Path) -> AsyncIterator[TestClient]:
-    images = tmp_path / "images"
-    (images / "python-k1").mkdir(parents=True)
-    for name in ("vmlinuz", "initrd.img", "rootfs.erofs"):
-        (images / "python-k1" / name).write_bytes(b"x")
-    (images / "python-k1" / "manifest.json").write_text(json.dumps({"key": "k1"}))
-    (images / "python").symlink_to("python-k1")
-    settings = Settings.load({}, libvirt_uri="test:///default", image_dir=images,
-                             state_dir=tmp_path / "state", run_dir=tmp_path / "run",
-                             ram_dir=tmp_path / "ram", domain_prefix="khunit-", accel="tcg",
-                             boot_timeout=1.0, snapshots="off", api_keys=(KEY,))
+    settings = offline_settings(tmp_path, image_dir=fake_image_dir(tmp_path), boot_timeout=1.0,
+                                snapshots="off", api_keys=(KEY,))
     async with TestClient(TestServer(init_app(settings))) as c:
         yield c
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import socket
 import struct
 import time
@@ -30,7 +29,6 @@ from .fake_agent import (
     FakeAgent,
     jupyter_msg,
     raw_frame,
-    short_socket_dir,
     unchecked_frame,
     wait_until_stalled,
 )
@@ -38,19 +36,6 @@ from .fake_agent import (
 pytestmark = pytest.mark.unit
 
 LIMIT = 4096
-
-
-@pytest.fixture
-def sock_path():
-    with short_socket_dir() as d:
-        yield os.path.join(d, "agent.sock")
-
-
-@pytest.fixture
-async def agent(sock_path):
-    fake = await FakeAgent(sock_path).start()
-    yield fake
-    await fake.stop()
 
 
 @pytest.fixture

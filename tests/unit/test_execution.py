@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -29,7 +28,6 @@ from .fake_agent import (
     jupyter_msg,
     raw_frame,
     scripted,
-    short_socket_dir,
     stream,
     wait_until_stalled,
 )
@@ -37,19 +35,6 @@ from .fake_agent import (
 pytestmark = pytest.mark.unit
 
 SESSION = "session-1"
-
-
-@pytest.fixture
-def sock_path():
-    with short_socket_dir() as d:
-        yield os.path.join(d, "agent.sock")
-
-
-@pytest.fixture
-async def agent(sock_path):
-    fake = await FakeAgent(sock_path).start()
-    yield fake
-    await fake.stop()
 
 
 @pytest.fixture

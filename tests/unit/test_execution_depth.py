@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import time
 from typing import Any
 
@@ -20,24 +19,10 @@ from .fake_agent import (
     error,
     jupyter_msg,
     scripted,
-    short_socket_dir,
     stream,
 )
 
 pytestmark = pytest.mark.unit
-
-
-@pytest.fixture
-def sock_path():
-    with short_socket_dir() as d:
-        yield os.path.join(d, "agent.sock")
-
-
-@pytest.fixture
-async def agent(sock_path):
-    fake = await FakeAgent(sock_path).start()
-    yield fake
-    await fake.stop()
 
 
 @pytest.fixture

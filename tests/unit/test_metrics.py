@@ -6,7 +6,6 @@ the hooks the manager calls are checked on a ``Metrics`` of their own.
 
 from __future__ import annotations
 
-import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -17,8 +16,9 @@ from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client.parser import text_string_to_metric_families
 
 from kernelhost.api import init_app
-from kernelhost.config import Settings
 from kernelhost.metrics import Metrics, StateCollector
+
+from .offline import fake_image_dir, offline_settings
 
 pytestmark = pytest.mark.unit
 
@@ -37,16 +37,9 @@ def value(text: str, name: str, **labels: str) -> float:
 
 @pytest.fixture
 async def client(tmp_path: Path) -> AsyncIterator[TestClient[web.Request, web.Application]]:
-    images = tmp_path / "images"
-    (images / "python-k1").mkdir(parents=True)
-    for name in ("vmlinuz", "initrd.img", "rootfs.erofs"):
-        (images / "python-k1" / name).write_bytes(b"x")
-    (images / "python-k1" / "manifest.json").write_text(json.dumps({"key": "k1"}))
-    (images / "python").symlink_to("python-k1")
-    settings = Settings.load({}, libvirt_uri="test:///default", image_dir=images,
-                             state_dir=tmp_path / "state", run_dir=tmp_path / "run",
-                             ram_dir=tmp_path / "ram", domain_prefix="khmetrics-", accel="tcg",
-                             boot_timeout=1.0, pool_size=0, api_keys=(KEY,))
+    settings = offline_settings(tmp_path, image_dir=fake_image_dir(tmp_path),
+                                domain_prefix="khmetrics-", boot_timeout=1.0, pool_size=0,
+                                api_keys=(KEY,))
     async with TestClient(TestServer(init_app(settings))) as c:
         yield c
 

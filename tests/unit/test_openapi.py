@@ -11,6 +11,8 @@ from kernelhost.api import init_app
 from kernelhost.api.openapi import document
 from kernelhost.config import Settings
 
+from .offline import offline_settings
+
 pytestmark = pytest.mark.unit
 
 # Served but documented elsewhere: the Kernel Gateway API (docs/jupyter.md), MCP
@@ -42,10 +44,7 @@ def test_every_route_is_documented_and_every_operation_exists(tmp_path: Path) ->
 
 
 async def test_openapi_json_is_served_without_a_key(tmp_path: Path) -> None:
-    settings = Settings.load({}, libvirt_uri="test:///default", image_dir=tmp_path / "none",
-                             state_dir=tmp_path / "s", run_dir=tmp_path / "r",
-                             ram_dir=tmp_path / "ram", domain_prefix="khunit-", accel="tcg",
-                             pool_size=0, api_keys=("k" * 20,))
+    settings = offline_settings(tmp_path, pool_size=0, api_keys=("k" * 20,))
     async with TestClient(TestServer(init_app(settings))) as c:
         r = await c.get("/openapi.json")
         assert r.status == 200

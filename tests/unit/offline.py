@@ -1,0 +1,32 @@
+"""Settings for a service that runs with no VM: libvirt's ``test:///default`` driver, every
+directory under the test's ``tmp_path``, and (optionally) a fake built image of ``python``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from kernelhost.config import Settings
+
+
+def fake_image_dir(tmp_path: Path) -> Path:
+    """An image directory holding a built-looking ``python`` template (key ``k1``)."""
+    images = tmp_path / "images"
+    (images / "python-k1").mkdir(parents=True)
+    for name in ("vmlinuz", "initrd.img", "rootfs.erofs"):
+        (images / "python-k1" / name).write_bytes(b"x")
+    (images / "python-k1" / "manifest.json").write_text(json.dumps({"key": "k1"}))
+    (images / "python").symlink_to("python-k1")
+    return images
+
+
+def offline_settings(tmp_path: Path, *, image_dir: Path | None = None,
+                     **overrides: Any) -> Settings:
+    """Settings on the test driver; ``image_dir`` defaults to an empty (missing) directory."""
+    values: dict[str, Any] = dict(
+        libvirt_uri="test:///default", image_dir=image_dir or tmp_path / "none",
+        state_dir=tmp_path / "state", run_dir=tmp_path / "run", ram_dir=tmp_path / "ram",
+        domain_prefix="khunit-", accel="tcg")
+    values.update(overrides)
+    return Settings.load({}, **values)
