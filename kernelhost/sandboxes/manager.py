@@ -61,6 +61,9 @@ class Sandbox:
     agent: AgentClient | None = None
     session: str = field(default_factory=lambda: uuid.uuid4().hex)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    # held while the VM behind the sandbox changes (hibernate, wake, replace, fork's snapshot) or
+    # a restart works on it; taken after ``lock`` when both are needed, never before it
+    vm_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     current: Subscription | None = None
     busy: bool = False
     control: Control | None = None  # the running execution, for interrupt and restart
@@ -452,7 +455,9 @@ class SandboxManager:
         """Hibernate or delete one sandbox if it has been idle for long enough."""
         rec = sbx.record
         idle_for = now - rec.last_active_at
-        if sbx.busy or sbx.lock.locked() or self.sandboxes.get(sbx.id) is not sbx:
+        if (sbx.busy or sbx.lock.locked() or sbx.vm_lock.locked()
+                or (sbx.replacement is not None and not sbx.replacement.done())
+                or self.sandboxes.get(sbx.id) is not sbx):
             return
         if rec.state == "hibernated":
             if idle_for > self.settings.hibernate_retention_seconds:
@@ -472,8 +477,9 @@ class SandboxManager:
 
     async def hibernate(self, sbx: Sandbox) -> None:
         """Save the idle sandbox to disk and stop its VM; its next call wakes it."""
-        async with sbx.lock:
-            if sbx.record.state != "running" or sbx.agent is None:
+        async with sbx.lock, sbx.vm_lock:
+            if (sbx.record.state != "running" or sbx.agent is None or not sbx.agent.connected
+                    or self.sandboxes.get(sbx.id) is not sbx):
                 return
             t0 = time.monotonic()
             path = self._hibernate_path(sbx.record)
@@ -482,8 +488,12 @@ class SandboxManager:
             try:
                 size = await self.vms.hibernate(sbx.record.domain, path)
             except HypervisorError as exc:
+                path.unlink(missing_ok=True)
                 log.error("sandbox.hibernate_failed", sandbox_id=sbx.id, error=str(exc))
                 await self._remove(sbx, reason=f"hibernation failed: {exc}")
+                return
+            if self.sandboxes.get(sbx.id) is not sbx:  # deleted while it was being saved
+                path.unlink(missing_ok=True)
                 return
             sbx.record.state = "hibernated"
             self.store.update(sbx.id, state="hibernated")
@@ -491,10 +501,25 @@ class SandboxManager:
             log.info("sandbox.hibernated", sandbox_id=sbx.id, bytes=size,
                      ms=round((time.monotonic() - t0) * 1000))
 
+    async def _settle(self, sbx: Sandbox) -> None:
+        """Wait for a replacement, hibernation or wake of ``sbx`` in flight, then wake it."""
+        await self._wait_replacement(sbx)
+        if sbx.vm_lock.locked():
+            async with sbx.vm_lock:
+                pass
+        await self._ensure_awake(sbx)
+
     async def _ensure_awake(self, sbx: Sandbox) -> None:
-        """Wake a hibernated sandbox (caller holds its lock); state intact, clock fresh."""
+        """Wake a hibernated sandbox; state intact, clock fresh. One wake at a time."""
+        if sbx.record.state != "hibernated":
+            return
+        async with sbx.vm_lock:
+            await self._wake(sbx)
+
+    async def _wake(self, sbx: Sandbox) -> None:
+        """Wake ``sbx`` if it is hibernated; the caller holds ``sbx.vm_lock``."""
         rec = sbx.record
-        if rec.state != "hibernated":
+        if rec.state != "hibernated" or self.sandboxes.get(sbx.id) is not sbx:
             return
         t0 = time.monotonic()
         path = self._hibernate_path(rec)
@@ -520,9 +545,10 @@ class SandboxManager:
                                  f"{self.settings.max_fork} children at once", field="n")
         parent = self.get(owner, sandbox_id)
         self._check_quota(owner, new=n)
-        async with parent.lock:
+        async with parent.lock, parent.vm_lock:
             self._check_running(parent)
-            await self._ensure_awake(parent)
+            await self._wake(parent)
+            self._check_running(parent)
             prec = parent.record
             image = self.images.get_by_key(prec.template, prec.image_key)
             now = time.time()
@@ -589,25 +615,27 @@ class SandboxManager:
         Does not wait for a running execution: that one ends at once with status ``restarted``.
         """
         await self._wait_replacement(sbx)
-        if sbx.record.state == "hibernated":
-            async with sbx.lock:
-                await self._ensure_awake(sbx)
-        if sbx.control is not None:
-            sbx.control.notify("restarted")
-        agent = sbx.agent
-        if sbx.record.state == "running" and agent is not None and agent.connected:
-            try:
-                # The restart frame goes out before the woken execution's successor can send
-                # anything; the agent holds shell messages until the new kernel is ready.
-                await agent.request("restart", timeout=self.settings.restart_timeout)
-                with contextlib.suppress(AgentError):  # images older than bash lack the op
-                    await agent.request("bash_reset", timeout=self.settings.agent_timeout)
-                self.store.touch(sbx.id)
-                return {"recovery": "kernel_restarted"}
-            except (asyncio.TimeoutError, AgentError, ChannelClosed) as exc:
-                reason = f"the kernel restart failed ({exc or type(exc).__name__})"
-        else:
-            reason = f"restart of a {sbx.record.state} sandbox"
+        # vm_lock: no hibernation, wake or fork snapshot can take the VM away while it restarts
+        async with sbx.vm_lock:
+            if self.sandboxes.get(sbx.id) is not sbx:
+                raise SandboxNotFound(sbx.id)  # deleted meanwhile
+            await self._wake(sbx)
+            if sbx.control is not None:
+                sbx.control.notify("restarted")
+            agent = sbx.agent
+            if sbx.record.state == "running" and agent is not None and agent.connected:
+                try:
+                    # The restart frame goes out before the woken execution's successor can send
+                    # anything; the agent holds shell messages until the new kernel is ready.
+                    await agent.request("restart", timeout=self.settings.restart_timeout)
+                    with contextlib.suppress(AgentError):  # images older than bash lack the op
+                        await agent.request("bash_reset", timeout=self.settings.agent_timeout)
+                    self.store.touch(sbx.id)
+                    return {"recovery": "kernel_restarted"}
+                except (asyncio.TimeoutError, AgentError, ChannelClosed) as exc:
+                    reason = f"the kernel restart failed ({exc or type(exc).__name__})"
+            else:
+                reason = f"restart of a {sbx.record.state} sandbox"
         if not await self._replace_vm(sbx, reason):
             raise SandboxNotFound(sbx.id)  # deleted meanwhile
         return {"recovery": "vm_replaced"}
@@ -634,6 +662,10 @@ class SandboxManager:
         return await asyncio.shield(task)
 
     async def _do_replace(self, sbx: Sandbox, reason: str) -> bool:
+        async with sbx.vm_lock:
+            return await self._replace_locked(sbx, reason)
+
+    async def _replace_locked(self, sbx: Sandbox, reason: str) -> bool:
         rec = sbx.record
         if self.sandboxes.get(sbx.id) is not sbx:
             return False
@@ -649,6 +681,7 @@ class SandboxManager:
             return False
         with contextlib.suppress(HypervisorError):
             await asyncio.to_thread(self.hv.destroy, rec.domain)
+        self._hibernate_path(rec).unlink(missing_ok=True)  # a hibernated one is replaced too
         rec.domain, rec.state, rec.detail = self.hv.new_name(), "replacing", ""
         self.store.update(rec.id, domain=rec.domain, state="replacing", detail="")
         try:
@@ -687,10 +720,7 @@ class SandboxManager:
 
     async def _fs(self, sbx: Sandbox, op: str, timeout: float | None = None,
                   **fields: Any) -> dict[str, Any]:
-        await self._wait_replacement(sbx)
-        if sbx.record.state == "hibernated":
-            async with sbx.lock:
-                await self._ensure_awake(sbx)
+        await self._settle(sbx)
         self._check_running(sbx)
         agent = sbx.agent
         if agent is None or sbx.record.state != "running":

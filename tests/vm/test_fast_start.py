@@ -109,6 +109,43 @@ async def test_deleting_a_hibernated_sandbox_removes_its_saved_state(service: Se
     assert not saved.exists()
 
 
+async def test_restart_racing_hibernate_and_delete_leaves_a_working_sandbox_or_nothing(
+        service: Service) -> None:
+    """Restart, hibernate and delete of one sandbox at once (what an API fuzzer found): each call
+    gets a clear answer, the sandbox ends up either working or gone, and nothing leaks."""
+    sbx = await AsyncSandbox.create(url=service.url, api_key=service.api_key)
+    url = f"{service.url}/v1/sandboxes/{sbx.id}"
+    async with aiohttp.ClientSession(
+            headers={"Authorization": f"Bearer {service.api_key}"}) as http:
+        async def post(action: str) -> int:
+            async with http.post(f"{url}/{action}") as r:
+                body = await r.json()
+                assert r.status in (200, 404, 409), (action, r.status, body)
+                return r.status
+
+        statuses = await asyncio.gather(post("hibernate"), post("restart"), post("hibernate"),
+                                        post("restart"))
+        assert statuses.count(200) >= 2, statuses
+        ran = await sbx.run_code("21 * 2")
+        assert ran.text == "42", ran
+        # now a delete in the middle of a restart and a hibernation
+        deleting = asyncio.ensure_future(sbx.close())
+        await asyncio.gather(post("restart"), post("hibernate"), deleting)
+        async with http.get(url) as r:
+            assert r.status == 404
+    saved = service.state_dir / "hibernated" / f"{sbx.id}.state"
+    hv = service.hypervisor()
+    try:
+        for _ in range(40):  # a replacement the delete overtook tears its VM down on its own
+            left = [d.name for d in hv.domains() if d.metadata.get("sandbox") == sbx.id]
+            if not left:
+                break
+            await asyncio.sleep(0.5)
+        assert not left and not saved.exists(), (left, saved)
+    finally:
+        hv.close()
+
+
 async def test_pool_refills_after_being_drained(service: Service) -> None:
     async def pool() -> int:
         async with aiohttp.ClientSession() as http:
