@@ -281,7 +281,13 @@ class Hypervisor:
                 meta = dict(ElementTree.fromstring(raw).attrib)
             except (libvirt.libvirtError, ElementTree.ParseError):
                 meta = {}
-            out.append(DomainInfo(name, dom.UUIDString(), bool(dom.isActive()), meta))
+            try:
+                active = bool(dom.isActive())
+            except libvirt.libvirtError as exc:
+                if exc.get_error_code() == libvirt.VIR_ERR_NO_DOMAIN:
+                    continue  # destroyed (a transient domain) between the listing and now
+                raise
+            out.append(DomainInfo(name, dom.UUIDString(), active, meta))
         return out
 
     def reconcile(self, keep: set[str]) -> list[str]:

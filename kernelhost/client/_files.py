@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import builtins
+import io
 import os
 from collections.abc import AsyncIterable
 from typing import IO, TYPE_CHECKING, Any
@@ -26,6 +27,7 @@ __all__ = ["FILE_TIMEOUT", "AsyncFiles", "FileData"]
 
 #: Deadline for one file transfer (the whole body), in seconds.
 FILE_TIMEOUT = 600.0
+BYTES_IN_ONE_WRITE = 1 << 20  # larger bytes bodies are streamed from a BytesIO
 
 #: What ``files.write`` accepts: bytes, text (written as UTF-8), a binary file object, or an
 #: async iterable of bytes (streamed as it is produced).
@@ -62,11 +64,12 @@ class AsyncFiles:
         url = self._path()
         _check_path(path)
         body: Any
-        if isinstance(data, str):
-            body = data.encode("utf-8")
-        elif isinstance(data, (bytearray, memoryview)):
-            body = bytes(data)
-        elif isinstance(data, bytes) or hasattr(data, "read") or hasattr(data, "__aiter__"):
+        if isinstance(data, (str, bytes, bytearray, memoryview)):
+            raw = (data.encode("utf-8") if isinstance(data, str)
+                   else data if isinstance(data, bytes) else bytes(data))
+            # a file object, so aiohttp streams it instead of warning about a large raw body
+            body = io.BytesIO(raw) if len(raw) > BYTES_IN_ONE_WRITE else raw
+        elif hasattr(data, "read") or hasattr(data, "__aiter__"):
             body = data
         else:
             raise TypeError(

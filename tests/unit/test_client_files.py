@@ -8,6 +8,7 @@ import contextlib
 import io
 import json
 import threading
+import warnings
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -157,6 +158,17 @@ async def test_write_accepts_bytes_text_files_and_async_iterables(sbx, fake, tmp
     assert fake.puts[-1][1] == "chunked"  # streamed, not buffered first
     assert [q["path"] for q, _ in fake.puts] == ["a.bin", "t.txt", "/tmp/from_file.bin",
                                                  "gen.bin"]
+
+
+async def test_large_bytes_and_bytearrays_are_streamed_without_a_warning(sbx, fake):
+    big = bytes(range(256)) * 12_000  # 3 MB: aiohttp warns (an error here) about raw bodies
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        await sbx.files.write("big.bin", big)
+        await sbx.files.write("big2.bin", bytearray(big))
+        await sbx.files.write("big3.bin", memoryview(big))
+    for name in ("big.bin", "big2.bin", "big3.bin"):
+        assert fake.files[f"/home/user/{name}"] == big
 
 
 async def test_read_download_list_remove(sbx, fake, tmp_path):
