@@ -57,6 +57,8 @@ class Hypervisor:
         self.run_dir = Path(run_dir)
         self._conn: libvirt.virConnect | None = None
         self._lock = threading.Lock()
+        # domains whose destroy failed (libvirt away or restarting): retried by ``retry_destroys``
+        self._doomed: set[str] = set()
 
     # -- connection ----------------------------------------------------------------------------
 
@@ -247,7 +249,10 @@ class Hypervisor:
             raise
 
     def destroy(self, name: str) -> bool:
-        """Destroy the domain and remove its files. Idempotent: False if it was already gone."""
+        """Destroy the domain and remove its files. Idempotent: False if it was already gone.
+
+        If libvirt cannot be reached the name is remembered and ``retry_destroys`` tries again
+        later, so a destroy that failed while libvirtd restarted does not leak the VM."""
         self._check_name(name)
         existed = False
         try:
@@ -259,9 +264,33 @@ class Hypervisor:
                 dom.undefine()
         except libvirt.libvirtError as exc:
             if exc.get_error_code() != libvirt.VIR_ERR_NO_DOMAIN:
-                raise
+                with self._lock:
+                    self._doomed.add(name)
+                raise HypervisorError(f"destroying domain {name!r} failed: {exc}") from exc
+        except HypervisorError:
+            with self._lock:
+                self._doomed.add(name)
+            raise
+        with self._lock:
+            self._doomed.discard(name)
         self.cleanup_files(name)
         return existed
+
+    def retry_destroys(self) -> list[str]:
+        """Destroy again every domain whose earlier destroy failed; the names destroyed now."""
+        with self._lock:
+            doomed = sorted(self._doomed)
+        done = []
+        for name in doomed:
+            with contextlib.suppress(HypervisorError):
+                self.destroy(name)
+                done.append(name)
+        return done
+
+    @property
+    def pending_destroys(self) -> int:
+        with self._lock:
+            return len(self._doomed)
 
     def cleanup_files(self, name: str) -> None:
         self._check_name(name)

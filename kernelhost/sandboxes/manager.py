@@ -180,6 +180,8 @@ class SandboxManager:
         for sbx in self.sandboxes.values():
             if sbx.agent is not None:
                 await sbx.agent.close()
+        if self.hv.pending_destroys:
+            await asyncio.to_thread(self.hv.retry_destroys)
 
     # -- lookups -------------------------------------------------------------------------------
 
@@ -444,6 +446,10 @@ class SandboxManager:
     async def _reap_loop(self) -> None:
         while True:
             await asyncio.sleep(self.settings.reaper_interval)
+            if self.hv.pending_destroys:  # destroys that failed while libvirt was away
+                done = await asyncio.to_thread(self.hv.retry_destroys)
+                if done:
+                    log.info("reaper.destroyed_late", domains=done)
             for sbx in list(self.sandboxes.values()):
                 try:
                     await self._reap(sbx, time.time())

@@ -140,3 +140,28 @@ def test_unreachable_libvirt_names_the_uri(tmp_path: Path) -> None:
         h.versions()
     assert "/nonexistent/sock" in str(err.value) and "start-libvirt" in str(err.value)
     assert isinstance(err.value.__cause__, libvirt.libvirtError)
+
+
+def test_destroy_that_fails_while_libvirt_is_away_is_retried(hv: Hypervisor,
+                                                             image: GuestImage) -> None:
+    from hypervisor import HypervisorError
+
+    class Away:  # a connection whose daemon went away: it says alive, every call fails
+        def isAlive(self) -> int:
+            return 1
+
+        def lookupByName(self, name: str) -> None:
+            raise libvirt.libvirtError("End of file while reading data: Input/output error")
+
+    name = hv.new_name()
+    hv.start(hv.spec_for(name, image, accel="tcg", memory_mib=256, vcpus=1))
+    real, hv._conn = hv._conn, Away()  # type: ignore[assignment]
+    with pytest.raises(HypervisorError, match=name):
+        hv.destroy(name)
+    assert hv.pending_destroys == 1
+    assert hv.retry_destroys() == [] and hv.pending_destroys == 1  # still away: kept
+    hv._conn = real  # back
+    assert hv.is_running(name)
+    assert hv.retry_destroys() == [name]
+    assert hv.pending_destroys == 0
+    assert not hv.is_running(name) and not hv.vm_dir(name).exists()
