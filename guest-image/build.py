@@ -13,6 +13,9 @@ Stages: rootfs (mmdebstrap from the host's apt sources) -> kernel (the distribut
 kernel, taken out of that rootfs) -> overlay (agent, codec, init, kernelspec) -> erofs ->
 initramfs (static busybox + the virtio/erofs/overlay modules in dependency order).
 
+On a terminal the stages show as a progress bar (``kernelhost/progress.py``, loaded by path);
+otherwise as plain lines, one per stage.
+
 Standard library only: it runs before the project's virtualenv exists.
 """
 
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import importlib.util
 import json
 import lzma
 import os
@@ -51,12 +55,49 @@ EXCLUDED_PATHS = [
 ]
 
 
+STAGES = ["rootfs", "kernel", "overlay", "warm-up", "erofs", "initramfs"]
+_BAR = None  # the build's progress bar while one is drawn on a terminal
+
+
+def _progress_module():
+    """kernelhost/progress.py (standard library only), loaded by path: the kernelhost package
+    itself needs the virtualenv. None if it is missing; the build then logs plain lines."""
+    path = REPO / "kernelhost" / "progress.py"
+    spec = importlib.util.spec_from_file_location("_kernelhost_progress", path)
+    if spec is None or spec.loader is None or not path.is_file():
+        return None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def log(msg: str) -> None:
-    print(f"[image {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+    line = f"[image {time.strftime('%H:%M:%S')}] {msg}"
+    if _BAR is not None:
+        _BAR.echo(line)
+    else:
+        print(line, flush=True)
+
+
+def stage(name: str, detail: str = "") -> None:
+    """Enter a build stage: the bar moves on a terminal; elsewhere one plain line."""
+    if _BAR is not None:
+        _BAR.stage(name, detail)
+    else:
+        log(f"{name}: {detail}" if detail else name)
 
 
 def run(cmd: list[str], **kw) -> subprocess.CompletedProcess:
-    return subprocess.run(cmd, check=True, **kw)
+    if _BAR is None or not _BAR.tty or {"stderr", "input", "capture_output"} & kw.keys():
+        return subprocess.run(cmd, check=True, **kw)
+    # under a bar: the tool's own messages (mmdebstrap's "I: ...") go above it, line by line
+    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, errors="replace", **kw)
+    assert proc.stderr is not None
+    for text in proc.stderr:
+        _BAR.echo("  " + text.rstrip("\n"))
+    if proc.wait():
+        raise subprocess.CalledProcessError(proc.returncode, cmd)
+    return subprocess.CompletedProcess(cmd, proc.returncode)
 
 
 def load_templates() -> dict:
@@ -154,7 +195,7 @@ def build_rootfs(root: Path, packages: list[str], suite: str, sources: tuple[str
         "--dpkgopt=path-include=/usr/share/doc/*/copyright",
         suite, str(root), *mirrors, *([stubs] if stubs else []),
     ]
-    log("rootfs: mmdebstrap " + ", ".join([*BASE_PACKAGES, KERNEL_PACKAGE, *packages]))
+    stage("rootfs", "mmdebstrap " + ", ".join([*BASE_PACKAGES, KERNEL_PACKAGE, *packages]))
     run(cmd, stdout=subprocess.DEVNULL)
 
 
@@ -207,7 +248,7 @@ def warm_up(root: Path, preload: list[str]) -> None:
     for module in preload:
         if not all(part.isidentifier() for part in module.split(".")):
             raise SystemExit(f"templates.json: preload entry {module!r} is not a module name")
-    log("warm-up: import " + ", ".join(preload))
+    stage("warm-up", "import " + ", ".join(preload))
     env = ["HOME=/root", "PATH=/usr/bin:/bin", "LANG=C.UTF-8", "MPLBACKEND=Agg"]
     run(["chroot", str(root), "/usr/bin/env", "-i", *env, "python3", "-c",
          "; ".join(f"import {m}" for m in preload)], stdout=subprocess.DEVNULL)
@@ -280,6 +321,23 @@ def build(template: str, spec: dict, image_dir: Path, force: bool) -> Path:
         log(f"{template}: up to date ({final})")
         _point(link, final)
         return final
+    global _BAR
+    progress = _progress_module()
+    if progress is None:
+        return _build(template, spec, image_dir, suite, sources, key, final, link)
+    # plain lines keep the "[image HH:MM:SS]" prefix of the rest of the log
+    _BAR = progress.Stages(f"image {template}", STAGES, stream=sys.stdout,
+                           on_line=lambda line: print(
+                               f"[image {time.strftime('%H:%M:%S')}] {line}", flush=True))
+    try:
+        with _BAR:
+            return _build(template, spec, image_dir, suite, sources, key, final, link)
+    finally:
+        _BAR = None
+
+
+def _build(template: str, spec: dict, image_dir: Path, suite: str, sources: tuple[str, str],
+           key: str, final: Path, link: Path) -> Path:
     image_dir.mkdir(parents=True, exist_ok=True)
     os.chmod(image_dir, 0o755)
     t0 = time.monotonic()
@@ -290,13 +348,15 @@ def build(template: str, spec: dict, image_dir: Path, force: bool) -> Path:
         root = work / "rootfs"
         stubs = stub_repo(dict(spec.get("stub_packages", {})), work)
         build_rootfs(root, list(spec.get("packages", [])), suite, sources, work, stubs)
+        stage("kernel", KERNEL_PACKAGE)
         kernel_version, modules = take_kernel(root, out)
-        log("overlay: agent, codec, init, kernelspec")
+        stage("overlay", "agent, codec, init, kernelspec")
         install_overlay(root)
         warm_up(root, list(spec.get("preload", [])))
-        log("rootfs: packing erofs (lz4hc)")
+        stage("erofs", "packing the root (lz4hc)")
         run(["mkfs.erofs", "-zlz4hc", "--quiet", str(out / "rootfs.erofs"), str(root)],
             stdout=subprocess.DEVNULL)
+        stage("initramfs")
         build_initramfs(modules, out, work)
         packages = run(["chroot", str(root), "dpkg-query", "-W", "-f=${Package} ${Version}\\n"],
                        capture_output=True, text=True).stdout.split("\n")

@@ -24,6 +24,8 @@ class DomainSpec:
     console_log: Path
     memory_mib: int = 512
     vcpus: int = 1
+    # CPU time each vCPU may use, in percent of one host CPU (libvirt cputune); 0: no cap
+    cpu_quota_percent: int = 0
     accel: str = "tcg"  # "tcg" or "kvm"
     writable_size: str = "50%"  # size of the tmpfs that holds the guest's writable layer
     cmdline_extra: str = ""
@@ -43,6 +45,9 @@ class DomainSpec:
             raise ValueError(f"memory_mib must be at least 128, got {self.memory_mib}")
         if not 1 <= self.vcpus <= 64:
             raise ValueError(f"vcpus must be between 1 and 64, got {self.vcpus}")
+        if not 0 <= self.cpu_quota_percent <= 100:
+            raise ValueError("cpu_quota_percent must be between 0 (no cap) and 100, "
+                             f"got {self.cpu_quota_percent}")
         if len(str(self.channel_socket)) > 100:
             raise ValueError(
                 f"channel socket path {self.channel_socket} is longer than a UNIX socket allows; "
@@ -69,7 +74,7 @@ class DomainSpec:
   <uuid>{escape(self.uuid)}</uuid>
   <metadata><kh:vm xmlns:kh='{METADATA_NS}'{meta}/></metadata>
   <memory unit='MiB'>{self.memory_mib}</memory>
-  <vcpu>{self.vcpus}</vcpu>
+  <vcpu>{self.vcpus}</vcpu>{self._cputune()}
   <os>
     <type arch='x86_64' machine='pc'>hvm</type>
     <kernel>{escape(str(self.kernel))}</kernel>
@@ -107,6 +112,13 @@ class DomainSpec:
   <qemu:capabilities><qemu:del capability='cpu-unavailable-features'/></qemu:capabilities>
 </domain>
 """
+
+    def _cputune(self) -> str:
+        if not self.cpu_quota_percent:
+            return ""
+        period = 100_000  # microseconds; the quota is per vCPU thread
+        quota = period * self.cpu_quota_percent // 100
+        return (f"\n  <cputune><period>{period}</period><quota>{quota}</quota></cputune>")
 
     def _qemu_args(self) -> str:
         args: list[str] = []

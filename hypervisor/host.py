@@ -113,6 +113,7 @@ class Hypervisor:
         mem_path: Path | None = None,
         mem_share: bool = False,
         incoming: bool = False,
+        cpu_quota_percent: int = 0,
     ) -> DomainSpec:
         """A DomainSpec whose per-VM files live under ``vm_dir(name)``, created here."""
         self._check_name(name)
@@ -129,6 +130,7 @@ class Hypervisor:
             console_log=vm_dir / "console.log",
             memory_mib=memory_mib,
             vcpus=vcpus,
+            cpu_quota_percent=cpu_quota_percent,
             accel=accel,
             cmdline_extra=cmdline_extra,
             metadata=dict(metadata or {}),

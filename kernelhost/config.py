@@ -41,6 +41,7 @@ class Settings:
     accel: str = "auto"
     vm_memory_mib: int = 512
     vm_vcpus: int = 1
+    vm_cpu_quota_percent: int = 0  # CPU time per vCPU, percent of one host CPU; 0: no cap
     boot_timeout: float = 120.0
     max_concurrent_boots: int = 2
     default_idle_timeout: int = 600
@@ -65,6 +66,9 @@ class Settings:
     restart_timeout: float = 60.0  # seconds a kernel restart may take before the VM is replaced
     agent_timeout: float = 10.0  # seconds the agent gets to answer before its VM is replaced
     api_keys: tuple[str, ...] = ()
+    # docs/network.md: host[:port] entries every allowlist sandbox may reach (besides the host's
+    # pip indexes), and that may be private addresses; outbound sandboxes too
+    network_allow: tuple[str, ...] = ()
     log_format: str = "auto"  # auto | json | console
     log_level: str = "info"
 
@@ -143,6 +147,9 @@ class Settings:
             raise ConfigError(f"port has value {self.port}; use 1-65535")
         if self.vm_memory_mib < 256:
             raise ConfigError(f"vm_memory_mib has value {self.vm_memory_mib}; ipykernel needs >= 256")
+        if not 0 <= self.vm_cpu_quota_percent <= 100:
+            raise ConfigError(f"vm_cpu_quota_percent has value {self.vm_cpu_quota_percent}; use "
+                              "1-100 (percent of one host CPU per vCPU), or 0 for no cap")
         for name in ("max_output_bytes", "max_result_bytes", "max_file_bytes"):
             if getattr(self, name) < 1024:
                 raise ConfigError(f"{name} has value {getattr(self, name)}; use at least 1024")

@@ -14,6 +14,7 @@ import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from .config import Settings
 
@@ -59,6 +60,9 @@ def run_checks(settings: Settings, probe_timeout: float = 20.0) -> list[Check]:
         else:
             checks.append(Check("images", False, f"no guest image in {settings.image_dir}",
                                 "run 'make image' (about a minute the first time)"))
+        if templates:
+            checks.append(_snapshots(settings, images, templates))
+        checks.append(_stale(settings, images, v if reachable else None))
         if not reachable or not templates:
             checks.append(Check("acceleration", False, "not probed: needs libvirt and an image",
                                 "fix the checks above first"))
@@ -71,6 +75,56 @@ def run_checks(settings: Settings, probe_timeout: float = 20.0) -> list[Check]:
     checks.append(_shm(settings.ram_dir, settings.vm_memory_mib))
     checks.append(_service(settings.url))
     return checks
+
+
+def _snapshots(settings: Settings, images: Any, templates: list[str]) -> Check:
+    """Whether each template's current image has a template snapshot (clones start from it)."""
+    built: list[str] = []
+    missing: list[str] = []
+    base = settings.ram_dir / "templates"
+    for template in templates:
+        key = images.get(template).key
+        shapes = []
+        for meta_file in sorted(base.glob(f"{template}-*/meta.json")) if base.is_dir() else []:
+            try:
+                meta = json.loads(meta_file.read_text())
+            except (OSError, ValueError):
+                continue
+            if meta.get("template") == template and meta.get("image_key") == key:
+                shapes.append(f"{meta.get('memory_mib')} MiB {meta.get('accel')}")
+        (built if shapes else missing).append(
+            f"{template} ({', '.join(shapes)})" if shapes else template)
+    if not missing:
+        return Check("snapshots", True, "built: " + "; ".join(built))
+    return Check("snapshots", False, f"not built yet for {', '.join(missing)}"
+                 + (f"; built: {'; '.join(built)}" if built else ""),
+                 "nothing to do: the service builds them at start-up (about 10 s each under "
+                 "TCG, shown as a progress bar on a terminal)", warning=True)
+
+
+def _stale(settings: Settings, images: Any, versions: dict[str, str] | None) -> Check:
+    """Old image builds and template snapshots that 'kernelhost prune' would remove."""
+    from .progress import format_bytes
+    from .sandboxes import Store
+    from .sandboxes.prune import scan_in_use, stale_images, stale_snapshots
+
+    referenced: list[tuple[str, str]] = []
+    if settings.db_path.is_file():
+        store = Store(settings.db_path)
+        try:
+            referenced = [(r.template, r.image_key) for r in store.all()]
+        finally:
+            store.close()
+    in_use = scan_in_use()
+    snaps = stale_snapshots(settings.ram_dir, images, in_use, versions)
+    builds = stale_images(images, referenced, in_use)
+    if not snaps.remove and not builds.remove:
+        return Check("stale builds", True, "none")
+    return Check("stale builds", False,
+                 f"{len(builds.remove)} old image builds ({format_bytes(builds.bytes)} of disk), "
+                 f"{len(snaps.remove)} stale template snapshots ({format_bytes(snaps.bytes)} in "
+                 f"{settings.ram_dir}, RAM)", "run 'kernelhost prune' (--dry-run lists them)",
+                 warning=True)
 
 
 def _service(url: str) -> Check:

@@ -29,11 +29,14 @@ import structlog
 from hypervisor import GuestImage, Hypervisor
 from hypervisor.host import give_to_qemu
 
+from .. import logs
 from ..channel import AgentClient
+from ..progress import Stages, format_bytes
 
 log = structlog.get_logger("kernelhost.snapshots")
 
 FORMAT = 1  # bump when what goes into a snapshot changes
+BUILD_STAGES = ["boot", "kernel ready", "warm-up", "freeze"]
 
 
 @dataclass(frozen=True)
@@ -55,6 +58,13 @@ class Snapshot:
 Attach = Callable[[Path, float], Awaitable[AgentClient]]
 
 
+def snapshot_key(image_key: str, versions: dict[str, str], memory_mib: int, vcpus: int,
+                 accel: str) -> str:
+    """What a snapshot's name ends with: everything that makes it valid, hashed."""
+    blob = json.dumps([FORMAT, image_key, versions, memory_mib, vcpus, accel])
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
 class TemplateSnapshots:
     """Finds or builds the snapshot of each template; one build per template at a time."""
 
@@ -71,9 +81,8 @@ class TemplateSnapshots:
         self._shape = f"{memory_mib}m{vcpus}c{accel}"
 
     def key_for(self, image: GuestImage) -> str:
-        versions = self.hv.versions()
-        blob = json.dumps([FORMAT, image.key, versions, self.memory_mib, self.vcpus, self.accel])
-        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+        return snapshot_key(image.key, self.hv.versions(), self.memory_mib, self.vcpus,
+                            self.accel)
 
     def _path(self, template: str, key: str) -> Path:
         return self.dir / f"{template}-{self._shape}-{key}"
@@ -107,16 +116,29 @@ class TemplateSnapshots:
         bound = log.bind(template=image.template, key=key, domain=name)
         bound.info("snapshot.build_started", preload=preload)
         t0 = time.monotonic()
+
+        def on_stage(n: int, total: int, stage: str, detail: str, elapsed: float) -> None:
+            if stage != "done":  # snapshot.built says it
+                bound.info("snapshot.build_stage", stage=stage, n=n, of=total, detail=detail,
+                           elapsed_s=elapsed)
+
+        # a bar on a terminal (console logs), snapshot.build_stage events otherwise
+        progress = Stages(f"snapshot {image.template}", BUILD_STAGES, tty=logs.console(),
+                          on_stage=on_stage)
         try:
             spec = self.hv.spec_for(name, image, accel=self.accel, memory_mib=self.memory_mib,
                                     vcpus=self.vcpus, mem_path=work / "ram", mem_share=True,
                                     metadata={"role": "template", "template": image.template})
+            progress.stage("boot", f"{self.memory_mib} MiB, {self.accel}")
             await asyncio.to_thread(self.hv.start, spec)
+            progress.stage("kernel ready")
             agent = await self.attach(spec.channel_socket, self.boot_timeout)
             try:
+                progress.stage("warm-up", ", ".join(preload) or "kernel")
                 await agent.request("prepare_snapshot", timeout=600, preload=preload)
             finally:
                 await agent.close()  # the guest sees the host leave; clones see a new one come
+            progress.stage("freeze", "device state, RAM stays in its file")
             size = await asyncio.to_thread(self.hv.freeze, name, work / "state",
                                            ignore_shared=True)
             (work / "meta.json").write_text(json.dumps({
@@ -129,12 +151,14 @@ class TemplateSnapshots:
                 shutil.rmtree(work)
             else:
                 work.rename(final)
-        except BaseException:
+        except BaseException as exc:
+            progress.finish(f"{type(exc).__name__}: {exc}", failed=True)
             shutil.rmtree(work, ignore_errors=True)
             raise
         finally:
             with contextlib.suppress(Exception):
                 await asyncio.shield(asyncio.to_thread(self.hv.destroy, name))
+        progress.finish(format_bytes(size) + " of device state")
         bound.info("snapshot.built", seconds=round(time.monotonic() - t0, 2))
         return Snapshot(image.template, key, final, image.key)
 

@@ -27,6 +27,7 @@ from hypervisor.host import give_to_qemu
 from ..channel import AgentClient
 from ..config import Settings
 from .pool import Clone, WarmPool
+from .prune import apply, scan_in_use, stale_snapshots
 from .snapshots import Snapshot, TemplateSnapshots
 
 log = structlog.get_logger("kernelhost.vms")
@@ -72,6 +73,23 @@ class VmFactory:
             with contextlib.suppress(OSError):
                 if time.time() - path.stat().st_mtime > 3600:
                     shutil.rmtree(path, ignore_errors=True)
+        await asyncio.to_thread(self.prune_snapshots)
+
+    def prune_snapshots(self) -> int:
+        """Remove template snapshots no clone will start from again (an older image build,
+        another QEMU), unless a running VM still maps them (``prune.py``); returns bytes freed."""
+        try:
+            versions: dict[str, str] | None = self.hv.versions()
+        except HypervisorError:
+            versions = None
+        plan = stale_snapshots(self.ram_dir, self.images, scan_in_use(), versions)
+        for art, why in plan.keep:
+            log.info("prune.snapshot_kept", path=str(art.path), reason=art.reason, kept=why)
+        freed = apply(plan, lambda art: log.info(
+            "prune.snapshot_removed", path=str(art.path), reason=art.reason, bytes=art.bytes))
+        if plan.remove:
+            log.info("prune.done", removed=len(plan.remove), bytes_freed=freed)
+        return freed
 
     @property
     def forks_dir(self) -> Path:
@@ -119,7 +137,8 @@ class VmFactory:
         return self.hv.spec_for(
             domain, image, accel=self.accel, memory_mib=self.settings.vm_memory_mib,
             vcpus=self.settings.vm_vcpus, metadata=meta,
-            mem_path=mem_path, mem_share=mem_share, incoming=incoming)
+            mem_path=mem_path, mem_share=mem_share, incoming=incoming,
+            cpu_quota_percent=self.settings.vm_cpu_quota_percent)  # sandboxes only: not templates
 
     async def snapshot_for(self, image: GuestImage) -> Snapshot | None:
         if not self.use_snapshots:

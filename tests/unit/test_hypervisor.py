@@ -59,9 +59,13 @@ def test_domain_xml_shape(image: GuestImage, tmp_path: Path) -> None:
     assert "kh.upper_size=50%" in spec.cmdline
     kvm = DomainSpec(**{**spec.__dict__, "accel": "kvm"})
     assert "<domain type='kvm'" in kvm.to_xml() and "host-passthrough" in kvm.to_xml()
+    assert "<cputune>" not in xml  # no cap unless asked
+    capped = DomainSpec(**{**spec.__dict__, "cpu_quota_percent": 25}).to_xml()
+    assert "<cputune><period>100000</period><quota>25000</quota></cputune>" in capped
 
 
-@pytest.mark.parametrize("bad", [{"accel": "xen"}, {"memory_mib": 64}, {"vcpus": 0}])
+@pytest.mark.parametrize("bad", [{"accel": "xen"}, {"memory_mib": 64}, {"vcpus": 0},
+                                 {"cpu_quota_percent": 150}])
 def test_domain_spec_rejects_bad_values(bad: dict, tmp_path: Path) -> None:
     base = dict(name="kh-a", uuid="u", kernel=Path("/k"), initrd=Path("/i"), rootfs=Path("/r"),
                 channel_socket=tmp_path / "a.sock", console_log=tmp_path / "c.log")

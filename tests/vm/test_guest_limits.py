@@ -86,6 +86,45 @@ async def test_qemu_runs_unprivileged_under_seccomp_with_no_host_share_or_nic(
         assert shared not in joined, f"QEMU got {shared}: {joined}"
 
 
+def _qemu_pid(service: Service, sandbox_id: str) -> tuple[str, int]:
+    hv = service.hypervisor()
+    try:
+        [found] = [d for d in hv.domains() if d.metadata.get("sandbox") == sandbox_id]
+    finally:
+        hv.close()
+    return found.name, int(Path(f"/run/libvirt/qemu/{found.name}.pid").read_text())
+
+
+def _cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+
+
+async def test_cpu_quota_caps_a_spinning_guest(tmp_path: Path) -> None:
+    svc = Service.make(tmp_path, KERNELHOST_VM_CPU_QUOTA_PERCENT="25", KERNELHOST_POOL_SIZE="0")
+    svc.start()
+    try:
+        sbx = await AsyncSandbox.create(url=svc.url, api_key=svc.api_key)
+        name, pid = _qemu_pid(svc, sbx.id)
+        hv = svc.hypervisor()
+        try:
+            params = hv.conn.lookupByName(name).schedulerParameters()
+        finally:
+            hv.close()
+        assert params["vcpu_period"] == 100_000 and params["vcpu_quota"] == 25_000, params
+        cpu0, t0 = _cpu_seconds(pid), time.monotonic()
+        spun = await sbx.run_code("import time\nt = time.time()\n"
+                                  "while time.time() - t < 4:\n    pass", timeout=120)
+        share = (_cpu_seconds(pid) - cpu0) / (time.monotonic() - t0)
+        assert spun.error is None, spun.error
+        # the vCPU thread gets a quarter of a core; QEMU's own threads add a little
+        assert share < 0.6, f"a spinning guest capped at 25% used {share:.0%} of a core"
+        await sbx.close()
+    finally:
+        leaked, leaked_dirs = svc.cleanup()
+        assert not leaked and not leaked_dirs
+
+
 # -- memory, disk and processes ---------------------------------------------------------------------
 
 
