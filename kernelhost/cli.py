@@ -1,5 +1,5 @@
 """``kernelhost`` command line: ``serve`` runs the service; ``ls``, ``run``, ``exec`` and ``rm``
-drive one through the SDK (HTTP); ``doctor`` checks the host."""
+drive one through the SDK (HTTP); ``doctor`` checks the host; ``prune`` removes stale builds."""
 
 from __future__ import annotations
 
@@ -203,12 +203,6 @@ def _run(args: argparse.Namespace) -> int:
     return _client_call("run", work)
 
 
-async def _detach(sbx: AsyncSandbox) -> None:
-    # Release the connection but keep the sandbox: close() would delete it. The SDK has no
-    # public "detach" yet, so this uses the handle's own release step.
-    await sbx._discard()
-
-
 def _exec(args: argparse.Namespace) -> int:
     from .client import AsyncSandbox
 
@@ -219,7 +213,7 @@ def _exec(args: argparse.Namespace) -> int:
         try:
             return await _run_streamed(sbx, code, args.language, args.timeout)
         finally:
-            await _detach(sbx)
+            await sbx.detach()  # the sandbox is kept: close() would delete it
 
     return _client_call("exec", work)
 
@@ -260,6 +254,57 @@ def _doctor(args: argparse.Namespace) -> int:
     print("kernelhost doctor: " + ("problems found; fix the FAIL lines above" if failed
                                    else "this host can run kernelhost"))
     return 1 if failed else 0
+
+
+def _prune(args: argparse.Namespace) -> int:
+    """Remove stale template snapshots and guest image builds (see kernelhost/sandboxes/prune.py)."""
+    from hypervisor import Hypervisor, ImageStore, LibvirtUnavailable
+
+    from .progress import format_bytes
+    from .sandboxes import Store
+    from .sandboxes.prune import apply, scan_in_use, stale_images, stale_snapshots
+
+    try:
+        settings = Settings.load()
+    except ConfigError as exc:
+        print(f"kernelhost prune: configuration error: {exc}", file=sys.stderr)
+        return 2
+    versions: dict[str, str] | None = None
+    hv = Hypervisor(settings.libvirt_uri, settings.domain_prefix, settings.run_dir)
+    try:
+        versions = hv.versions()
+    except LibvirtUnavailable:
+        pass  # snapshots are then judged by their image build only
+    finally:
+        hv.close()
+    referenced: list[tuple[str, str]] = []
+    if settings.db_path.is_file():
+        store = Store(settings.db_path)
+        try:
+            referenced = [(r.template, r.image_key) for r in store.all()]
+        finally:
+            store.close()
+    images = ImageStore(settings.image_dir)
+    in_use = scan_in_use()
+    plan = (stale_snapshots(settings.ram_dir, images, in_use, versions)
+            + stale_images(images, referenced, in_use))
+    for art, why in plan.keep:
+        print(f"kept     {art.kind:8} {art.path} ({format_bytes(art.bytes)}): {art.reason}; {why}")
+    verb = "would remove" if args.dry_run else "removed"
+
+    def show(art: Any) -> None:
+        print(f"{verb:12} {art.kind:8} {art.path} ({format_bytes(art.bytes)}): {art.reason}",
+              flush=True)
+
+    if args.dry_run:
+        for art in plan.remove:
+            show(art)
+        print(f"kernelhost prune: would free {format_bytes(plan.bytes)} "
+              f"({len(plan.remove)} artifacts); run without --dry-run to remove them")
+        return 0
+    freed = apply(plan, show)
+    print(f"kernelhost prune: freed {format_bytes(freed)} ({len(plan.remove)} artifacts)")
+    return 0
 
 
 def _client_options(parser: argparse.ArgumentParser) -> None:
@@ -307,6 +352,14 @@ def _add_operator_commands(sub: Any) -> None:
     doctor.add_argument("--probe-timeout", type=float, default=20.0,
                         help="seconds the KVM probe guest may take (default 20)")
     doctor.set_defaults(func=_doctor)
+    prune = sub.add_parser(
+        "prune", help="remove stale template snapshots and guest image builds",
+        description="Remove template snapshots (RAM files in the RAM dir) that no clone will start "
+        "from again, and guest image builds that are no template's current build, are named by "
+        "no sandbox record and are used by no running VM. What a running VM still maps is kept. "
+        "Reads the service's own settings; the service may be running. Needs root.")
+    prune.add_argument("--dry-run", action="store_true", help="list what would go; remove nothing")
+    prune.set_defaults(func=_prune)
 
 
 def main(argv: list[str] | None = None) -> int:

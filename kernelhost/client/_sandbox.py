@@ -44,6 +44,7 @@ class _State(enum.Enum):
     UNOPENED = "unopened"  # constructed; no sandbox exists on the server yet
     OPEN = "open"  # attached to a live sandbox on the server
     CLOSED = "closed"  # deleted (or failed to open); the HTTP session is released
+    DETACHED = "detached"  # the handle let go (``detach``); the sandbox runs on, on the server
 
 
 async def _notify(callback: Callable[[Any], object] | None, value: Any) -> None:
@@ -94,7 +95,13 @@ class AsyncSandbox:
         url: str | None = None,
         api_key: str | None = None,
         timeout: float = CREATE_TIMEOUT,
+        network: str | Mapping[str, Any] | None = None,
     ) -> None:
+        if network is not None and not isinstance(network, (str, Mapping)):
+            raise TypeError(
+                f"network must be 'none', 'allowlist', 'outbound' or a mapping such as "
+                f"{{'mode': 'allowlist', 'allow': ['host:443']}}; got {network!r}"
+            )
         for key, value in (metadata or {}).items():
             if not isinstance(key, str) or not isinstance(value, str):
                 raise TypeError(
@@ -103,6 +110,7 @@ class AsyncSandbox:
         self._template = template
         self._idle_timeout_seconds = idle_timeout_seconds
         self._metadata = dict(metadata or {})
+        self._network = network if isinstance(network, str) or network is None else dict(network)
         self._create_timeout = timeout
         self._http = HTTPClient(resolve_config(url, api_key))
         self._state = _State.UNOPENED
@@ -119,12 +127,16 @@ class AsyncSandbox:
         url: str | None = None,
         api_key: str | None = None,
         timeout: float = CREATE_TIMEOUT,
+        network: str | Mapping[str, Any] | None = None,
     ) -> AsyncSandbox:
         """Create a sandbox on the server and return a handle to it.
 
         ``template`` names the image to boot; ``idle_timeout_seconds`` lets the server delete the
         sandbox after that long without activity (None: the server's default); ``metadata``
         is stored with the sandbox. ``timeout`` bounds the whole creation, boot included.
+        ``network``: ``"none"`` (the default), ``"allowlist"`` (the server's package indexes and
+        listed hosts only), ``"outbound"``, or ``{"mode": "allowlist", "allow": ["host:port"]}``
+        (docs/network.md).
         """
         sbx = cls(
             template=template,
@@ -133,6 +145,7 @@ class AsyncSandbox:
             url=url,
             api_key=api_key,
             timeout=timeout,
+            network=network,
         )
         await sbx._open()
         return sbx
@@ -167,6 +180,8 @@ class AsyncSandbox:
         body: dict[str, Any] = {"template": self._template, "metadata": self._metadata}
         if self._idle_timeout_seconds is not None:
             body["idle_timeout_seconds"] = self._idle_timeout_seconds
+        if self._network is not None:
+            body["network"] = self._network
         try:
             created = await self._http.request(
                 "POST", "/v1/sandboxes", json_body=body, timeout=self._create_timeout
@@ -181,12 +196,27 @@ class AsyncSandbox:
         self._state = _State.CLOSED
         await self._http.aclose()
 
+    async def detach(self) -> None:
+        """Release this handle's connection but leave the sandbox running on the server.
+
+        ``close()`` deletes the sandbox; ``detach()`` keeps it (with every variable and file)
+        until its idle timeout, a delete, or another handle's ``close()``. Reattach later with
+        ``connect(id)``; ``id`` stays readable. Any other use of a detached handle raises
+        ``KernelHostError``, and a later ``close()`` (an ``async with`` block's exit included)
+        does nothing. Safe to call more than once.
+        """
+        if self._state in (_State.CLOSED, _State.DETACHED):
+            return
+        self._state = _State.DETACHED
+        await self._http.aclose()
+
     async def close(self) -> None:
         """Delete the sandbox on the server and release the connection.
 
         Safe to call more than once; a sandbox the server already deleted (404) counts as closed.
+        After ``detach()`` it does nothing: the sandbox is no longer this handle's to delete.
         """
-        if self._state is _State.CLOSED:
+        if self._state in (_State.CLOSED, _State.DETACHED):
             return
         try:
             if self._state is _State.OPEN:
@@ -224,7 +254,12 @@ class AsyncSandbox:
         return self._info.id
 
     def _ensure_open(self) -> None:
-        if self._state is _State.CLOSED:
+        if self._state is _State.DETACHED and self._info is not None:
+            raise KernelHostError(
+                f"this handle on sandbox {self._info.id} was detached (the sandbox keeps "
+                f"running on the server); reattach with connect({self._info.id!r})"
+            )
+        if self._state in (_State.CLOSED, _State.DETACHED):
             name = self._info.id if self._info else "(never created)"
             raise KernelHostError(f"sandbox {name} is closed; create a new sandbox to run code")
         if self._state is _State.UNOPENED:
@@ -360,6 +395,7 @@ class AsyncSandbox:
             child._template = self._template
             child._idle_timeout_seconds = self._idle_timeout_seconds
             child._metadata = dict(self._metadata)
+            child._network = self._network
             child._create_timeout = self._create_timeout
             child._http = HTTPClient(self._http.config)  # its session opens on first use
             child._info = SandboxInfo.from_wire(item)

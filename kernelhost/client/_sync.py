@@ -177,6 +177,7 @@ class Sandbox:
         url: str | None = None,
         api_key: str | None = None,
         timeout: float = CREATE_TIMEOUT,
+        network: str | Mapping[str, Any] | None = None,
     ) -> None:
         # Configuration errors (no API key, bad URL) surface here, before a thread exists.
         sbx = AsyncSandbox(
@@ -186,6 +187,7 @@ class Sandbox:
             url=url,
             api_key=api_key,
             timeout=timeout,
+            network=network,
         )
         loop_thread = _LoopThread()
         try:
@@ -250,6 +252,15 @@ class Sandbox:
             return
         try:
             self._loop_thread.call(self._async.close())
+        finally:
+            self._loop_thread.stop()
+
+    @_doc_from(AsyncSandbox.detach)
+    def detach(self) -> None:
+        if self._loop_thread.stopped:
+            return
+        try:
+            self._loop_thread.call(self._async.detach())
         finally:
             self._loop_thread.stop()
 

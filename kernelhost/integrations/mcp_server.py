@@ -230,13 +230,13 @@ class _Handles:
     async def _keep(self, key: tuple[str, str], sbx: AsyncSandbox) -> AsyncSandbox:
         """Remember ``sbx`` (or keep the handle already there); evict the oldest past the cap."""
         if key in self._open and self._open[key] is not sbx:
-            await _release_handle(sbx)  # a concurrent call opened one first
+            await sbx.detach()  # a concurrent call opened one first
         else:
             self._open[key] = sbx
         self._open.move_to_end(key)
         while len(self._open) > MAX_HANDLES:
             _, oldest = self._open.popitem(last=False)
-            await _release_handle(oldest)
+            await oldest.detach()
         return self._open[key]
 
     async def create(self, creds: Credentials, template: str | None,
@@ -268,7 +268,7 @@ class _Handles:
         self._created.pop(key, None)
         sbx = self._open.pop(key, None)
         if sbx is not None:
-            await _release_handle(sbx)
+            await sbx.detach()
 
     async def close(self, creds: Credentials, sandbox_id: str) -> None:
         key = self._key(creds, sandbox_id)
@@ -285,7 +285,7 @@ class _Handles:
                 if delete_created and created.pop(key, None) is not None:
                     await sbx.close()
                 else:
-                    await _release_handle(sbx)
+                    await sbx.detach()
             except KernelHostError as exc:
                 log.warning("could not release sandbox %s: %s", sbx.id, exc)
         if delete_created:  # created sandboxes whose handle was evicted
@@ -297,15 +297,6 @@ class _Handles:
                     pass
                 except KernelHostError as exc:
                     log.warning("could not delete sandbox %s: %s", sandbox_id, exc)
-
-
-async def _release_handle(sbx: AsyncSandbox) -> None:
-    """Drop an SDK handle's connection without deleting its sandbox.
-
-    The SDK has no public call for this yet (``close()`` deletes the sandbox); ``_discard`` is
-    its own internal way to do it.
-    """
-    await sbx._discard()
 
 
 # -- the server --------------------------------------------------------------------------------

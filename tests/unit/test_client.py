@@ -286,7 +286,7 @@ def test_sync_methods_take_signature_and_docstring_from_async() -> None:
         assert sync.__doc__ == async_.__doc__, name
         assert inspect.signature(sync) == inspect.signature(async_), name
         assert not inspect.iscoroutinefunction(sync), name
-    for name in ("close", "connect", "list"):
+    for name in ("close", "detach", "connect", "list"):
         assert getattr(Sandbox, name).__doc__ == getattr(AsyncSandbox, name).__doc__, name
 
 
@@ -386,6 +386,37 @@ async def test_close_is_idempotent_and_blocks_further_use(fake: FakeKernelHost) 
     with pytest.raises(KernelHostError, match="is closed"):
         async with sbx:
             pass
+
+
+async def test_detach_keeps_the_sandbox_and_retires_the_handle(fake: FakeKernelHost) -> None:
+    async with AsyncSandbox(url=fake.url, api_key=KEY) as sbx:
+        await sbx.detach()
+        await sbx.detach()  # idempotent
+        assert sbx.id == "sbx_1" and "detached" in repr(sbx)
+        with pytest.raises(KernelHostError, match=r"sbx_1 was detached .*connect\('sbx_1'\)"):
+            await sbx.run_code("1")
+        with pytest.raises(KernelHostError, match="was detached"):
+            await sbx.files.read("x")
+        await sbx.close()  # not this handle's to delete any more
+    # neither close() nor the block's exit deleted it: another handle still can use it
+    assert fake.calls("DELETE") == [] and "sbx_1" in fake.sandboxes
+    again = await AsyncSandbox.connect("sbx_1", url=fake.url, api_key=KEY)
+    assert (await again.run_code("1")).text == "2"
+    await again.close()
+    assert fake.calls("DELETE") == ["/v1/sandboxes/sbx_1"]
+
+
+def test_sync_detach_keeps_the_sandbox(threaded_fake: FakeKernelHost) -> None:
+    with Sandbox(url=threaded_fake.url, api_key=KEY) as sbx:
+        sbx.detach()
+        assert _sdk_threads() == []  # the handle's loop thread is gone
+        with pytest.raises(KernelHostError, match="was detached"):
+            sbx.run_code("1")
+        sbx.detach()
+    assert threaded_fake.calls("DELETE") == []
+    with Sandbox.connect("sbx_1", url=threaded_fake.url, api_key=KEY) as again:
+        assert again.run_code("1").text == "2"
+    assert threaded_fake.calls("DELETE") == ["/v1/sandboxes/sbx_1"]
 
 
 async def test_close_tolerates_a_sandbox_already_gone(fake: FakeKernelHost) -> None:
