@@ -92,6 +92,9 @@ class Service:
         try:
             leaked = [d.name for d in hv.domains()]
             leaked_dirs = [p.name for p in self.run_dir.glob(self.prefix + "*")]
+            forks = Path(self.env.get("KERNELHOST_RAM_DIR", "/dev/shm/kernelhost")) / "forks"
+            leaked_dirs += [str(p) for p in forks.glob(self.prefix.rstrip("-"))]
+            shutil.rmtree(forks / self.prefix.rstrip("-"), ignore_errors=True)
             hv.reconcile(set())
         finally:
             hv.close()

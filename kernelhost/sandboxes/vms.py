@@ -99,6 +99,8 @@ class VmFactory:
         await self.pool.close()
         if self._background:  # let cleanups finish: they remove domains and files
             await asyncio.wait(set(self._background), timeout=30)
+        with contextlib.suppress(OSError):  # this service's fork directory, once empty
+            self.forks_dir.rmdir()
 
     @property
     def use_snapshots(self) -> bool:
