@@ -4,7 +4,7 @@ Knows nothing of Jupyter or HTTP; raises the errors of ``hypervisor.errors``.
 """
 
 from .accel import choose_accel, probe_kvm
-from .domain import CHANNEL_NAME, DomainSpec
+from .domain import CHANNEL_NAME, DomainSpec, device_model
 from .errors import (
     DomainNotFound,
     DomainStartFailed,
@@ -30,5 +30,6 @@ __all__ = [
     "LibvirtUnavailable",
     "MigrationFailed",
     "choose_accel",
+    "device_model",
     "probe_kvm",
 ]

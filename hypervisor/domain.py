@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from xml.sax.saxutils import escape, quoteattr
@@ -95,6 +96,7 @@ class DomainSpec:
       <readonly/>
       <shareable/>
     </disk>
+    <controller type='usb' model='none'/>
     <controller type='virtio-serial' index='0'/>
     <channel type='unix'>
       <source mode='bind' path={quoteattr(str(self.channel_socket))}/>
@@ -133,3 +135,12 @@ class DomainSpec:
         if self.incoming:
             args += ["-incoming", "defer"]
         return "".join(f"\n    <qemu:arg value={quoteattr(a)}/>" for a in args)
+
+
+def device_model() -> str:
+    """A digest of the guest-visible machine every DomainSpec renders (devices, their order and
+    options) for snapshot keys: a saved device state only loads into the same machine."""
+    probe = DomainSpec(name="x", uuid="00000000-0000-0000-0000-000000000000",
+                       kernel=Path("k"), initrd=Path("i"), rootfs=Path("r"),
+                       channel_socket=Path("s"), console_log=Path("c"))
+    return hashlib.sha256(probe.to_xml().encode()).hexdigest()[:16]

@@ -56,6 +56,9 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
 
 async def _resources(app: web.Application) -> AsyncIterator[None]:
     settings = app[SETTINGS]
+    # records, keys and hibernated guests: nobody else's to read (QEMU gets its files by fd)
+    settings.state_dir.mkdir(parents=True, exist_ok=True)
+    settings.state_dir.chmod(0o700)
     store = Store(settings.db_path)
     hv = Hypervisor(settings.libvirt_uri, settings.domain_prefix, settings.run_dir)
     images = ImageStore(settings.image_dir)

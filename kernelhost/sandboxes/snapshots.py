@@ -26,7 +26,7 @@ from pathlib import Path
 
 import structlog
 
-from hypervisor import GuestImage, Hypervisor
+from hypervisor import GuestImage, Hypervisor, device_model
 from hypervisor.host import give_to_qemu
 
 from .. import logs
@@ -61,7 +61,7 @@ Attach = Callable[[Path, float], Awaitable[AgentClient]]
 def snapshot_key(image_key: str, versions: dict[str, str], memory_mib: int, vcpus: int,
                  accel: str) -> str:
     """What a snapshot's name ends with: everything that makes it valid, hashed."""
-    blob = json.dumps([FORMAT, image_key, versions, memory_mib, vcpus, accel])
+    blob = json.dumps([FORMAT, image_key, versions, memory_mib, vcpus, accel, device_model()])
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 

@@ -55,6 +55,7 @@ def test_domain_xml_shape(image: GuestImage, tmp_path: Path) -> None:
     xml = spec.to_xml()
     assert "<domain type='qemu'" in xml
     assert "org.kernelhost.0" in xml and "<readonly/>" in xml and "<interface" not in xml
+    assert "<controller type='usb' model='none'/>" in xml  # no USB bus for a guest to poke
     assert "sandbox=\"sbx_1\"" in xml
     assert "kh.upper_size=50%" in spec.cmdline
     kvm = DomainSpec(**{**spec.__dict__, "accel": "kvm"})
@@ -169,3 +170,16 @@ def test_destroy_that_fails_while_libvirt_is_away_is_retried(hv: Hypervisor,
     assert hv.retry_destroys() == [name]
     assert hv.pending_destroys == 0
     assert not hv.is_running(name) and not hv.vm_dir(name).exists()
+
+
+def test_device_model_changes_with_the_machine_not_with_names(monkeypatch: pytest.MonkeyPatch) -> None:
+    from hypervisor import device_model
+    from hypervisor import domain as domain_mod
+
+    first = device_model()
+    assert first == device_model()
+    original = DomainSpec.to_xml
+    monkeypatch.setattr(domain_mod.DomainSpec, "to_xml",
+                        lambda self, virt_type=None: original(self).replace("virtio-serial",
+                                                                            "virtio-serial2"))
+    assert device_model() != first

@@ -82,7 +82,8 @@ async def test_qemu_runs_unprivileged_under_seccomp_with_no_host_share_or_nic(
     assert int(status["CapEff"], 16) == 0 and int(status["CapPrm"], 16) == 0
     assert status["NoNewPrivs"].strip() == "1" or status["Seccomp"].strip() == "2"
     joined = " ".join(argv)
-    for shared in ("-virtfs", "-fsdev", "vhost-user-fs", "virtio-9p", "-netdev", "-nic "):
+    for shared in ("-virtfs", "-fsdev", "vhost-user-fs", "virtio-9p", "-netdev", "-nic ",
+                   "usb-uhci", "usb-ehci", "qemu-xhci"):
         assert shared not in joined, f"QEMU got {shared}: {joined}"
 
 
