@@ -9,7 +9,12 @@ import aiohttp
 import pytest
 
 from kernelhost import AsyncSandbox, Sandbox
-from kernelhost.client import AuthenticationError, InvalidRequestError, NotFoundError
+from kernelhost.client import (
+    AuthenticationError,
+    InvalidRequestError,
+    NotFoundError,
+    RateLimitError,
+)
 
 from .conftest import Service
 
@@ -131,6 +136,27 @@ async def test_missing_or_wrong_key_is_401(service: Service) -> None:
         assert r.status == 401
     with pytest.raises(AuthenticationError):
         await AsyncSandbox.list(url=service.url, api_key="wrong-key-wrong-key")
+
+
+async def test_per_key_limits_answer_429_and_other_keys_go_on(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    svc = Service.make(tmp_path, KERNELHOST_MAX_SANDBOXES_PER_KEY="1", KERNELHOST_POOL_SIZE="1")
+    svc.start()
+    try:
+        first = await AsyncSandbox.create(url=svc.url, api_key=svc.api_key)
+        with pytest.raises(RateLimitError) as err:
+            await AsyncSandbox.create(url=svc.url, api_key=svc.api_key)
+        assert err.value.status == 429 and "max_sandboxes_per_key" in str(err.value)
+        with pytest.raises(RateLimitError):  # a fork makes sandboxes too
+            await first.fork(1)
+        other = await AsyncSandbox.create(url=svc.url, api_key=svc.other_key)  # its own budget
+        assert (await other.run_code("1 + 1")).text == "2"
+        await first.close()
+        again = await AsyncSandbox.create(url=svc.url, api_key=svc.api_key)  # room again
+        await again.close()
+        await other.close()
+    finally:
+        leaked, leaked_dirs = svc.cleanup()
+        assert not leaked and not leaked_dirs
 
 
 async def test_bad_template_names_the_valid_ones(service: Service) -> None:
