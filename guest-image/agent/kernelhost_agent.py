@@ -170,11 +170,13 @@ class Agent:
         self.tasks: set[asyncio.Task[Any]] = set()
         self.port: Port | None = None
         self._depth_init()
+        self.net = GuestNet(self)
 
     # -- kernel --------------------------------------------------------------------------------
 
     async def start(self) -> None:
         os.makedirs(KERNEL_CWD, exist_ok=True)
+        _write_pip_conf(None)  # network mode "none" until the host says otherwise
         self.port = Port(find_port(PORT_NAME), self.loop, self.on_frame)
         t0 = time.monotonic()
         # The kernel's own fds 1 and 2 would otherwise be the serial console, a file on the host:
@@ -287,6 +289,8 @@ class Agent:
         op = frame["op"]
         if op == "jupyter":
             self.spawn(self.to_kernel(frame))
+        elif op == "net":
+            self.net.on_frame(frame)
         elif isinstance(frame.get("id"), int) and hasattr(self, f"op_{op}"):
             self.spawn(self.answer(frame))
         else:
@@ -722,6 +726,54 @@ class Agent:
         if content.get("status") != "ok":
             raise RuntimeError(f"{content.get('ename')}: {content.get('evalue')}")
 
+    async def op_net_config(self, frame: dict[str, Any]) -> dict[str, Any]:
+        """The sandbox's network mode (issue 6): "none", or a proxy on 127.0.0.1:NET_PROXY_PORT
+        whose connections the host opens through the channel ("allowlist", "outbound"). Sent
+        after every attach (create, fork, wake, service restart): tunnels of an earlier host are
+        dropped. Writes /etc/pip.conf and sets the proxy environment of the kernel and bash."""
+        mode = frame.get("mode")
+        if mode not in ("none", "allowlist", "outbound"):
+            raise ValueError(f"mode must be none, allowlist or outbound, got {mode!r}")
+        env = frame.get("env") if mode != "none" else {}
+        pip = frame.get("pip") if mode != "none" else None
+        if not isinstance(env, dict) or not all(
+                isinstance(k, str) and k in NET_ENV_KEYS and isinstance(v, str)
+                for k, v in env.items()):
+            raise ValueError(f"env must map some of {', '.join(NET_ENV_KEYS)} to strings")
+        if pip is not None and not isinstance(pip, dict):
+            raise ValueError("pip must be a map")
+        self.net.reset()
+        if mode == "none":
+            await self.net.stop()
+        else:
+            await self.net.listen()
+        config = (mode, sorted(env.items()), repr(pip))
+        if config != self.net.config:
+            _write_pip_conf(None if mode == "none" else {**(pip or {}), "mode": mode})
+            self._net_env(env)
+            await self.ready.wait()
+            await self.run_silent(
+                "import os as _kh_os, site as _kh_site, sys as _kh_sys\n"
+                f"_kh_os.environ.update({env!r})\n"
+                f"for _kh_k in {sorted(set(NET_ENV_KEYS) - set(env))!r}:\n"
+                "    _kh_os.environ.pop(_kh_k, None)\n"
+                f"_kh_os.makedirs({PIP_SITE!r}, exist_ok=True)\n"
+                f"if {PIP_SITE!r} not in _kh_sys.path:\n"
+                f"    _kh_site.addsitedir({PIP_SITE!r})\n"
+                "del _kh_os, _kh_site, _kh_sys", timeout=30.0)
+            self.net.config = config
+        return {"listening": self.net.server is not None, "port": NET_PROXY_PORT}
+
+    def _net_env(self, env: dict[str, str]) -> None:
+        """Proxy variables for kernels started later (restarts) and for bash commands."""
+        os.makedirs(PIP_SITE, exist_ok=True)
+        for target in (os.environ, self.bash_env):
+            if target is None:
+                continue
+            for key in NET_ENV_KEYS:
+                target.pop(key, None)
+            target.update(env)
+
     async def op_prepare_snapshot(self, frame: dict[str, Any]) -> dict[str, Any]:
         """Warm the kernel before its VM is frozen into a template: import the template's heavy
         modules, collect garbage, and drop the guest's page cache so the RAM file holds less."""
@@ -765,6 +817,224 @@ class Agent:
         return {"seconds": round(time.monotonic() - t0, 4)}
 
 
+# == network (issue 6): a local HTTP proxy whose connections the host opens ======================
+# Frames {"op": "net", "t": ..., "tunnel": N}: guest -> host "open" {host, port}, host -> guest
+# "opened" {ok, status, error}; both ways "data" {data}, "ack" {n} (bytes written out: each side
+# sends at most NET_WINDOW unacknowledged bytes per tunnel) and "close". Tunnel ids are ours.
+
+NET_PROXY_PORT = 3128
+NET_CHUNK = 64 * 1024
+NET_WINDOW = 256 * 1024
+NET_HEAD_MAX = 16 * 1024
+NET_OPEN_TIMEOUT = 45.0
+NET_ENV_KEYS = ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy", "NO_PROXY", "no_proxy",
+                "ALL_PROXY", "all_proxy")
+PIP_CONF = "/etc/pip.conf"
+PIP_SITE = f"/usr/local/lib/python3.{sys.version_info.minor}/dist-packages"
+PIP_MARK = "# Written by kernelhost"
+
+
+def _write_pip_conf(pip: dict[str, Any] | None) -> None:
+    """/etc/pip.conf for the network mode (None: "none"); one the user wrote is left alone."""
+    try:
+        with open(PIP_CONF) as f:
+            if not f.read().startswith(PIP_MARK):
+                return
+    except FileNotFoundError:
+        pass
+    except OSError:
+        return
+    if pip is None:
+        text = (f"{PIP_MARK}: this sandbox has no network (network mode \"none\").\n"
+                "# Create the sandbox with network={\"mode\": \"allowlist\"} to install packages;\n"
+                "# see docs/network.md of kernelhost.\n"
+                "[global]\nretries = 1\ntimeout = 5\nbreak-system-packages = true\n")
+    else:
+        lines = [f"{PIP_MARK} for network mode {pip.get('mode')!r}: connections go through the",
+                 "# proxy below, which the host checks.", "[global]",
+                 f"proxy = http://127.0.0.1:{NET_PROXY_PORT}", "break-system-packages = true"]
+        for key in ("index-url", "extra-index-url", "trusted-host"):
+            value = pip.get(key)
+            words = [value] if isinstance(value, str) else value if isinstance(value, list) else []
+            words = [w for w in words if isinstance(w, str) and w and not any(c in w for c in "\r\n")]
+            if words:
+                lines.append(f"{key} = {' '.join(words)}")
+        text = "\n".join(lines) + "\n"
+    try:
+        with open(PIP_CONF + ".tmp", "w") as f:
+            f.write(text)
+        os.replace(PIP_CONF + ".tmp", PIP_CONF)
+    except OSError as exc:
+        log("cannot write", PIP_CONF, exc)
+
+
+class GuestTunnel:
+    def __init__(self, tunnel_id: int) -> None:
+        self.id = tunnel_id
+        self.opened: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        self.credit = NET_WINDOW  # bytes we may still send before the host acknowledges
+        self.room = asyncio.Event()
+        self.room.set()
+        self.inbox: asyncio.Queue[bytes | None] = asyncio.Queue()
+        self.writer: asyncio.StreamWriter | None = None
+
+
+class GuestNet:
+    """The proxy on 127.0.0.1:NET_PROXY_PORT: CONNECT (https) and absolute http:// requests."""
+
+    def __init__(self, agent: Agent) -> None:
+        self.agent = agent
+        self.server: asyncio.AbstractServer | None = None
+        self.tunnels: dict[int, GuestTunnel] = {}
+        self.ids = iter(range(1, 1 << 62))
+        self.config: Any = None
+
+    async def listen(self) -> None:
+        if self.server is None:
+            self.server = await asyncio.start_server(
+                self.serve_client, "127.0.0.1", NET_PROXY_PORT, limit=NET_HEAD_MAX,
+                reuse_address=True)
+
+    async def stop(self) -> None:
+        if self.server is not None:
+            self.server.close()
+            self.server = None
+
+    def reset(self) -> None:
+        """Drop every tunnel (a new host knows none of them)."""
+        for tun in list(self.tunnels.values()):
+            tun.inbox.put_nowait(None)
+            if not tun.opened.done():
+                tun.opened.set_result({"ok": False, "status": 502,
+                                       "error": "the host reconnected; retry"})
+            if tun.writer is not None:
+                tun.writer.close()
+        self.tunnels.clear()
+
+    def send(self, kind: str, tunnel_id: int, **fields: Any) -> None:
+        self.agent.send({"op": "net", "t": kind, "tunnel": tunnel_id, **fields})
+
+    def on_frame(self, frame: dict[str, Any]) -> None:
+        kind, tunnel_id = frame.get("t"), frame.get("tunnel")
+        tun = self.tunnels.get(tunnel_id) if isinstance(tunnel_id, int) else None
+        if tun is None:
+            if kind != "close" and isinstance(tunnel_id, int):
+                self.send("close", tunnel_id)
+            return
+        if kind == "opened":
+            if not tun.opened.done():
+                tun.opened.set_result(frame)
+        elif kind == "data" and isinstance(frame.get("data"), bytes):
+            tun.inbox.put_nowait(frame["data"])
+        elif kind == "ack" and isinstance(frame.get("n"), int):
+            tun.credit = min(NET_WINDOW, tun.credit + frame["n"])
+            tun.room.set()
+        elif kind == "close":
+            tun.inbox.put_nowait(None)
+            if not tun.opened.done():
+                tun.opened.set_result({"ok": False, "status": 502, "error": "closed by the host"})
+
+    async def serve_client(self, reader: asyncio.StreamReader,
+                           writer: asyncio.StreamWriter) -> None:
+        tun: GuestTunnel | None = None
+        try:
+            try:
+                head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 60)
+            except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, asyncio.TimeoutError,
+                    ConnectionError):
+                return
+            line, _, rest = head[:-4].partition(b"\r\n")
+            words = line.decode("latin-1").split()
+            if len(words) != 3:
+                return await _respond(writer, 400, "kernelhost proxy: malformed request line")
+            method, target, version = words
+            first = b""
+            if method.upper() == "CONNECT":
+                host, _, port_text = target.rpartition(":")
+                host = host.strip("[]")
+            else:
+                import urllib.parse
+
+                url = urllib.parse.urlsplit(target)
+                if url.scheme.lower() != "http" or not url.hostname:
+                    return await _respond(writer, 400, "kernelhost proxy: send CONNECT host:port "
+                                          "or an absolute http:// URL")
+                host, port_text = url.hostname, str(url.port or 80)
+                path = (url.path or "/") + (f"?{url.query}" if url.query else "")
+                drop = (b"proxy-connection:", b"connection:", b"keep-alive:",
+                        b"proxy-authorization:")
+                headers = [h for h in rest.split(b"\r\n") if h and not h.lower().startswith(drop)]
+                first = b"\r\n".join([f"{method} {path} {version}".encode("latin-1"), *headers,
+                                       b"Connection: close", b"", b""])
+            if not host or not port_text.isdigit() or not 0 < int(port_text) < 65536:
+                return await _respond(writer, 400, f"kernelhost proxy: bad target {target[:100]}")
+            tun = GuestTunnel(next(self.ids))
+            tun.writer = writer
+            self.tunnels[tun.id] = tun
+            self.send("open", tun.id, host=host, port=int(port_text))
+            try:
+                reply = await asyncio.wait_for(asyncio.shield(tun.opened), NET_OPEN_TIMEOUT)
+            except asyncio.TimeoutError:
+                return await _respond(writer, 504, "kernelhost proxy: the host did not answer")
+            if not reply.get("ok"):
+                status = reply.get("status") if isinstance(reply.get("status"), int) else 403
+                return await _respond(writer, status, str(reply.get("error") or "refused"))
+            if first:
+                tun.credit -= len(first)
+                self.send("data", tun.id, data=first)
+            else:
+                writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
+            await self._pump(tun, reader, writer)
+        except (ConnectionError, OSError):
+            pass
+        finally:
+            if tun is not None and self.tunnels.pop(tun.id, None) is not None:
+                self.send("close", tun.id)
+            writer.close()
+
+    async def _pump(self, tun: GuestTunnel, reader: asyncio.StreamReader,
+                    writer: asyncio.StreamWriter) -> None:
+        async def up() -> None:
+            while True:
+                while tun.credit <= 0:
+                    tun.room.clear()
+                    await tun.room.wait()
+                data = await reader.read(min(NET_CHUNK, tun.credit))
+                if not data:
+                    return
+                tun.credit -= len(data)
+                self.send("data", tun.id, data=data)
+
+        async def down() -> None:
+            while True:
+                data = await tun.inbox.get()
+                if data is None:
+                    return
+                writer.write(data)
+                await writer.drain()
+                self.send("ack", tun.id, n=len(data))
+
+        tasks = [asyncio.ensure_future(up()), asyncio.ensure_future(down())]
+        try:
+            await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in tasks:
+                task.cancel()
+            for task in tasks:
+                with contextlib.suppress(BaseException):
+                    await task
+
+
+async def _respond(writer: asyncio.StreamWriter, status: int, reason: str) -> None:
+    """An error answer of the proxy; the reason is the status line's phrase (what pip shows)."""
+    phrase = "".join(c if 32 <= ord(c) < 127 else " " for c in reason)[:300]
+    body = (phrase + "\n").encode()
+    writer.write(f"HTTP/1.1 {status} {phrase}\r\nContent-Type: text/plain\r\n"
+                 f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode() + body)
+    with contextlib.suppress(ConnectionError, OSError):
+        await writer.drain()
+
+
 RNDADDENTROPY = 0x40085203  # _IOW('R', 0x03, int[2])
 RNDRESEEDCRNG = 0x5207  # _IO('R', 0x07)
 
@@ -792,6 +1062,7 @@ BASH_DIR = "/run/kernelhost/bash"
 BASH_CHUNK = 1 << 20  # at most this much output per message; more is buffered while one is sent
 BASH_DRAIN_SECONDS = 0.5
 BASH_STATE_MAX = 1 << 20
+BASH_PIDS_MAX = 1024  # processes one bash call may hold at once (its cgroup's pids.max)
 BASH_SIGNALS = {"INT": signal.SIGINT, "TERM": signal.SIGTERM, "KILL": signal.SIGKILL}
 # $1: where the EXIT trap saves the working directory and the exported environment (NUL-separated,
 # the directory first); $2: the file holding the command, run by eval so errors read "bash: ...".
@@ -855,7 +1126,7 @@ async def _wait_process(loop: asyncio.AbstractEventLoop, pid: int) -> tuple[int,
 
 
 def _new_cgroup(name: str) -> str:
-    """A fresh cgroup2 group with the memory controller, or "" where that is not possible."""
+    """A fresh cgroup2 group (memory and pids controllers), or "" where that is not possible."""
     if CGROUP_ROOT is None:
         return ""
     if not _cgroup_ready:
@@ -866,11 +1137,12 @@ def _new_cgroup(name: str) -> str:
             libc = ctypes.CDLL(None, use_errno=True)
             ok = libc.mount(b"cgroup2", CGROUP_ROOT.encode(), b"cgroup2", 0, None) == 0
         if ok:
-            try:
-                with open(f"{CGROUP_ROOT}/cgroup.subtree_control", "w") as f:
-                    f.write("+memory")
-            except OSError as exc:
-                log("cgroup2: cannot enable the memory controller:", exc)
+            for controller in ("memory", "pids"):  # one by one: a missing one spoils no other
+                try:
+                    with open(f"{CGROUP_ROOT}/cgroup.subtree_control", "w") as f:
+                        f.write(f"+{controller}")
+                except OSError as exc:
+                    log(f"cgroup2: cannot enable the {controller} controller:", exc)
         _cgroup_ready.append(ok)
     if not _cgroup_ready[0]:
         return ""
@@ -880,6 +1152,11 @@ def _new_cgroup(name: str) -> str:
     except OSError as exc:
         log("cgroup2: cannot create", path, exc)
         return ""
+    # a fork bomb stays a bounded number of processes, so the guest keeps answering and the
+    # timeout ladder can kill the whole group
+    with contextlib.suppress(OSError):
+        with open(f"{path}/pids.max", "w") as f:
+            f.write(str(BASH_PIDS_MAX))
     return path
 
 

@@ -33,6 +33,20 @@ ERRORS = {
 }
 
 
+NETWORK_MODES = ["none", "allowlist", "outbound"]
+NETWORK_REQUEST: dict[str, Any] = {
+    "description": "the sandbox's network (docs/network.md): a mode, or a mode with extra "
+                   "allowlist entries 'host[:port]' ('*.example.org' for subdomains; no port: 80 "
+                   "and 443); default none",
+    "oneOf": [
+        {"type": "string", "enum": NETWORK_MODES},
+        {"type": "object", "additionalProperties": False, "properties": {
+            "mode": {"type": "string", "enum": NETWORK_MODES, "default": "none"},
+            "allow": {"type": "array", "maxItems": 64, "items": {"type": "string"}}}},
+    ],
+}
+
+
 def _json(schema_ref: str, description: str) -> dict[str, Any]:
     return {"description": description, "content": {
         "application/json": {"schema": {"$ref": f"#/components/schemas/{schema_ref}"}}}}
@@ -76,7 +90,11 @@ def document() -> dict[str, Any]:
                                 "accel": {"type": "string"}, "memory_mib": {"type": "integer"},
                                 "vcpus": {"type": "integer"},
                                 "metadata": {"type": "object",
-                                             "additionalProperties": {"type": "string"}}}},
+                                             "additionalProperties": {"type": "string"}},
+                                "network": {"type": "object", "properties": {
+                                    "mode": {"type": "string", "enum": NETWORK_MODES},
+                                    "allow": {"type": "array",
+                                              "items": {"type": "string"}}}}}},
                 "SandboxList": {"type": "object", "required": ["sandboxes"], "properties": {
                     "sandboxes": {"type": "array",
                                   "items": {"$ref": "#/components/schemas/Sandbox"}}}},
@@ -97,7 +115,8 @@ def document() -> dict[str, Any]:
                         "template": {"type": "string", "default": "python"},
                         "idle_timeout_seconds": {"type": "integer", "minimum": 1},
                         "metadata": {"type": "object",
-                                     "additionalProperties": {"type": "string"}}}},
+                                     "additionalProperties": {"type": "string"}},
+                        "network": NETWORK_REQUEST}},
                     errors=("400", "401", "429", "503")),
                 "get": _op("List your sandboxes", {"200": _json("SandboxList", "yours")},
                            errors=("401",)),

@@ -79,7 +79,9 @@ async def create_sandbox(request: web.Request) -> web.Response:
     metadata = _field(body, "metadata", dict, {})
     if not all(isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()):
         raise InvalidRequest("field 'metadata' must map strings to strings", field="metadata")
-    sbx = await _runtime(request).manager.create(request[KEY_ID], template, idle, metadata)
+    network = body.get("network")  # "none" | "allowlist" | "outbound" | {"mode", "allow"}
+    sbx = await _runtime(request).manager.create(request[KEY_ID], template, idle, metadata,
+                                                 network)
     return web.json_response(sbx.to_dict(), status=201)
 
 
@@ -122,12 +124,19 @@ async def execute(request: web.Request) -> web.StreamResponse:
         "X-Accel-Buffering": "no",
     })
     await resp.prepare(request)
+    last = b""
     async with contextlib.aclosing(events):
         async for event in events:
             line = json.dumps(event, separators=(",", ":")).encode() + b"\n"
             manager.metrics.count_relayed("execute", "out", len(line))
+            if event.get("type") == "end":  # always the last event
+                last = line
+                continue
             await resp.write(line)
-    await resp.write_eof()
+    # The end event and the end of the chunked body in one write: a client that stops reading at
+    # "end" (the SDKs do) then finds the response complete and keeps its connection for the next
+    # call, instead of closing it and connecting again (bench/results/profile.md).
+    await resp.write_eof(last)
     return resp
 
 

@@ -139,6 +139,9 @@ class AgentClient:
         self.on_event = on_event
         self.on_message = on_message
         self.on_close = on_close
+        # ``{"op": "net"}`` frames of the guest's network tunnels (kernelhost/sandboxes/
+        # network.py); dropped while nobody handles them. Runs on the reader: must not block.
+        self.on_net: Callable[[dict[str, Any]], None] | None = None
         self.closed_reason: str | None = None
         self._reader: asyncio.StreamReader | None = None
         self._writer: asyncio.StreamWriter | None = None
@@ -197,6 +200,12 @@ class AgentClient:
             raise ValueError(f"cannot send on Jupyter channel {channel!r}")
         await self._send({"op": "jupyter", "channel": channel, "msg": msg})
 
+    async def send_net(self, frame: dict[str, Any]) -> None:
+        """Send one ``{"op": "net", ...}`` frame of a network tunnel."""
+        if frame.get("op") != "net":
+            raise ValueError(f"not a net frame: {frame!r:.100}")
+        await self._send(frame)
+
     async def _send(self, message: dict[str, Any]) -> None:
         if not self.connected or self._writer is None:
             raise ChannelClosed(self.closed_reason or "channel not connected")
@@ -253,6 +262,10 @@ class AgentClient:
             sub = self._subs.get(message.parent_id or "")
             if sub is not None:
                 await sub.put(message)
+            return
+        if op == "net":
+            if self.on_net is not None:
+                self.on_net(frame)
             return
         if op == "event":
             if not isinstance(frame.get("event"), str):

@@ -57,6 +57,7 @@ class SandboxInfo:
     memory_mib: int | None = None
     vcpus: int | None = None
     metadata: dict[str, str] = field(default_factory=dict)
+    network: dict[str, Any] = field(default_factory=dict)  # {"mode": ..., "allow": [...]}
 
     @classmethod
     def from_wire(cls, obj: Any) -> SandboxInfo:
@@ -74,6 +75,7 @@ class SandboxInfo:
             memory_mib=_optional_int(obj.get("memory_mib")),
             vcpus=_optional_int(obj.get("vcpus")),
             metadata={str(k): str(v) for k, v in (obj.get("metadata") or {}).items()},
+            network=dict(obj["network"]) if isinstance(obj.get("network"), dict) else {},
         )
 
 

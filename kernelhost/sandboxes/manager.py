@@ -46,6 +46,7 @@ from .errors import (
     UnknownTemplate,
 )
 from .execution import LANGUAGES, Control, inject_kernel_death, run_cell
+from .network import HostNetwork, NetworkSpec, Tunnels, parse_network
 from .store import SandboxRecord, Store
 from .vms import VmFactory
 
@@ -68,6 +69,7 @@ class Sandbox:
     busy: bool = False
     control: Control | None = None  # the running execution, for interrupt and restart
     replacement: asyncio.Task[bool] | None = None  # a VM replacement in progress
+    net: Tunnels | None = None  # host side of the guest's network tunnels (issue 6)
     # co-attach (issue 5): who sees every Jupyter message, agent event and channel change of
     # this sandbox (the Kernel Gateway's WebSocket hub); fed by _listen, called from _bind
     listeners: set[SandboxListener] = field(default_factory=set)
@@ -83,6 +85,7 @@ class Sandbox:
             "created_at": _iso(r.created_at), "last_active_at": _iso(r.last_active_at),
             "idle_timeout_seconds": r.idle_timeout_seconds, "accel": r.accel,
             "memory_mib": r.memory_mib, "vcpus": r.vcpus, "metadata": r.metadata,
+            "network": NetworkSpec.from_dict(r.network).to_dict(),
             **({"detail": r.detail} if r.detail else {}),
         }
 
@@ -102,6 +105,7 @@ class SandboxManager:
         self.sandboxes: dict[str, Sandbox] = {}
         self.vms = VmFactory(settings, hv, images, accel)
         self.metrics = Metrics()  # scraped at GET /metrics
+        self.network = HostNetwork(settings)  # default allowlist, host protection (issue 6)
         self._tasks: set[asyncio.Task[Any]] = set()
         self._reaper: asyncio.Task[None] | None = None
 
@@ -218,8 +222,9 @@ class SandboxManager:
                 "hibernate some first", limit="max_memory_mib_per_key", value=mem_limit)
 
     async def create(self, owner: str, template: str, idle_timeout: int | None = None,
-                     metadata: dict[str, str] | None = None) -> Sandbox:
+                     metadata: dict[str, str] | None = None, network: Any = None) -> Sandbox:
         t0 = time.monotonic()
+        spec = network if isinstance(network, NetworkSpec) else parse_network(network)
         self._check_quota(owner, new=1)
         idle = self.settings.default_idle_timeout if idle_timeout is None else idle_timeout
         if not 1 <= idle <= self.settings.max_idle_timeout:
@@ -239,7 +244,7 @@ class SandboxManager:
             domain=self.hv.new_name(), state="starting", created_at=now, last_active_at=now,
             idle_timeout_seconds=idle, memory_mib=self.settings.vm_memory_mib,
             vcpus=self.settings.vm_vcpus, accel=self.accel, image_key=image.key,
-            metadata=dict(metadata or {}),
+            metadata=dict(metadata or {}), network=spec.to_dict(),
         )
         sbx = Sandbox(rec)
         clone = self.vms.pool.take(template) if self.vms.use_snapshots else None
@@ -247,6 +252,13 @@ class SandboxManager:
             rec.domain, rec.state = clone.domain, "running"
             self.store.insert(rec)
             self._bind(sbx, clone.agent)
+            try:
+                await self._net_config(sbx, strict=True)
+            except BaseException:
+                await clone.agent.close()
+                await self.vms.destroy_tracked(rec.domain)
+                self.store.delete(rec.id)
+                raise
             self.sandboxes[rec.id] = sbx
             self._spawn(self._label(rec))
             self.metrics.observe_create(template, "pool", time.monotonic() - t0)
@@ -300,20 +312,68 @@ class SandboxManager:
         agent = await self.vms.launch(rec.domain, image,
                                       {"sandbox": rec.id, "template": rec.template})
         self._bind(sbx, agent)
+        await self._net_config(sbx, strict=True)
 
     async def _attach(self, sbx: Sandbox, timeout: float) -> None:
         """Reattach to a running VM's agent (service restart)."""
         agent = await self.vms.connect_agent(self.hv.vm_dir(sbx.record.domain) / "agent.sock",
                                              timeout)
         self._bind(sbx, agent)
+        self._spawn(self._net_config(sbx, strict=False))  # a running cell must not hold start
 
     def _bind(self, sbx: Sandbox, agent: AgentClient) -> None:
         agent.on_event = lambda ev: self._on_event(sbx, ev)
         agent.on_close = lambda reason, violation: self._on_close(sbx, reason, violation)
         sbx.agent = agent
         _listen(sbx, agent)  # co-attach broadcast (issue 5)
+        self._bind_network(sbx, agent)
         if not agent.connected:  # closed before we listened: report it now
             self._on_close(sbx, agent.closed_reason or "channel closed", False)
+
+    # -- network (issue 6; kernelhost/sandboxes/network.py, docs/network.md) --
+
+    def _bind_network(self, sbx: Sandbox, agent: AgentClient) -> None:
+        """Serve the guest's tunnels on this agent's channel; ended with the channel (close,
+        hibernation, fork hand-over, VM replacement) or when another agent takes over."""
+        if sbx.net is not None:
+            sbx.net.close()
+        spec = NetworkSpec.from_dict(sbx.record.network)
+        tunnels = Tunnels(self.network.policy(spec), agent, sbx.id)
+        sbx.net = tunnels
+        agent.on_net = tunnels.on_frame
+        on_close = agent.on_close
+
+        def close(reason: str, violation: bool) -> None:
+            tunnels.close()
+            if on_close is not None:
+                on_close(reason, violation)
+
+        agent.on_close = close
+
+    async def _net_config(self, sbx: Sandbox, strict: bool) -> None:
+        """Tell the guest its network mode (proxy, pip.conf, the kernel's proxy environment).
+
+        A guest in mode "none" is as its template made it and is not told anything. ``strict``
+        (create, replacement): a failure raises; otherwise (wake, fork, reattach) it is logged.
+        """
+        spec = NetworkSpec.from_dict(sbx.record.network)
+        agent = sbx.agent
+        if spec.mode == "none" or agent is None:
+            return
+        try:
+            await agent.request("net_config", timeout=max(30.0, self.settings.agent_timeout),
+                                **self.network.guest_config(spec))
+        except (asyncio.TimeoutError, AgentError, ChannelClosed) as exc:
+            log.warning("sandbox.net_config_failed", sandbox_id=sbx.id, error=str(exc))
+            if not strict:
+                return
+            if isinstance(exc, AgentError) and "unknown op" in str(exc):
+                raise NotSupportedByImage(
+                    f"the guest image of template {sbx.record.template!r} has no network support; "
+                    "rebuild the images (make image) and create the sandbox again") from exc
+            raise AgentUnresponsive(
+                f"sandbox {sbx.id}: its agent did not set up network mode {spec.mode!r}: "
+                f"{exc or type(exc).__name__}") from exc
 
     def _console_tail(self, domain: str, lines: int = 20) -> str:
         path = self.hv.vm_dir(domain) / "console.log"
@@ -538,6 +598,7 @@ class SandboxManager:
                 f"sandbox {rec.id} was hibernated and could not be woken: {exc}; "
                 "delete it and create a new one", state="hibernated") from exc
         self._bind(sbx, agent)
+        await self._net_config(sbx, strict=False)  # drops tunnels the saved guest still had
         rec.state = "running"
         self.store.update(rec.id, state="running")
         path.unlink(missing_ok=True)
@@ -563,7 +624,8 @@ class SandboxManager:
                 domain=self.hv.new_name(), state="starting", created_at=now, last_active_at=now,
                 idle_timeout_seconds=prec.idle_timeout_seconds, memory_mib=prec.memory_mib,
                 vcpus=prec.vcpus, accel=prec.accel, image_key=prec.image_key,
-                metadata={**prec.metadata, "forked_from": prec.id})) for _ in range(n)]
+                metadata={**prec.metadata, "forked_from": prec.id},
+                network=dict(prec.network))) for _ in range(n)]
             for kid in kids:
                 self.store.insert(kid.record)
             t0 = time.monotonic()

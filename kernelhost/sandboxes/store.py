@@ -29,10 +29,17 @@ CREATE TABLE IF NOT EXISTS sandboxes (
     accel TEXT NOT NULL,
     image_key TEXT NOT NULL,
     metadata TEXT NOT NULL DEFAULT '{}',
-    detail TEXT NOT NULL DEFAULT ''
+    detail TEXT NOT NULL DEFAULT '',
+    network TEXT NOT NULL DEFAULT '{"mode": "none", "allow": []}'
 );
 CREATE INDEX IF NOT EXISTS sandboxes_owner ON sandboxes(owner);
 """
+# Columns added after the first release, with their definitions: an older database gains them
+# at start (its sandboxes get the default: network mode "none", what they had).
+MIGRATIONS = {
+    "network": """TEXT NOT NULL DEFAULT '{"mode": "none", "allow": []}'""",
+}
+JSON_FIELDS = ("metadata", "network")
 
 
 def key_id(api_key: str) -> str:
@@ -60,6 +67,7 @@ class SandboxRecord:
     image_key: str
     metadata: dict[str, str] = field(default_factory=dict)
     detail: str = ""
+    network: dict[str, Any] = field(default_factory=lambda: {"mode": "none", "allow": []})
 
 
 class Store:
@@ -71,20 +79,26 @@ class Store:
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute("PRAGMA synchronous=NORMAL")
         self.db.executescript(SCHEMA)
+        have = {row["name"] for row in self.db.execute("PRAGMA table_info(sandboxes)")}
+        for column, definition in MIGRATIONS.items():
+            if column not in have:
+                self.db.execute(f"ALTER TABLE sandboxes ADD COLUMN {column} {definition}")
 
     def close(self) -> None:
         self.db.close()
 
     def insert(self, rec: SandboxRecord) -> None:
         row = asdict(rec)
-        row["metadata"] = json.dumps(rec.metadata)
+        for name in JSON_FIELDS:
+            row[name] = json.dumps(row[name])
         cols = ", ".join(row)
         marks = ", ".join(f":{k}" for k in row)
         self.db.execute(f"INSERT INTO sandboxes ({cols}) VALUES ({marks})", row)
 
     def update(self, sandbox_id: str, **fields: Any) -> None:
-        if "metadata" in fields:
-            fields["metadata"] = json.dumps(fields["metadata"])
+        for name in JSON_FIELDS:
+            if name in fields:
+                fields[name] = json.dumps(fields[name])
         sets = ", ".join(f"{k} = :{k}" for k in fields)
         self.db.execute(f"UPDATE sandboxes SET {sets} WHERE id = :id", {**fields, "id": sandbox_id})
 
@@ -106,4 +120,5 @@ class Store:
 def _record(row: sqlite3.Row) -> SandboxRecord:
     data = dict(row)
     data["metadata"] = json.loads(data["metadata"] or "{}")
+    data["network"] = json.loads(data.get("network") or '{"mode": "none", "allow": []}')
     return SandboxRecord(**data)

@@ -78,6 +78,8 @@ async def test_unknown_route_is_a_json_404(client: TestClient) -> None:
     ({"idle_timeout_seconds": "x"}, "'idle_timeout_seconds' must be int"),
     ({"metadata": {"a": 1}}, "metadata"),
     ([1, 2], "JSON object"),
+    ({"network": "open"}, "network mode 'open'"),
+    ({"network": {"mode": "allowlist", "allow": ["a b"]}}, "allow entry 'a b'"),
 ])
 async def test_create_validation(client: TestClient, body: object, needle: str) -> None:
     r = await client.post("/v1/sandboxes", json=body, headers=auth())
