@@ -74,9 +74,16 @@ class Hypervisor:
 
     @staticmethod
     def _alive(conn: libvirt.virConnect) -> bool:
+        """Whether ``conn`` still reaches its daemon. ``isAlive`` alone keeps saying yes after
+        libvirtd restarted (nothing watches the socket), so one cheap call checks the pipe."""
         try:
-            return bool(conn.isAlive())
+            if not conn.isAlive():
+                return False
+            conn.getLibVersion()
+            return True
         except libvirt.libvirtError:
+            with contextlib.suppress(libvirt.libvirtError):
+                conn.close()
             return False
 
     def close(self) -> None:
@@ -239,7 +246,7 @@ class Hypervisor:
         except libvirt.libvirtError as exc:
             if exc.get_error_code() == libvirt.VIR_ERR_NO_DOMAIN:
                 raise DomainNotFound(name) from exc
-            raise
+            raise HypervisorError(f"cannot look up domain {name!r}: {exc}") from exc
 
     def is_running(self, name: str) -> bool:
         try:

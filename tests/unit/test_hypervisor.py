@@ -155,6 +155,9 @@ def test_destroy_that_fails_while_libvirt_is_away_is_retried(hv: Hypervisor,
         def isAlive(self) -> int:
             return 1
 
+        def getLibVersion(self) -> int:  # it went away between this check and the lookup
+            return 9_000_000
+
         def lookupByName(self, name: str) -> None:
             raise libvirt.libvirtError("End of file while reading data: Input/output error")
 
