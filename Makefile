@@ -58,8 +58,12 @@ lint: deps
 fmt: deps
 	@$(VENV)/bin/ruff check --fix kernelhost hypervisor guest-image tests bench
 
+# The suite of bench/run.py (kernelhost, a local ipykernel, jupyter-kernel-gateway; ~10 min):
+# writes bench/results/bench.{json,md} and rewrites README's Performance block.
+# BENCH_ARGS=--quick for a smoke run.
+BENCH_ARGS ?=
 bench: image libvirt
-	@KERNELHOST_IMAGE_DIR=$(IMAGE_DIR) $(PY) bench/run.py
+	@KERNELHOST_IMAGE_DIR=$(IMAGE_DIR) $(PY) bench/run.py --update-readme $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) results .pytest_cache .mypy_cache .ruff_cache *.egg-info $(JS)/node_modules $(JS)/dist $(JS)/build

@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import statistics
 import sys
 import tempfile
 import time
@@ -27,40 +26,22 @@ from typing import Any
 
 import aiohttp
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from kernelhost import AsyncSandbox  # noqa: E402
-from tests.harness import Service  # noqa: E402
+from common import (
+    RESULTS,
+    Service,
+    domains_of,
+    mem_available_mib,
+    ms,
+    qemu_pss_mib,
+    report,
+    service,
+    summary,
+    wait_pool,
+)
 
-
-def report(out: dict[str, Any], key: str, value: Any) -> None:
-    """Store a figure and print it at once, so an interrupted run still shows what it measured."""
-    out[key] = value
-    if isinstance(value, dict) and "median" in value:
-        print(f"{key:34} {ms(value)}", flush=True)
-    else:
-        print(f"{key:34} {value}", flush=True)
-
-
-def summary(samples: list[float]) -> dict[str, float]:
-    s = sorted(samples)
-    return {"median": statistics.median(s), "p95": s[min(len(s) - 1, round(0.95 * (len(s) - 1)))],
-            "min": s[0], "max": s[-1], "n": len(s)}
-
-
-async def pool_ready(svc: Service, template: str = "python") -> int:
-    async with aiohttp.ClientSession() as http:
-        r = await http.get(f"{svc.url}/healthz")
-        return int((await r.json())["pool"].get(template, 0))
-
-
-async def wait_pool(svc: Service, want: int, timeout: float = 300) -> None:
-    deadline = time.monotonic() + timeout
-    while await pool_ready(svc) < want:
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"pool did not reach {want} within {timeout}s")
-        await asyncio.sleep(0.2)
+from kernelhost import AsyncSandbox
 
 
 async def timed_create(svc: Service) -> tuple[float, AsyncSandbox]:
@@ -69,54 +50,19 @@ async def timed_create(svc: Service) -> tuple[float, AsyncSandbox]:
     return time.perf_counter() - t0, sbx
 
 
-def qemu_pss_mib(domain: str) -> float:
-    pid = int(Path(f"/run/libvirt/qemu/{domain}.pid").read_text())
-    for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
-        if line.startswith("Pss:"):
-            return int(line.split()[1]) / 1024
-    raise RuntimeError(f"no Pss line for pid {pid}")
-
-
-def mem_available_mib() -> float:
-    for line in Path("/proc/meminfo").read_text().splitlines():
-        if line.startswith("MemAvailable:"):
-            return int(line.split()[1]) / 1024
-    raise RuntimeError("no MemAvailable in /proc/meminfo")
-
-
-def domains_of(svc: Service) -> list[str]:
-    hv = svc.hypervisor()
-    try:
-        return [d.name for d in hv.domains() if d.running and d.metadata.get("role") != "template"]
-    finally:
-        hv.close()
-
-
-async def with_service(tmp: Path, name: str, **env: str) -> Service:
-    d = tmp / name
-    d.mkdir()
-    svc = Service.make(d, **env)
-    svc.start()
-    return svc
-
-
 async def bench_cold(tmp: Path, n: int) -> dict[str, float]:
-    svc = await with_service(tmp, "cold", KERNELHOST_SNAPSHOTS="off", KERNELHOST_POOL_SIZE="0")
-    try:
+    async with service(tmp, "cold", KERNELHOST_SNAPSHOTS="off", KERNELHOST_POOL_SIZE="0") as svc:
         samples = []
         for _ in range(n):
             took, sbx = await timed_create(svc)
             samples.append(took)
             await sbx.close()
         return summary(samples)
-    finally:
-        svc.cleanup()
 
 
 async def bench_snapshots(tmp: Path, args: argparse.Namespace) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    svc = await with_service(tmp, "warm", KERNELHOST_POOL_SIZE="0", KERNELHOST_REAPER_INTERVAL="1")
-    try:
+    async with service(tmp, "warm", KERNELHOST_POOL_SIZE="0", KERNELHOST_REAPER_INTERVAL="1") as svc:
         # the first create builds the template snapshot (a cold boot plus freeze) if needed
         took, first = await timed_create(svc)
         report(out, "first_create_incl_snapshot_build_s", round(took, 2))
@@ -181,10 +127,7 @@ async def bench_snapshots(tmp: Path, args: argparse.Namespace) -> dict[str, Any]
                           "pss_per_sandbox_mib": summary(pss) if pss else None})
         for sbx in alive:
             await sbx.close()
-    finally:
-        svc.cleanup()
-    svc = await with_service(tmp, "pool", KERNELHOST_POOL_SIZE="3")
-    try:
+    async with service(tmp, "pool", KERNELHOST_POOL_SIZE="3") as svc:
         hit = []
         for _ in range(args.rounds):
             await wait_pool(svc, 3)
@@ -192,13 +135,7 @@ async def bench_snapshots(tmp: Path, args: argparse.Namespace) -> dict[str, Any]
             hit.append(took)
             await sbx.close()
         report(out, "create_pool_hit", summary(hit))
-    finally:
-        svc.cleanup()
     return out
-
-
-def ms(fig: dict[str, float]) -> str:
-    return f"{fig['median'] * 1000:9.1f} ms {fig['p95'] * 1000:9.1f} ms  n={fig['n']}"
 
 
 async def main() -> None:
@@ -224,9 +161,8 @@ async def main() -> None:
     print(f"density: {d['started']} started, {d['answered']} answered 1+1; host memory used "
           f"{d['host_mem_used_mib']} MiB; PSS per sandbox median "
           f"{pss['median'] if pss else float('nan'):.1f} MiB")
-    out = REPO / "bench" / "results"
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "fast_start.json").write_text(json.dumps(res, indent=1))
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "fast_start.json").write_text(json.dumps(res, indent=1))
 
 
 if __name__ == "__main__":

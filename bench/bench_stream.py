@@ -30,27 +30,13 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from jupyter_client.manager import AsyncKernelManager  # noqa: E402
+from common import RESULTS, LocalKernel, Service, bash_code, print_code, service
 
-from kernelhost import AsyncSandbox  # noqa: E402
-from tests.harness import Service  # noqa: E402
+from kernelhost import AsyncSandbox
 
 TIMEOUT = 2.0  # seconds given to each runaway call of the ladder figures
-
-
-def print_code(mib: int) -> str:
-    return ("import sys\n"
-            "line = 'x' * 1023 + '\\n'\n"
-            f"for _ in range({mib} * 1024):\n"
-            "    sys.stdout.write(line)\n"
-            "sys.stdout.flush()\n")
-
-
-def bash_code(mib: int) -> str:
-    return f"head -c {mib * 1024 * 1024} /dev/zero | tr '\\0' x"
 
 
 LADDER = {
@@ -82,30 +68,18 @@ async def service_throughput(sbx: AsyncSandbox, language: str, code: str,
 
 
 async def local_throughput(code: str, rounds: int) -> list[float]:
-    km = AsyncKernelManager(kernel_name="python3")
-    await km.start_kernel()
-    kc = km.client()
-    kc.start_channels()
+    k = await LocalKernel.start()
     try:
-        await kc.wait_for_ready(timeout=60)
         rates = []
         for _ in range(rounds + 1):
-            received = 0
-
-            def hook(msg: dict) -> None:
-                nonlocal received
-                if msg["header"]["msg_type"] == "stream":
-                    received += len(msg["content"]["text"])
-
             t0 = time.perf_counter()
-            reply = await kc.execute_interactive(code, timeout=600, output_hook=hook)
+            answer = await k.execute(code)
             took = time.perf_counter() - t0
-            assert reply["content"]["status"] == "ok"
-            rates.append(received / took / 1e6)
+            assert answer.status == "ok"
+            rates.append(answer.stdout_chars / took / 1e6)
         return rates[1:]
     finally:
-        kc.stop_channels()
-        await km.shutdown_kernel(now=True)
+        await k.close()
 
 
 def local_bash_throughput(code: str, rounds: int) -> list[float]:
@@ -145,20 +119,15 @@ async def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="kh-bench-stream-") as tmp:
-        svc = Service.make(Path(tmp), KERNELHOST_MAX_OUTPUT_BYTES=str((args.mib + 8) << 20),
-                           KERNELHOST_POOL_SIZE="1")
-        svc.start()
-        try:
+        async with service(Path(tmp), "stream",
+                           KERNELHOST_MAX_OUTPUT_BYTES=str((args.mib + 8) << 20),
+                           KERNELHOST_POOL_SIZE="1") as svc:
             async with AsyncSandbox(url=svc.url, api_key=svc.api_key) as sbx:
                 ours = await service_throughput(sbx, "python", print_code(args.mib), args.rounds)
                 ours_bash = await service_throughput(sbx, "bash", bash_code(args.mib),
                                                      args.rounds)
                 accel = (await sbx.info()).accel
             rungs = await ladder(svc, args.rounds)
-        finally:
-            leaked, _ = svc.cleanup()
-            if leaked:
-                print(f"warning: cleaned up leaked domains {leaked}", file=sys.stderr)
     local = await local_throughput(print_code(args.mib), args.rounds)
     local_bash = local_bash_throughput(bash_code(args.mib), args.rounds)
 
@@ -173,9 +142,8 @@ async def main() -> None:
     print(f"\n{'timeout -> usable sandbox, per rung':44} {'median s':>9} {'max s':>7}")
     for label, samples in rungs.items():
         print(f"{label:44} {med(samples):9.2f} {max(samples):7.2f}")
-    out = REPO / "bench" / "results"
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "stream.json").write_text(json.dumps({
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "stream.json").write_text(json.dumps({
         "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "accel": accel,
         "mib": args.mib, "rounds": args.rounds,
         "throughput_mb_s": {"service_python": ours, "local_python": local,

@@ -62,7 +62,7 @@ install_venv() {
   if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
     echo "==> installing Python packages into $VENV"
     "$VENV/bin/pip" install -q --upgrade pip
-    "$VENV/bin/pip" install -q -e '.[dev]'
+    "$VENV/bin/pip" install -q -e '.[dev,bench]'
     echo "$want" >"$stamp"
   fi
 }
