@@ -7,6 +7,7 @@ Nothing here knows what a sandbox is; ``_sandbox.py`` builds on it. Every reques
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import json
 import os
@@ -36,6 +37,9 @@ CONNECT_TIMEOUT = 10.0
 REQUEST_TIMEOUT = 30.0
 #: The longest NDJSON line accepted (a result event carries whole images as base64).
 MAX_EVENT_BYTES = 256 * 1024 * 1024
+# after a stream's last event: what is read on so the connection can be reused
+DRAIN_BYTES = 64 * 1024
+DRAIN_SECONDS = 0.25
 
 
 @dataclass(frozen=True)
@@ -197,6 +201,7 @@ class HTTPClient:
                 if resp.status >= 400:
                     raise _error_from(resp, await resp.read(), what)
                 yield _iter_ndjson(resp, what)
+                await _drain(resp)
 
     @contextmanager
     def _translate_errors(self, what: str, timeout: float | None) -> Iterator[None]:
@@ -252,6 +257,23 @@ def _decode_json(line: bytes, what: str) -> Any:
         return json.loads(line)
     except ValueError:
         raise TransportError(f"the response to {what} is not valid JSON: {line[:200]!r}") from None
+
+
+async def _drain(resp: aiohttp.ClientResponse) -> None:
+    """Read the little a stream's reader left (the end of the chunked body after its last
+    event), so the connection goes back to the pool instead of being closed. Bounded in bytes
+    and time: a response that goes on is closed as before."""
+    deadline = asyncio.get_running_loop().time() + DRAIN_SECONDS
+    left = DRAIN_BYTES
+    with contextlib.suppress(Exception):
+        while not resp.content.at_eof() and left > 0:
+            remaining = deadline - asyncio.get_running_loop().time()
+            if remaining <= 0:
+                return
+            chunk = await asyncio.wait_for(resp.content.read(left), remaining)
+            if not chunk:
+                return
+            left -= len(chunk)
 
 
 async def _iter_ndjson(resp: aiohttp.ClientResponse, what: str) -> AsyncIterator[dict[str, Any]]:

@@ -71,6 +71,7 @@ class FakeKernelHost:
         self.url = ""
         self.requests: list[tuple[str, str, Any]] = []  # (method, path, JSON body or None)
         self.headers: list[dict[str, str]] = []
+        self.peers: list[Any] = []  # the client address of each request: one per connection
         self.sandboxes: dict[str, dict[str, Any]] = {}
         self.script: Script = _default_script
         self._fail_next: Callable[[], web.Response] | None = None
@@ -103,6 +104,8 @@ class FakeKernelHost:
         body = await request.json() if request.can_read_body else None
         self.requests.append((request.method, request.path, body))
         self.headers.append(dict(request.headers))
+        transport = request.transport
+        self.peers.append(transport.get_extra_info("peername") if transport else None)
         if request.headers.get("Authorization") != f"Bearer {KEY}":
             return _api_error(401, "invalid_api_key", "the API key is not valid")
         if self._fail_next is not None:
@@ -510,6 +513,22 @@ async def test_execute_error_status_is_mapped(fake: FakeKernelHost) -> None:
 
 
 # -- run_code --------------------------------------------------------------------------------
+
+
+async def test_calls_reuse_one_connection_when_the_body_ends_after_its_last_event(
+    fake: FakeKernelHost,
+) -> None:
+    async def script(body: dict[str, Any], send: Send) -> None:
+        await send({"type": "end", "status": "ok", "execution_count": 1})
+        await asyncio.sleep(0.05)  # the end of the body comes in a later packet
+
+    fake.script = script
+    async with AsyncSandbox(url=fake.url, api_key=KEY) as sbx:
+        for _ in range(4):
+            assert (await sbx.run_code("1")).status == "ok"
+    executes = [peer for (method, path, _), peer in zip(fake.requests, fake.peers, strict=True)
+                if path.endswith("/execute")]
+    assert len(executes) == 4 and len(set(executes)) == 1, executes
 
 
 async def test_run_code_collects_every_event(fake: FakeKernelHost) -> None:
