@@ -784,6 +784,15 @@ class Agent:
             if not all(part.isidentifier() for part in module.split(".")):
                 raise ValueError(f"not a module name: {module!r}")
             await self.run_silent(f"import {module}")
+        # One ordinary cell of each kind a user's first call takes (a value, output, an error's
+        # traceback): the modules they import lazily are in RAM before the page cache is dropped,
+        # so a clone's first call is not the slow one. No history, so no execution count moves.
+        for code in WARM_UP_CELLS:
+            await self.request_kernel("shell", "execute_request", {
+                "code": code, "silent": False, "store_history": False, "user_expressions": {},
+                "allow_stdin": False, "stop_on_error": False,
+            }, timeout=120.0)
+        await self.run_silent(WARM_UP_CLEANUP)
         await self.run_silent("import gc as _kh_gc; _kh_gc.collect(); del _kh_gc")
         import gc
 
@@ -1058,6 +1067,19 @@ def _add_entropy(data: bytes) -> None:
 
 DEPTH_TABLE_MAX = 64
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+WARM_UP_CELLS = ("1 + 1", "print('warm')", "raise ValueError('warm')")
+# ...and no trace of them: `_`, `Out` and `_N` as in a fresh kernel, no sys.last_* error
+WARM_UP_CLEANUP = (
+    "import sys as _kh_s\n"
+    "get_ipython().displayhook.flush()\n"
+    "for _kh_n in [k for k in globals() if k[:1] == '_' and k[1:].isdigit()]:\n"
+    "    del globals()[_kh_n]\n"
+    "for _kh_a in ('last_type', 'last_value', 'last_traceback', 'last_exc'):\n"
+    "    if hasattr(_kh_s, _kh_a):\n"
+    "        delattr(_kh_s, _kh_a)\n"
+    "del _kh_s, _kh_a\n"
+    "if '_kh_n' in globals():\n"
+    "    del _kh_n\n")
 BASH_DIR = "/run/kernelhost/bash"
 BASH_CHUNK = 1 << 20  # at most this much output per message; more is buffered while one is sent
 BASH_DRAIN_SECONDS = 0.5

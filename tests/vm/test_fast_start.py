@@ -72,6 +72,19 @@ async def test_sandboxes_from_one_template_do_not_share_random_streams(
     assert all(x != y for x, y in zip(a, b, strict=True)), (a, b)
 
 
+async def test_a_new_sandbox_shows_no_trace_of_its_template_warm_up(
+        fresh_sandbox: AsyncSandbox) -> None:
+    """The template ran a few cells before it was frozen (so a clone's first call is fast); a
+    user's first cell is still number 1 in a namespace like a fresh kernel's."""
+    first = await fresh_sandbox.run_code(
+        "import sys\n"
+        "(repr(_), hasattr(sys, 'last_value'), len(Out), "
+        "sorted(k for k in globals() if k[:1] == '_' and k[1:].isdigit()))")
+    assert first.error is None, first.error
+    assert first.text == "(\"''\", False, 0, [])", first.text
+    assert first.execution_count == 1
+
+
 async def test_hibernate_on_idle_then_wake_with_state_and_a_fresh_clock(service: Service) -> None:
     sbx = await AsyncSandbox.create(idle_timeout_seconds=2, url=service.url,
                                     api_key=service.api_key)
