@@ -10,12 +10,26 @@ URI=${KERNELHOST_LIBVIRT_URI:-qemu:///system}
 LOG_DIR=${KERNELHOST_LOG_DIR:-/var/log/kernelhost}
 
 answers() { timeout 10 virsh -c "$URI" version >/dev/null 2>&1; }
+# a live process of that name (pgrep alone also finds one that died and awaits reaping)
+running() {
+  local pid
+  for pid in $(pgrep -x "$1"); do
+    [ "$(awk '{print $3}' "/proc/$pid/stat" 2>/dev/null)" != Z ] && return 0
+  done
+  return 1
+}
 
 # Without udev, /dev/kvm stays root-only (0600). libvirt then finds KVM "enabled when probed but
 # not available now" for its qemu user and re-probes every QEMU binary on each domain start
 # (about 9 s). Give it the group and mode udev gives it on a normal host (root:kvm 0660).
 if [ "$(id -u)" -eq 0 ] && [ -c /dev/kvm ] && getent group kvm >/dev/null; then
   chgrp kvm /dev/kvm && chmod 0660 /dev/kvm
+fi
+# virtlogd writes every VM's console log: a domain cannot start without it, even while libvirtd
+# answers (it may have died or been stopped on its own)
+if [ "$(id -u)" -eq 0 ] && ! running virtlogd; then
+  mkdir -p /run/libvirt
+  virtlogd -d
 fi
 if answers; then
   exit 0
@@ -25,10 +39,7 @@ if [ "$(id -u)" -ne 0 ]; then
   exit 1
 fi
 mkdir -p "$LOG_DIR" /run/libvirt
-if ! pgrep -x virtlogd >/dev/null; then
-  virtlogd -d
-fi
-if ! pgrep -x libvirtd >/dev/null; then
+if ! running libvirtd; then
   echo "==> starting libvirtd (log: $LOG_DIR/libvirtd.log)"
   setsid tini -s -- libvirtd >>"$LOG_DIR/libvirtd.log" 2>&1 </dev/null &
 fi

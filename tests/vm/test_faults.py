@@ -86,25 +86,26 @@ async def test_service_killed_mid_create_leaks_nothing(tmp_path: Path) -> None:
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _restart_libvirtd() -> None:
-    """Stop libvirtd the hard way an operator or a crash would, and start it again."""
-    pid = int(Path("/run/libvirtd.pid").read_text())
-    os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + 30
-    while Path(f"/proc/{pid}").exists() and \
-            Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z":
-        assert time.monotonic() < deadline, "libvirtd did not stop"
-        time.sleep(0.1)
+def _restart_libvirt_daemons() -> None:
+    """Stop libvirtd and virtlogd the way an operator or a crash would; start them again."""
+    for pidfile in ("/run/libvirtd.pid", "/run/virtlogd.pid"):
+        pid = int(Path(pidfile).read_text())
+        os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + 30
+        while Path(f"/proc/{pid}").exists() and \
+                Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z":
+            assert time.monotonic() < deadline, f"{pidfile} did not stop"
+            time.sleep(0.1)
     subprocess.run(["bash", str(REPO / "scripts" / "start-libvirt.sh")], check=True, timeout=60)
 
 
-async def test_libvirtd_restart_under_live_sandboxes_loses_nothing(
+async def test_libvirt_daemons_restarted_under_live_sandboxes_lose_nothing(
         service: Service, sandbox: AsyncSandbox) -> None:
     survivor = await AsyncSandbox.create(url=service.url, api_key=service.api_key)
     kids: list[AsyncSandbox] = []
     try:
         await survivor.run_code("kept = {'n': 7}")
-        await asyncio.to_thread(_restart_libvirtd)
+        await asyncio.to_thread(_restart_libvirt_daemons)
         # running VMs never depended on libvirtd: their channels go straight to QEMU
         assert (await survivor.run_code("kept['n']")).text == "7"
         # and everything that needs libvirt works again: fork, create, delete
