@@ -177,7 +177,11 @@ async def test_fork_bomb_stays_inside_the_vm_and_the_timeout_recovers_it(
     answered = await _while_other_answers(sandbox, bomb)
     ended = bomb.result()
     assert ended.status == "timeout", (ended.status, ended.error)
-    assert ended.recovery in ("killed", "kernel_restarted", "vm_replaced"), ended.recovery
+    # pids.max keeps the bomb small enough for SIGINT to end it; the ladder's later rungs are
+    # there for a guest without that cgroup
+    assert ended.recovery in ("interrupted", "killed", "kernel_restarted", "vm_replaced"), \
+        ended.recovery
+    assert "Resource temporarily unavailable" in ended.stderr  # it hit the cap
     after = await victim.run_code("echo alive; ps -e --no-headers | wc -l", language="bash",
                                   timeout=120)
     lines = after.stdout.split()
