@@ -120,6 +120,7 @@ class SandboxOut(BaseModel):
     template: str
     state: str
     created_at: str | None = None
+    network: str = "none"  # none, allowlist or outbound
 
 
 class SandboxListOut(BaseModel):
@@ -202,7 +203,7 @@ def _entry_out(info: FileInfo) -> EntryOut:
 def _sandbox_out(info: SandboxInfo) -> SandboxOut:
     created = info.created_at.isoformat() if info.created_at else None
     return SandboxOut(sandbox_id=info.id, template=info.template, state=info.state,
-                      created_at=created)
+                      created_at=created, network=str(info.network.get("mode", "none")))
 
 
 # -- sandbox handles -------------------------------------------------------------------------
@@ -240,11 +241,12 @@ class _Handles:
         return self._open[key]
 
     async def create(self, creds: Credentials, template: str | None,
-                     idle_timeout_seconds: int | None) -> AsyncSandbox:
+                     idle_timeout_seconds: int | None,
+                     network: str | dict[str, Any] | None = None) -> AsyncSandbox:
         sbx = await AsyncSandbox.create(
             template=template or self.template, url=creds.url, api_key=creds.api_key,
             idle_timeout_seconds=idle_timeout_seconds or self.idle_timeout_seconds,
-            metadata={"created_by": "kernelhost-mcp"})
+            metadata={"created_by": "kernelhost-mcp"}, network=network)
         key = self._key(creds, sbx.id)
         self._created[key] = creds
         return await self._keep(key, sbx)
@@ -361,15 +363,20 @@ def create_server(
 
     @mcp.tool(annotations=_WRITES)
     async def create_sandbox(ctx: Context, template: str | None = None,
-                             idle_timeout_seconds: int | None = None) -> SandboxOut:
+                             idle_timeout_seconds: int | None = None,
+                             network: Literal["none", "allowlist", "outbound"] = "none",
+                             allow: list[str] | None = None) -> SandboxOut:
         """Create a sandbox: a VM with a persistent Jupyter kernel. Returns its sandbox_id.
 
         template: the image to boot (default: the server's). idle_timeout_seconds: delete it
-        after this long unused (default: the service's).
+        after this long unused (default: the service's). network: "none" (no network, the
+        default), "allowlist" (the server's package index, so pip install works, plus the
+        host[:port] entries of allow) or "outbound" (any public host).
         """
         creds = credentials(ctx)
+        spec: str | dict[str, Any] = {"mode": network, "allow": allow} if allow else network
         try:
-            sbx = await handles.create(creds, template, idle_timeout_seconds)
+            sbx = await handles.create(creds, template, idle_timeout_seconds, spec)
             return _sandbox_out(await sbx.info())
         except KernelHostError as exc:
             raise _tool_error(exc) from exc

@@ -122,8 +122,16 @@ async def test_stdio_server_runs_code_files_and_forks_then_deletes_its_sandboxes
         assert (await call(client, "run_code", code="r", sandbox_id=child)
                 ).structured_content["result"] == "2"
 
-        created = await call(client, "create_sandbox")
+        created = await call(client, "create_sandbox", network="allowlist",
+                             allow=["files.example.org:443"])
         extra = created.structured_content["sandbox_id"]
+        assert created.structured_content["network"] == "allowlist"
+        proxied = await call(client, "run_code", sandbox_id=extra, language="bash",
+                             code="echo $HTTPS_PROXY")
+        assert proxied.structured_content["stdout"].strip() == "http://127.0.0.1:3128"
+        bad = await client.call_tool("create_sandbox", {"network": "outbound",
+                                                        "allow": ["x.example.org"]})
+        assert bad.is_error and "allow" in text_of(bad)
         closed = await call(client, "close_sandbox", sandbox_id=extra)
         assert closed.structured_content == {"sandbox_id": extra, "closed": True}
         gone = await client.call_tool("run_code", {"code": "1", "sandbox_id": extra})
