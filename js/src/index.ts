@@ -22,7 +22,15 @@ export {
   TransportError,
 } from './errors.js';
 export type { ClientOptions } from './http.js';
-export type { Execution, ExecutionError, FileInfo, Result, SandboxInfo } from './models.js';
+export type {
+  Execution,
+  ExecutionError,
+  FileInfo,
+  NetworkMode,
+  NetworkSpec,
+  Result,
+  SandboxInfo,
+} from './models.js';
 export {
   DEFAULT_BUDGET,
   MIN_MAX_CHARS,

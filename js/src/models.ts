@@ -11,6 +11,17 @@ export interface SandboxInfo {
   lastActiveAt: string | null;
   idleTimeoutSeconds: number | null;
   metadata: Record<string, string>;
+  /** The sandbox's network mode and its own allowlist entries (docs/network.md). */
+  network: NetworkSpec;
+}
+
+/** `none` (default), `allowlist` (the server's package indexes plus `allow`) or `outbound`. */
+export type NetworkMode = 'none' | 'allowlist' | 'outbound';
+
+export interface NetworkSpec {
+  mode: NetworkMode;
+  /** `host`, `host:port`, `*.example.org[:port]`; only with `allowlist`. */
+  allow: string[];
 }
 
 /** One rich output of an execution: a Jupyter MIME bundle (`image/png` is base64 text). */
@@ -52,6 +63,13 @@ function isRecord(value: unknown): value is Record<string, unknown> {
   return typeof value === 'object' && value !== null && !Array.isArray(value);
 }
 
+function networkFromWire(value: unknown): NetworkSpec {
+  if (!isRecord(value)) return { mode: 'none', allow: [] };
+  const mode = value.mode === 'allowlist' || value.mode === 'outbound' ? value.mode : 'none';
+  const allow = Array.isArray(value.allow) ? value.allow.map(String) : [];
+  return { mode, allow };
+}
+
 export function sandboxInfoFromWire(obj: unknown): SandboxInfo {
   if (!isRecord(obj) || typeof obj.id !== 'string') {
     throw new TransportError(`expected a sandbox object with an 'id', the server sent ${JSON.stringify(obj)?.slice(0, 300)}`);
@@ -68,6 +86,7 @@ export function sandboxInfoFromWire(obj: unknown): SandboxInfo {
     lastActiveAt: typeof obj.last_active_at === 'string' ? obj.last_active_at : null,
     idleTimeoutSeconds: typeof obj.idle_timeout_seconds === 'number' ? obj.idle_timeout_seconds : null,
     metadata,
+    network: networkFromWire(obj.network),
   };
 }
 

@@ -20,6 +20,7 @@ import {
   type Execution,
   type ExecutionError,
   type FileInfo,
+  type NetworkMode,
   type Result,
   type SandboxInfo,
   errorFromWire,
@@ -45,6 +46,12 @@ export interface CreateOptions extends ClientOptions {
   idleTimeoutSeconds?: number;
   /** Stored with the sandbox. */
   metadata?: Record<string, string>;
+  /**
+   * Network mode: `'none'` (default: no network), `'allowlist'` (the server's package indexes,
+   * so `pip install` works, plus `allow` entries), `'outbound'` (any public host), or
+   * `{ mode: 'allowlist', allow: ['host:443'] }`.
+   */
+  network?: NetworkMode | { mode: NetworkMode; allow?: string[] };
   /** Bounds the whole creation, boot included (default 120 s). */
   timeoutMs?: number;
 }
@@ -142,6 +149,7 @@ export class Sandbox {
       metadata: options.metadata ?? {},
     };
     if (options.idleTimeoutSeconds !== undefined) body.idle_timeout_seconds = options.idleTimeoutSeconds;
+    if (options.network !== undefined) body.network = options.network;
     const created = await request(config, 'POST', '/v1/sandboxes', {
       body,
       timeoutMs: options.timeoutMs ?? CREATE_TIMEOUT_MS,

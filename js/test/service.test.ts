@@ -103,6 +103,21 @@ describe('Sandbox', () => {
   });
 });
 
+describe('network', () => {
+  it('is none by default and set per sandbox at create', { timeout: 240_000 }, async () => {
+    assert.deepEqual(sbx.info.network, { mode: 'none', allow: [] });
+    const online = await Sandbox.create({ ...service, network: { mode: 'allowlist', allow: ['files.example.org:443'] } });
+    try {
+      assert.deepEqual(online.info.network, { mode: 'allowlist', allow: ['files.example.org:443'] });
+      const proxy = await online.runCode('echo $HTTPS_PROXY', { language: 'bash' });
+      assert.equal(proxy.stdout.trim(), 'http://127.0.0.1:3128');
+    } finally {
+      await online.close();
+    }
+    await assert.rejects(Sandbox.create({ ...service, network: 'open' as never }), /network mode 'open'/);
+  });
+});
+
 describe('Sandbox.fork', () => {
   it('copies a live sandbox: children keep its state and diverge from it', { timeout: 240_000 }, async (t) => {
     const parent = await Sandbox.create({ ...service });
