@@ -105,6 +105,17 @@ class HTTPClient:
             )
         return self._session
 
+    async def _send(self, method: str, url: str, replayable: bool,
+                    **kwargs: Any) -> aiohttp.ClientResponse:
+        """Send a request; a kept-alive connection the server had closed meanwhile (it restarted)
+        fails before any response, so a ``replayable`` request is sent once more on a new one."""
+        try:
+            return await self._get_session().request(method, url, **kwargs)
+        except (aiohttp.ServerDisconnectedError, aiohttp.ClientConnectionResetError):
+            if not replayable:
+                raise
+        return await self._get_session().request(method, url, **kwargs)
+
     async def aclose(self) -> None:
         """Close the HTTP session; safe to call more than once."""
         self._closed = True
@@ -130,10 +141,13 @@ class HTTPClient:
         what = f"{method} {path}"
         deadline = aiohttp.ClientTimeout(total=timeout, connect=CONNECT_TIMEOUT)
         headers = {"Content-Type": "application/octet-stream"} if data is not None else None
+        # replayable: not a POST (a create that failed this way may have happened), and no
+        # streamed body (it cannot be sent twice)
+        replayable = data is None or isinstance(data, bytes)
         with self._translate_errors(what, timeout):
-            async with self._get_session().request(
-                method, self.config.url + path, json=json_body, timeout=deadline, params=params,
-                data=data, headers=headers,
+            async with await self._send(
+                method, self.config.url + path, replayable and method != "POST",
+                json=json_body, timeout=deadline, params=params, data=data, headers=headers,
             ) as resp:
                 body = await resp.read()
                 if resp.status >= 400:
@@ -159,8 +173,8 @@ class HTTPClient:
         deadline = aiohttp.ClientTimeout(total=timeout, connect=CONNECT_TIMEOUT)
         received = 0
         with self._translate_errors(what, timeout):
-            async with self._get_session().get(
-                self.config.url + path, params=params, timeout=deadline
+            async with await self._send(
+                "GET", self.config.url + path, True, params=params, timeout=deadline
             ) as resp:
                 if resp.status >= 400:
                     raise _error_from(resp, await resp.read(), what)
@@ -190,10 +204,13 @@ class HTTPClient:
         deadline = aiohttp.ClientTimeout(
             total=timeout, connect=CONNECT_TIMEOUT, sock_connect=CONNECT_TIMEOUT
         )
+        # an execute runs nothing before its response starts: a connection that failed before
+        # any response never reached the code, so it is sent once more
         with self._translate_errors(what, timeout):
-            async with self._get_session().request(
+            async with await self._send(
                 method,
                 self.config.url + path,
+                True,
                 json=json_body,
                 timeout=deadline,
                 headers={"Accept": "application/x-ndjson"},

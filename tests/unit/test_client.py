@@ -72,6 +72,7 @@ class FakeKernelHost:
         self.requests: list[tuple[str, str, Any]] = []  # (method, path, JSON body or None)
         self.headers: list[dict[str, str]] = []
         self.peers: list[Any] = []  # the client address of each request: one per connection
+        self.drop_next = 0  # requests to answer by closing the connection
         self.sandboxes: dict[str, dict[str, Any]] = {}
         self.script: Script = _default_script
         self._fail_next: Callable[[], web.Response] | None = None
@@ -106,6 +107,11 @@ class FakeKernelHost:
         self.headers.append(dict(request.headers))
         transport = request.transport
         self.peers.append(transport.get_extra_info("peername") if transport else None)
+        if self.drop_next:  # a connection the server had closed: no response at all
+            self.drop_next -= 1
+            assert request.transport is not None
+            request.transport.close()
+            return web.Response(status=500)
         if request.headers.get("Authorization") != f"Bearer {KEY}":
             return _api_error(401, "invalid_api_key", "the API key is not valid")
         if self._fail_next is not None:
@@ -513,6 +519,23 @@ async def test_execute_error_status_is_mapped(fake: FakeKernelHost) -> None:
 
 
 # -- run_code --------------------------------------------------------------------------------
+
+
+async def test_a_dropped_connection_is_retried_where_no_work_can_have_started(
+    fake: FakeKernelHost,
+) -> None:
+    async with AsyncSandbox(url=fake.url, api_key=KEY) as sbx:
+        fake.drop_next = 1
+        assert (await sbx.run_code("1")).status == "ok"  # execute: nothing ran before a response
+        fake.drop_next = 1
+        assert (await sbx.info()).id == sbx.id  # GET
+        fake.drop_next = 1
+        with pytest.raises(TransportError):  # POST /interrupt: not sent twice
+            await sbx.interrupt()
+    fake.drop_next = 1
+    with pytest.raises(TransportError):  # a create may have happened: not sent twice
+        await AsyncSandbox.create(url=fake.url, api_key=KEY)
+    assert fake.drop_next == 0
 
 
 async def test_calls_reuse_one_connection_when_the_body_ends_after_its_last_event(

@@ -14,6 +14,7 @@ import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
+import aiohttp
 import pytest
 
 from kernelhost import AsyncSandbox
@@ -201,3 +202,27 @@ async def test_forks_inherit_the_network(outbound: AsyncSandbox,
         assert out.strip() == "OK 200 hello from the host test server", out
     finally:
         await kid.close()
+
+
+async def test_network_survives_hibernation_and_a_service_restart(
+        net_service: Service, local_server: tuple[str, int]) -> None:
+    """The tunnel's host side is re-established when the sandbox wakes and when a restarted
+    service reattaches it; the kernel keeps its proxy environment."""
+    addr, port = local_server
+    sbx = await _make(net_service, "outbound")
+    fetch = FETCH + f"print(fetch('http://{addr}:{port}/'))"
+    try:
+        assert (await _py(sbx, fetch)).strip() == "OK 200 hello from the host test server"
+        async with aiohttp.ClientSession(
+                headers={"Authorization": f"Bearer {net_service.api_key}"}) as http:
+            r = await http.post(f"{net_service.url}/v1/sandboxes/{sbx.id}/hibernate")
+            assert r.status == 200 and (await r.json())["state"] == "hibernated"
+        woken = await _py(sbx, fetch)  # wakes it
+        assert woken.strip() == "OK 200 hello from the host test server", woken
+        net_service.stop()
+        net_service.start()
+        again = await _py(sbx, fetch)
+        assert again.strip() == "OK 200 hello from the host test server", again
+        assert (await sbx.info()).network == {"mode": "outbound", "allow": []}
+    finally:
+        await sbx.close()
