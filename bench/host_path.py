@@ -44,6 +44,18 @@ async def answer(agent: FakeAgent, request: dict[str, Any]) -> None:
     await agent.run_execute(request, [execute_result({"text/plain": "2"})])
 
 
+async def raw_calls(http: aiohttp.ClientSession, url: str, n: int) -> tuple[list[float], float]:
+    """``n`` executes of ``1+1`` with a bare aiohttp client: wall times, and CPU seconds a call."""
+    walls = []
+    c0 = time.process_time()
+    for _ in range(n):
+        t0 = time.perf_counter()
+        async with http.post(url, json={"code": "1+1"}) as r:
+            await r.read()
+        walls.append(time.perf_counter() - t0)
+    return walls, (time.process_time() - c0) / n
+
+
 async def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=2000)
@@ -102,34 +114,18 @@ async def main() -> None:
             print(f"1+1 via the SDK, fake agent: median {summary(walls)['median'] * 1e3:.3f} ms, "
                   f"p95 {summary(walls)['p95'] * 1e3:.3f} ms, CPU {cpu * 1e3:.3f} ms/call, "
                   f"{len(peers)} TCP connections for {n} calls", flush=True)
-            walls = []
             async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {KEY}"}) as http:
-                c0 = time.process_time()
-                for _ in range(n):
-                    t0 = time.perf_counter()
-                    async with http.post(f"{url}/v1/sandboxes/{rec.id}/execute",
-                                         json={"code": "1+1"}) as r:
-                        await r.read()
-                    walls.append(time.perf_counter() - t0)
-                cpu = (time.process_time() - c0) / n
+                walls, cpu = await raw_calls(http, f"{url}/v1/sandboxes/{rec.id}/execute", n)
             out["raw"] = summary(walls)
             out["raw_cpu_s"] = cpu
             print(f"1+1 via bare aiohttp, fake agent: median {summary(walls)['median'] * 1e3:.3f} "
                   f"ms, p95 {summary(walls)['p95'] * 1e3:.3f} ms, CPU {cpu * 1e3:.3f} ms/call",
                   flush=True)
             # what a client pays when its connection is not reused: a new one for every call
-            walls = []
             async with aiohttp.ClientSession(
                     headers={"Authorization": f"Bearer {KEY}"},
                     connector=aiohttp.TCPConnector(force_close=True)) as http:
-                c0 = time.process_time()
-                for _ in range(n):
-                    t0 = time.perf_counter()
-                    async with http.post(f"{url}/v1/sandboxes/{rec.id}/execute",
-                                         json={"code": "1+1"}) as r:
-                        await r.read()
-                    walls.append(time.perf_counter() - t0)
-                cpu = (time.process_time() - c0) / n
+                walls, cpu = await raw_calls(http, f"{url}/v1/sandboxes/{rec.id}/execute", n)
             out["raw_new_connection"] = summary(walls)
             out["raw_new_connection_cpu_s"] = cpu
             print(f"same, a new TCP connection per call: median "

@@ -261,8 +261,13 @@ def _prune(args: argparse.Namespace) -> int:
     from hypervisor import Hypervisor, ImageStore, LibvirtUnavailable
 
     from .progress import format_bytes
-    from .sandboxes import Store
-    from .sandboxes.prune import apply, scan_in_use, stale_images, stale_snapshots
+    from .sandboxes.prune import (
+        apply,
+        referenced_builds,
+        scan_in_use,
+        stale_images,
+        stale_snapshots,
+    )
 
     try:
         settings = Settings.load()
@@ -277,13 +282,7 @@ def _prune(args: argparse.Namespace) -> int:
         pass  # snapshots are then judged by their image build only
     finally:
         hv.close()
-    referenced: list[tuple[str, str]] = []
-    if settings.db_path.is_file():
-        store = Store(settings.db_path)
-        try:
-            referenced = [(r.template, r.image_key) for r in store.all()]
-        finally:
-            store.close()
+    referenced = referenced_builds(settings.db_path)
     images = ImageStore(settings.image_dir)
     in_use = scan_in_use()
     plan = (stale_snapshots(settings.ram_dir, images, in_use, versions)

@@ -105,16 +105,9 @@ def _snapshots(settings: Settings, images: Any, templates: list[str]) -> Check:
 def _stale(settings: Settings, images: Any, versions: dict[str, str] | None) -> Check:
     """Old image builds and template snapshots that 'kernelhost prune' would remove."""
     from .progress import format_bytes
-    from .sandboxes import Store
-    from .sandboxes.prune import scan_in_use, stale_images, stale_snapshots
+    from .sandboxes.prune import referenced_builds, scan_in_use, stale_images, stale_snapshots
 
-    referenced: list[tuple[str, str]] = []
-    if settings.db_path.is_file():
-        store = Store(settings.db_path)
-        try:
-            referenced = [(r.template, r.image_key) for r in store.all()]
-        finally:
-            store.close()
+    referenced = referenced_builds(settings.db_path)
     in_use = scan_in_use()
     snaps = stale_snapshots(settings.ram_dir, images, in_use, versions)
     builds = stale_images(images, referenced, in_use)

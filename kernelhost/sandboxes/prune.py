@@ -200,6 +200,19 @@ def _snapshot_staleness(path: Path, current: dict[str, str],
     return ""
 
 
+def referenced_builds(db_path: Path) -> list[tuple[str, str]]:
+    """(template, image key) of every sandbox record of the service database at ``db_path``."""
+    if not db_path.is_file():
+        return []
+    from .store import Store
+
+    store = Store(db_path)
+    try:
+        return [(r.template, r.image_key) for r in store.all()]
+    finally:
+        store.close()
+
+
 def stale_images(images: ImageStore, referenced: Iterable[tuple[str, str]],
                  in_use: InUse) -> Plan:
     """Image builds in the image dir that no template links to, no sandbox record names
