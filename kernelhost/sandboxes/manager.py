@@ -11,7 +11,7 @@ import contextlib
 import secrets
 import time
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -35,17 +35,14 @@ from .errors import (
     BackendUnavailable,
     BootFailed,
     CapacityExceeded,
-    FileOperationFailed,
-    FileTooLarge,
     InvalidRequest,
     NotSupportedByImage,
-    PathNotFound,
-    SandboxDiskFull,
     SandboxNotFound,
     SandboxNotRunning,
     UnknownTemplate,
 )
 from .execution import LANGUAGES, Control, inject_kernel_death, run_cell
+from .files import FileOps, iso_time
 from .network import HostNetwork, NetworkSpec, Tunnels, parse_network
 from .store import SandboxRecord, Store
 from .vms import VmFactory
@@ -82,7 +79,7 @@ class Sandbox:
         r = self.record
         return {
             "id": r.id, "template": r.template, "state": r.state,
-            "created_at": _iso(r.created_at), "last_active_at": _iso(r.last_active_at),
+            "created_at": iso_time(r.created_at), "last_active_at": iso_time(r.last_active_at),
             "idle_timeout_seconds": r.idle_timeout_seconds, "accel": r.accel,
             "memory_mib": r.memory_mib, "vcpus": r.vcpus, "metadata": r.metadata,
             "network": NetworkSpec.from_dict(r.network).to_dict(),
@@ -90,11 +87,9 @@ class Sandbox:
         }
 
 
-def _iso(ts: float) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ts)) + f".{int(ts % 1 * 1000):03d}Z"
 
 
-class SandboxManager:
+class SandboxManager(FileOps):
     def __init__(self, settings: Settings, hv: Hypervisor, images: ImageStore, store: Store,
                  accel: str) -> None:
         self.settings = settings
@@ -650,10 +645,10 @@ class SandboxManager:
                      ms=round((time.monotonic() - t0) * 1000))
             return kids
 
-    # == execution depth: interrupt, restart, VM replacement, files ================================
+    # == execution depth: interrupt, restart, VM replacement (files: files.py) =====================
     # The timeout ladder's last rung and the restart of a dead VM reuse ``_launch`` with a new
     # domain name (so a destroy still in flight for the old name cannot hit the new VM). Interrupt,
-    # restart and file calls do not queue behind executions: they act while one runs.
+    # restart and file calls (FileOps) do not queue behind executions: they act while one runs.
 
     async def interrupt(self, sbx: Sandbox) -> dict[str, Any]:
         """Interrupt what runs now (Python: KeyboardInterrupt; bash: SIGINT); state is kept."""
@@ -776,208 +771,6 @@ class SandboxManager:
         log.info("sandbox.vm_replaced", sandbox_id=sbx.id, domain=rec.domain,
                  ms=round((time.monotonic() - t0) * 1000))
         return True
-
-    # -- files --
-
-    def _path(self, path: Any, field: str = "path") -> str:
-        if not isinstance(path, str) or not path or "\0" in path or len(path) > 4096:
-            raise InvalidRequest(
-                f"{field}={path!r:.100} is not a usable path: give a non-empty path of at most "
-                "4096 characters without NUL; relative paths are under /home/user", field=field)
-        return path
-
-    async def _fs(self, sbx: Sandbox, op: str, timeout: float | None = None,
-                  **fields: Any) -> dict[str, Any]:
-        await self._settle(sbx)
-        self._check_running(sbx)
-        agent = sbx.agent
-        if agent is None or sbx.record.state != "running":
-            raise SandboxNotRunning(f"sandbox {sbx.id} is {sbx.record.state}",
-                                    state=sbx.record.state)
-        wait = timeout or FILE_OP_TIMEOUT
-        try:
-            reply = await agent.request(op, timeout=wait, **fields)
-        except asyncio.TimeoutError:
-            raise AgentUnresponsive(
-                f"the agent of sandbox {sbx.id} did not answer {op} within {wait:g}s; "
-                f"POST /v1/sandboxes/{sbx.id}/restart gives it a fresh VM if it stays silent"
-            ) from None
-        except ChannelClosed as exc:
-            raise SandboxNotRunning(f"sandbox {sbx.id} lost its VM during {op}: {exc}",
-                                    state=sbx.record.state) from exc
-        except AgentError as exc:
-            if "unknown op" in str(exc):
-                raise NotSupportedByImage(
-                    f"sandbox {sbx.id} runs a guest image without file operations; rebuild the "
-                    "images (make image) and create a new sandbox") from exc
-            raise FileOperationFailed(f"{op} was refused: {exc}") from exc
-        if "oserror" in reply:
-            raise _fs_error(sbx, reply["oserror"], fields)
-        sbx.record.last_active_at = time.time()
-        return reply
-
-    async def write_file(self, sbx: Sandbox, path: str, chunks: AsyncIterator[bytes],
-                         length: int | None = None) -> dict[str, Any]:
-        """Stream ``chunks`` into ``path`` (parents created); atomic: a failed upload leaves
-        nothing. The size limit is checked up front when ``length`` is known, and as bytes come."""
-        self._path(path)
-        limit = self.settings.max_file_bytes
-        if length is not None and length > limit:
-            raise _too_large(path, length, limit)
-        head, _, name = path.rpartition("/")
-        tmp = f"{head}/.{name}.kh-upload-{secrets.token_hex(4)}" if head or path.startswith("/") \
-            else f".{name}.kh-upload-{secrets.token_hex(4)}"
-        written = 0
-        created = False
-        inflight: set[asyncio.Future[dict[str, Any]]] = set()
-        try:
-            async for piece in _rechunk(chunks, FILE_CHUNK):
-                if written + len(piece) > limit:
-                    raise _too_large(path, written + len(piece), limit)
-                if not created:
-                    await self._fs(sbx, "fs_write", path=tmp, offset=0, data=piece, create=True)
-                    created = True
-                else:
-                    if len(inflight) >= FILE_WINDOW:
-                        done, inflight = await asyncio.wait(
-                            inflight, return_when=asyncio.FIRST_COMPLETED)
-                        for task in done:
-                            task.result()
-                    inflight.add(asyncio.ensure_future(self._fs(
-                        sbx, "fs_write", path=tmp, offset=written, data=piece)))
-                written += len(piece)
-            if not created:
-                await self._fs(sbx, "fs_write", path=tmp, offset=0, data=b"", create=True)
-                created = True
-            for task in asyncio.as_completed(inflight):
-                await task
-            inflight = set()
-            reply = await self._fs(sbx, "fs_rename", src=tmp, dst=path)
-        except BaseException:
-            for task in inflight:
-                task.cancel()
-            if created:
-                with contextlib.suppress(Exception):
-                    await asyncio.shield(self._fs(sbx, "fs_remove", path=tmp))
-            raise
-        final = reply.get("path")
-        return {"path": final if isinstance(final, str) else path, "size": written}
-
-    async def read_file(self, sbx: Sandbox, path: str) -> tuple[int, AsyncIterator[bytes]]:
-        """The file's size, and its bytes in chunks (errors before the first byte raise here)."""
-        self._path(path)
-        reply = await self._fs(sbx, "fs_stat", path=path)
-        stat = reply.get("stat")
-        if not isinstance(stat, dict) or not isinstance(stat.get("size"), int) \
-                or isinstance(stat.get("size"), bool) or stat["size"] < 0:
-            raise FileOperationFailed(f"the sandbox answered a stat of {path!r} with nonsense")
-        if stat.get("type") == "dir":
-            raise FileOperationFailed(
-                f"{path!r} is a directory; list it with GET /v1/sandboxes/{sbx.id}/files/list",
-                path=path, errno="EISDIR")
-        if stat.get("type") != "file":
-            raise FileOperationFailed(f"{path!r} is not a regular file ({stat.get('type')})",
-                                      path=path)
-        size = int(stat["size"])
-        if size > self.settings.max_file_bytes:
-            raise _too_large(path, size, self.settings.max_file_bytes)
-        return size, self._read_chunks(sbx, path, size)
-
-    async def _read_chunks(self, sbx: Sandbox, path: str, size: int) -> AsyncIterator[bytes]:
-        offsets = iter(range(0, size, FILE_CHUNK))
-        inflight: list[tuple[int, asyncio.Future[dict[str, Any]]]] = []
-
-        def more() -> None:
-            while len(inflight) < FILE_WINDOW:
-                offset = next(offsets, None)
-                if offset is None:
-                    return
-                length = min(FILE_CHUNK, size - offset)
-                inflight.append((length, asyncio.ensure_future(self._fs(
-                    sbx, "fs_read", path=path, offset=offset, length=length))))
-
-        try:
-            more()
-            while inflight:
-                length, task = inflight.pop(0)
-                data = (await task).get("data")
-                if not isinstance(data, bytes) or len(data) > length:
-                    raise FileOperationFailed(f"the sandbox answered a read of {path!r} with "
-                                              f"{type(data).__name__} instead of bytes")
-                if len(data) < length:
-                    raise FileOperationFailed(f"{path!r} shrank while it was being read")
-                more()
-                yield data
-        finally:
-            for _, task in inflight:
-                task.cancel()
-
-    async def list_files(self, sbx: Sandbox, path: str = ".") -> dict[str, Any]:
-        self._path(path)
-        reply = await self._fs(sbx, "fs_list", path=path)
-        where = str(reply["path"]) if isinstance(reply.get("path"), str) else path
-        entries = []
-        for raw in reply.get("entries") or []:
-            if not isinstance(raw, dict) or not isinstance(raw.get("name"), str):
-                continue
-            size, mtime = raw.get("size"), raw.get("mtime")
-            entries.append({
-                "name": raw["name"], "path": f"{where.rstrip('/')}/{raw['name']}",
-                "type": raw.get("type") if raw.get("type") in ("file", "dir", "symlink") else "other",
-                "size": size if isinstance(size, int) and not isinstance(size, bool) else 0,
-                "modified_at": _iso(float(mtime)) if isinstance(mtime, (int, float))
-                and not isinstance(mtime, bool) and 0 <= mtime < 1e11 else None,
-            })
-        return {"path": where, "entries": entries, "truncated": reply.get("truncated") is True}
-
-    async def remove_file(self, sbx: Sandbox, path: str, recursive: bool = False) -> None:
-        self._path(path)
-        await self._fs(sbx, "fs_remove", path=path, recursive=recursive)
-
-
-FILE_CHUNK = 1 << 20  # bytes per channel frame of a file transfer
-FILE_WINDOW = 4  # chunk requests in flight per transfer
-FILE_OP_TIMEOUT = 60.0  # seconds one file op may take in the guest
-
-
-async def _rechunk(chunks: AsyncIterator[bytes], size: int) -> AsyncIterator[bytes]:
-    """Pieces of exactly ``size`` bytes (the last may be shorter) from any chunking."""
-    buf = bytearray()
-    async for chunk in chunks:
-        buf += chunk
-        while len(buf) >= size:
-            yield bytes(buf[:size])
-            del buf[:size]
-    if buf:
-        yield bytes(buf)
-
-
-def _too_large(path: str, size: int, limit: int) -> FileTooLarge:
-    return FileTooLarge(
-        f"{path!r} is {size} bytes, over the limit of {limit} bytes; the server's "
-        "max_file_bytes setting raises it (the sandbox's disk is half its VM memory)",
-        path=path, limit=limit)
-
-
-def _fs_error(sbx: Sandbox, err: Any, fields: dict[str, Any]) -> Exception:
-    err = err if isinstance(err, dict) else {}
-    code = str(err.get("errno", "EIO"))[:32]
-    message = str(err.get("message", "error"))[:200]
-    asked = fields.get("dst") or fields.get("path") or ""
-    path = err.get("path") if isinstance(err.get("path"), str) else asked
-    if code == "ENOENT":
-        return PathNotFound(f"no such file or directory in sandbox {sbx.id}: {path!r}",
-                            path=path)
-    if code in ("ENOSPC", "EDQUOT"):
-        return SandboxDiskFull(
-            f"the disk of sandbox {sbx.id} is full writing {path!r}: files live in the VM's "
-            f"memory ({sbx.record.memory_mib} MiB, half of it for files); remove files, or "
-            "raise vm_memory_mib on the server", path=path)
-    hint = {"EISDIR": "; it is a directory", "ENOTDIR": "; a parent is not a directory",
-            "ENOTEMPTY": "; pass recursive=true to remove a directory and its contents",
-            "EEXIST": "; something else is already there"}.get(code, "")
-    return FileOperationFailed(f"{message}: {path!r} ({code}){hint}", path=path, errno=code)
-
 
 # == co-attach (issue 5): a sandbox's kernel traffic to its listeners ==============================
 # Every Jupyter message from the guest, every agent event and every channel change of a sandbox is

@@ -21,7 +21,7 @@ from kernelhost.sandboxes import (
     PathNotFound,
     SandboxDiskFull,
 )
-from kernelhost.sandboxes.manager import _fs_error, _rechunk
+from kernelhost.sandboxes.files import _fs_error, _rechunk
 
 from .offline import fake_image_dir, offline_settings
 
