@@ -558,7 +558,10 @@ async def start_kernel(request: web.Request) -> web.Response:
     """Start a kernel: a new sandbox of the template named ``name`` (a kernelspec name).
 
     Body (Kernel Gateway's): ``{"name": "python", "env": {"KERNEL_...": "..."}}``; kernelhost
-    also takes ``idle_timeout_seconds`` in the body or ``KERNEL_IDLE_TIMEOUT_SECONDS`` in env.
+    also takes ``idle_timeout_seconds`` in the body or ``KERNEL_IDLE_TIMEOUT_SECONDS`` in env,
+    and the network mode as ``network`` in the body or ``KERNEL_NETWORK`` (``none``,
+    ``allowlist``, ``outbound``) with ``KERNEL_NETWORK_ALLOW`` (comma-separated entries) in env:
+    jupyter_server forwards ``KERNEL_*`` variables of its own environment.
     """
     body = await _body(request)
     manager = _manager(request)
@@ -580,7 +583,12 @@ async def start_kernel(request: web.Request) -> web.Response:
     user = env.get("KERNEL_USERNAME")
     if isinstance(user, str) and user:
         metadata["jupyter_user"] = user[:200]
-    sbx = await manager.create(request[KEY_ID], name, idle, metadata)
+    network = body.get("network")
+    if network is None and env.get("KERNEL_NETWORK") is not None:
+        allow = str(env.get("KERNEL_NETWORK_ALLOW") or "")
+        network = {"mode": env["KERNEL_NETWORK"],
+                   "allow": [a.strip() for a in allow.split(",") if a.strip()]}
+    sbx = await manager.create(request[KEY_ID], name, idle, metadata, network=network)
     model = request.app[GATEWAY].model(sbx)
     log.info("gateway.kernel_started", sandbox_id=sbx.id, kernel_id=model["id"], template=name)
     return web.json_response(model, status=201,

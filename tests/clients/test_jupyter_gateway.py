@@ -103,6 +103,21 @@ async def test_kernels_of_the_gateway_api_directly(jupyter_service: Service) -> 
             assert r.status == 200 and (await r.read())[:4] == b"\x89PNG"
         async with http.post(f"{svc.url}/api/kernels", json={"name": "cobol"}) as r:
             assert r.status == 400 and "python" in (await r.json())["error"]["message"]
+        # the network mode, as jupyter_server forwards it (KERNEL_* variables of its environment)
+        async with http.post(f"{svc.url}/api/kernels", json={"name": "python", "env": {
+                "KERNEL_NETWORK": "allowlist",
+                "KERNEL_NETWORK_ALLOW": "files.example.org:443, *.example.net"}}) as r:
+            assert r.status == 201
+            online = await r.json()
+        async with http.get(f"{svc.url}/v1/sandboxes") as r:
+            [made] = [s for s in (await r.json())["sandboxes"]
+                      if s["state"] == "running" and s["network"]["mode"] == "allowlist"]
+        assert made["network"]["allow"] == ["files.example.org:443", "*.example.net"]
+        async with http.delete(f"{svc.url}/api/kernels/{online['id']}") as r:
+            assert r.status == 204
+        async with http.post(f"{svc.url}/api/kernels", json={
+                "name": "python", "env": {"KERNEL_NETWORK": "wide-open"}}) as r:
+            assert r.status == 400 and "wide-open" in (await r.json())["error"]["message"]
         async with http.post(f"{svc.url}/api/kernels", json={"name": "python"}) as r:
             assert r.status == 201
             model = await r.json()
