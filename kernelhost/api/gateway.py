@@ -53,7 +53,7 @@ from ..sandboxes import (
     SandboxNotFound,
     SandboxNotRunning,
 )
-from .state import KEY_ID, RUNTIME
+from .state import KEY_ID, RUNTIME, json_object
 
 log = structlog.get_logger("kernelhost.gateway")
 
@@ -475,20 +475,6 @@ def _manager(request: web.Request) -> SandboxManager:
     return request.app[RUNTIME].manager
 
 
-async def _body(request: web.Request) -> dict[str, Any]:
-    if not request.can_read_body:
-        return {}
-    try:
-        body = await request.json()
-    except ValueError as exc:  # JSONDecodeError, or UnicodeDecodeError for non-UTF-8 bytes
-        raise InvalidRequest(f"request body is not valid JSON: {exc}") from None
-    if body is None:
-        return {}
-    if not isinstance(body, dict):
-        raise InvalidRequest(f"request body must be a JSON object, got {type(body).__name__}")
-    return body
-
-
 # -- kernelspecs --------------------------------------------------------------------------------
 
 
@@ -563,7 +549,7 @@ async def start_kernel(request: web.Request) -> web.Response:
     ``allowlist``, ``outbound``) with ``KERNEL_NETWORK_ALLOW`` (comma-separated entries) in env:
     jupyter_server forwards ``KERNEL_*`` variables of its own environment.
     """
-    body = await _body(request)
+    body = await json_object(request, null_is_empty=True)
     manager = _manager(request)
     name = body.get("name") or _default_spec(manager.templates())
     if name == "python3" and "python3" not in manager.templates():

@@ -12,25 +12,13 @@ from aiohttp import web
 
 from ..metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from ..sandboxes import InvalidRequest, Sandbox
-from .state import KEY_ID, RUNTIME, Runtime
+from .state import KEY_ID, RUNTIME, Runtime, json_object
 
 routes = web.RouteTableDef()
 
 
 def _runtime(request: web.Request) -> Runtime:
     return request.app[RUNTIME]
-
-
-async def _json_body(request: web.Request) -> dict[str, Any]:
-    if not request.can_read_body:
-        return {}
-    try:
-        body = await request.json()
-    except ValueError as exc:  # JSONDecodeError, or UnicodeDecodeError for non-UTF-8 bytes
-        raise InvalidRequest(f"request body is not valid JSON: {exc}") from None
-    if not isinstance(body, dict):
-        raise InvalidRequest(f"request body must be a JSON object, got {type(body).__name__}")
-    return body
 
 
 def _field(body: dict[str, Any], name: str, kind: type | tuple[type, ...], default: Any = None,
@@ -73,7 +61,7 @@ async def metrics(request: web.Request) -> web.Response:
 
 @routes.post("/v1/sandboxes")
 async def create_sandbox(request: web.Request) -> web.Response:
-    body = await _json_body(request)
+    body = await json_object(request)
     template = _field(body, "template", str, "python")
     idle = _field(body, "idle_timeout_seconds", int)
     metadata = _field(body, "metadata", dict, {})
@@ -112,7 +100,7 @@ async def execute(request: web.Request) -> web.StreamResponse:
     at once but its events start when the first call has ended.
     """
     sbx = _sandbox(request)
-    body = await _json_body(request)
+    body = await json_object(request)
     code = _field(body, "code", str, required=True)
     language = _field(body, "language", str, "python")
     timeout = _field(body, "timeout", (int, float))
@@ -143,7 +131,7 @@ async def execute(request: web.Request) -> web.StreamResponse:
 @routes.post("/v1/sandboxes/{sandbox_id}/fork")
 async def fork_sandbox(request: web.Request) -> web.Response:
     """Copy a live sandbox into ``n`` children (body ``{"n": 1}``); 201 with the children."""
-    body = await _json_body(request)
+    body = await json_object(request)
     n = _field(body, "n", int, 1)
     kids = await _runtime(request).manager.fork(request[KEY_ID], request.match_info["sandbox_id"], n)
     return web.json_response({"sandboxes": [k.to_dict() for k in kids]}, status=201)

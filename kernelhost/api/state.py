@@ -10,7 +10,7 @@ from aiohttp import web
 from hypervisor import Hypervisor
 
 from ..config import Settings
-from ..sandboxes import SandboxManager, Store
+from ..sandboxes import InvalidRequest, SandboxManager, Store
 from .auth import KeyRing
 
 
@@ -34,3 +34,19 @@ KEYS = web.AppKey("keys", KeyRing)
 KEY_ID: Any = web.RequestKey("key_id", str) if hasattr(web, "RequestKey") else "key_id"
 RUNTIME = web.AppKey("runtime", Runtime)
 
+
+
+async def json_object(request: web.Request, *, null_is_empty: bool = False) -> dict[str, Any]:
+    """The request's JSON body, which must be an object; no body is an empty one (and so is
+    ``null`` where ``null_is_empty``: Kernel Gateway clients send it)."""
+    if not request.can_read_body:
+        return {}
+    try:
+        body = await request.json()
+    except ValueError as exc:  # JSONDecodeError, or UnicodeDecodeError for non-UTF-8 bytes
+        raise InvalidRequest(f"request body is not valid JSON: {exc}") from None
+    if body is None and null_is_empty:
+        return {}
+    if not isinstance(body, dict):
+        raise InvalidRequest(f"request body must be a JSON object, got {type(body).__name__}")
+    return body
