@@ -3,9 +3,13 @@ directory under the test's ``tmp_path``, and (optionally) a fake built image of 
 
 from __future__ import annotations
 
+import contextlib
 import json
+from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
+
+from aiohttp import web
 
 from kernelhost.config import Settings
 
@@ -30,3 +34,25 @@ def offline_settings(tmp_path: Path, *, image_dir: Path | None = None,
         domain_prefix="khunit-", accel="tcg")
     values.update(overrides)
     return Settings.load({}, **values)
+
+
+class FakeServer(Protocol):
+    """An in-process stand-in for the service: its aiohttp app, and the URL it is served at."""
+
+    app: web.Application
+    url: str
+
+
+@contextlib.asynccontextmanager
+async def serving(fake: FakeServer) -> AsyncIterator[None]:
+    """Serve ``fake.app`` on a free loopback port (``fake.url``) until the block ends."""
+    runner = web.AppRunner(fake.app, shutdown_timeout=1.0)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    host, port = runner.addresses[0][:2]
+    fake.url = f"http://{host}:{port}"
+    try:
+        yield
+    finally:
+        await runner.cleanup()

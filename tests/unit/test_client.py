@@ -45,6 +45,8 @@ from kernelhost import (
 )
 from kernelhost.client import _sandbox
 
+from .offline import serving
+
 pytestmark = pytest.mark.unit
 
 KEY = "test-key"
@@ -173,20 +175,6 @@ class FakeKernelHost:
         return resp
 
 
-@contextlib.asynccontextmanager
-async def _serving(fake: FakeKernelHost) -> AsyncIterator[None]:
-    runner = web.AppRunner(fake.app, shutdown_timeout=1.0)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    host, port = runner.addresses[0][:2]
-    fake.url = f"http://{host}:{port}"
-    try:
-        yield
-    finally:
-        await runner.cleanup()
-
-
 @pytest.fixture(autouse=True)
 def _no_env(monkeypatch: pytest.MonkeyPatch) -> None:
     # The vm tier points these at a real service for the whole session; unit tests choose.
@@ -197,7 +185,7 @@ def _no_env(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.fixture
 async def fake() -> AsyncIterator[FakeKernelHost]:
     server = FakeKernelHost()
-    async with _serving(server):
+    async with serving(server):
         yield server
 
 
@@ -208,7 +196,7 @@ def threaded_fake() -> Iterator[FakeKernelHost]:
     thread = threading.Thread(target=loop.run_forever, name="fake-kernelhost", daemon=True)
     thread.start()
     stack = contextlib.AsyncExitStack()
-    asyncio.run_coroutine_threadsafe(stack.enter_async_context(_serving(server)), loop).result(10)
+    asyncio.run_coroutine_threadsafe(stack.enter_async_context(serving(server)), loop).result(10)
     try:
         yield server
     finally:

@@ -19,6 +19,8 @@ from aiohttp import web
 from kernelhost import AsyncSandbox, FileInfo, Files, NotFoundError, Sandbox, TransportError
 from kernelhost.client import AsyncFiles
 
+from .offline import serving
+
 pytestmark = pytest.mark.unit
 
 KEY = "test-key"
@@ -109,20 +111,6 @@ class FakeFiles:
 
     async def _restart(self, request: web.Request) -> web.Response:
         return web.json_response({"recovery": "vm_replaced", "sandbox": {"id": "sbx_1"}})
-
-
-@contextlib.asynccontextmanager
-async def serving(fake: FakeFiles) -> AsyncIterator[None]:
-    runner = web.AppRunner(fake.app, shutdown_timeout=1.0)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    host, port = runner.addresses[0][:2]
-    fake.url = f"http://{host}:{port}"
-    try:
-        yield
-    finally:
-        await runner.cleanup()
 
 
 @pytest.fixture
