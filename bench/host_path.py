@@ -31,7 +31,7 @@ from kernelhost import AsyncSandbox
 from kernelhost.api import init_app
 from kernelhost.api.state import RUNTIME
 from kernelhost.channel import AgentClient
-from kernelhost.sandboxes.manager import Sandbox
+from kernelhost.sandboxes import Sandbox, SandboxState
 from kernelhost.sandboxes.store import SandboxRecord, key_id
 from tests.harness import _free_port
 from tests.unit.fake_agent import FakeAgent, execute_result, short_socket_dir
@@ -87,13 +87,15 @@ async def main() -> None:
             manager = app[RUNTIME].manager
             now = time.time()
             rec = SandboxRecord("sbx_hostpath", key_id(KEY), "python", "khunit-hostpath",
-                                "running", now, now, 600, 512, 1, "tcg", "k1")
-            manager.store.insert(rec)
+                                SandboxState.RUNNING, now, now, 600, 512, 1, "tcg", "k1")
             sbx = Sandbox(rec)
             agent = AgentClient(f"{sockdir}/agent.sock")
             await agent.connect(5)
-            manager._bind(sbx, agent)
-            manager.sandboxes[rec.id] = sbx
+            # the fake agent stands in for a VM, which no public call can adopt
+            registry = manager._ctx.registry
+            registry.record(rec)
+            manager._lifecycle.bind(sbx, agent)
+            registry.add(sbx)
             url = f"http://127.0.0.1:{port}"
             client = await AsyncSandbox.connect(rec.id, url=url, api_key=KEY)
             out: dict[str, Any] = {"label": args.label, "rounds": n}

@@ -23,6 +23,38 @@ class ConfigError(ValueError):
     """A setting has a value that cannot be used."""
 
 
+@dataclass(frozen=True)
+class Timeouts:
+    """Deadlines, in seconds, of the service's waits on guests: every such wait has one.
+
+    The first four are settings (``boot_timeout``, ``agent_timeout``, ``restart_timeout``,
+    ``interrupt_grace``); the rest are fixed, named here instead of written where they are used.
+    """
+
+    boot: float  # a cold boot to a ready kernel
+    agent: float  # the agent's answer to a short request (ping, interrupt, a signal)
+    restart: float  # a kernel restart, before the VM is replaced instead
+    interrupt_grace: float  # from a timeout's interrupt to the next rung of the ladder
+    reattach: float = 15.0  # a running VM's agent, reconnected at service start
+    attach: float = 30.0  # a cloned, woken or forked VM's agent, to answer hello
+    hygiene: float = 30.0  # clock, entropy and reseed after a clone, wake or fork
+    net_config: float = 30.0  # the guest setting up its network mode
+    file_op: float = 60.0  # one file operation in the guest
+    snapshot_warmup: float = 600.0  # imports and warm-up cells before a template is frozen
+    cleanup: float = 30.0  # cleanups (VM destroys) still running when the service stops
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one call may carry or produce (docs/limits.md); the host enforces each."""
+
+    max_code_bytes: int
+    max_output_bytes: int  # stdout + stderr kept per execution
+    max_result_bytes: int  # one rich result, all its MIME types together
+    max_file_bytes: int  # one file read or written through the files API
+    max_frame_bytes: int  # one frame on a sandbox's channel
+
+
 def _default_state_dir() -> Path:
     if os.geteuid() == 0:
         return Path("/var/lib/kernelhost")
@@ -83,6 +115,18 @@ class Settings:
     @property
     def dev_key_file(self) -> Path:
         return self.state_dir / "dev-api-key"
+
+    @property
+    def timeouts(self) -> Timeouts:
+        return Timeouts(boot=self.boot_timeout, agent=self.agent_timeout,
+                        restart=self.restart_timeout, interrupt_grace=self.interrupt_grace,
+                        net_config=max(30.0, self.agent_timeout))
+
+    @property
+    def limits(self) -> Limits:
+        return Limits(max_code_bytes=self.max_code_bytes, max_output_bytes=self.max_output_bytes,
+                      max_result_bytes=self.max_result_bytes, max_file_bytes=self.max_file_bytes,
+                      max_frame_bytes=self.max_frame_bytes)
 
     @property
     def url(self) -> str:

@@ -65,6 +65,10 @@ class Metrics:
             "kernelhost_kernel_deaths",
             "Kernels that died (cause=kernel: the process in the guest; cause=vm: the VM or its "
             "channel was lost)", ["cause"], registry=r)
+        self.connections = Counter(
+            "kernelhost_network_connections",
+            "Connections sandboxes asked the host to open through their network tunnels, by "
+            "result (opened, refused)", ["result"], registry=r)
         self.relayed = Counter(
             "kernelhost_relayed_bytes",
             "Bytes relayed between clients and sandboxes (kind: execute, files; direction: "
@@ -88,13 +92,16 @@ class Metrics:
     def count_hibernation(self, template: str) -> None:
         self.hibernations.labels(template).inc()
 
-    def observe_end(self, language: str, end: dict[str, Any], seconds: float) -> None:
-        """Account one execution from its ``end`` event (status, and recovery on a timeout)."""
-        status = str(end.get("status", "unknown"))
+    def observe_end(self, language: str, status: str, recovery: str | None,
+                    seconds: float) -> None:
+        """Account one execution by how it ended (and, on a timeout, the rung that stopped it)."""
         self.execute_seconds.labels(language).observe(seconds)
         self.executions.labels(language, status).inc()
         if status == "timeout":
-            self.timeouts.labels(str(end.get("recovery") or "failed")).inc()
+            self.timeouts.labels(recovery or "failed").inc()
+
+    def count_connection(self, result: str) -> None:
+        self.connections.labels(result).inc()
 
     def count_kernel_death(self, cause: str) -> None:
         self.kernel_deaths.labels(cause).inc()
@@ -115,6 +122,11 @@ class _Record(Protocol):
     accel: str
 
 
+class _Sandbox(Protocol):
+    @property
+    def record(self) -> _Record: ...
+
+
 class _Pool(Protocol):
     size: int
     hits: int
@@ -124,11 +136,12 @@ class _Pool(Protocol):
 
 
 class _Manager(Protocol):
-    sandboxes: dict[str, Any]
     accel: str
 
     @property
-    def vms(self) -> Any: ...
+    def pool(self) -> _Pool: ...
+
+    def all(self) -> list[Any]: ...
 
     def templates(self) -> list[str]: ...
 
@@ -141,13 +154,13 @@ class StateCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         m = self.manager
-        pool: _Pool = m.vms.pool
+        pool = m.pool
         templates = m.templates()
         by_state: Tally[tuple[str, str]] = Tally()
         vms: Tally[str] = Tally()
-        for sbx in list(m.sandboxes.values()):
+        for sbx in m.all():
             rec: _Record = sbx.record
-            by_state[(rec.state, rec.template)] += 1
+            by_state[(str(rec.state), rec.template)] += 1
             if rec.state in ("running", "replacing"):
                 vms[rec.accel] += 1
         sandboxes = GaugeMetricFamily("kernelhost_sandboxes", "Sandboxes by state and template",
@@ -155,6 +168,15 @@ class StateCollector(Collector):
         for (state, template), n in sorted(by_state.items()):
             sandboxes.add_metric([state, template], n)
         yield sandboxes
+        yield from self._pool(pool, templates, vms)
+        family = GaugeMetricFamily("kernelhost_vms",
+                                   "Running VMs (sandboxes and pooled clones) by acceleration",
+                                   labels=["accel"])
+        for accel in sorted(vms.keys() | {m.accel}):
+            family.add_metric([accel], vms[accel])
+        yield family
+
+    def _pool(self, pool: _Pool, templates: list[str], vms: Tally[str]) -> Iterator[Metric]:
         size = GaugeMetricFamily("kernelhost_pool_ready",
                                  "Ready clones in the warm pool, by template", labels=["template"])
         target = GaugeMetricFamily("kernelhost_pool_target",
@@ -174,10 +196,4 @@ class StateCollector(Collector):
                                      "Creates that found the warm pool empty")
         misses.add_metric([], pool.misses)
         yield misses
-        vms[m.accel] += pooled
-        family = GaugeMetricFamily("kernelhost_vms",
-                                   "Running VMs (sandboxes and pooled clones) by acceleration",
-                                   labels=["accel"])
-        for accel in sorted(vms.keys() | {m.accel}):
-            family.add_metric([accel], vms[accel])
-        yield family
+        vms[self.manager.accel] += pooled

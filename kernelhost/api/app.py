@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterator
 
@@ -21,6 +22,7 @@ from .errors import Handler, error_middleware, error_response
 from .gateway import setup_gateway
 from .mcp_http import setup_mcp
 from .openapi import setup_openapi
+from .pip_index import serving as serving_pip_index
 from .routes import routes
 from .state import KEY_ID, KEYS, RUNTIME, SETTINGS, Runtime
 
@@ -80,13 +82,19 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
         log.warning("images.none", image_dir=str(settings.image_dir), fix="run 'make image'")
     log.info("accel.chosen", accel=accel, reason=reason)
     manager = SandboxManager(settings, hv, images, store, accel)
-    await manager.start()
-    manager.metrics.registry.register(StateCollector(manager))
-    app[RUNTIME] = Runtime(settings, app[KEYS], store, hv, manager, accel, reason, time.time())
-    log.info("service.ready", url=settings.url, sandboxes=len(manager.sandboxes),
-             templates=templates)
     try:
-        yield
+        async with contextlib.AsyncExitStack() as stack:
+            roots = manager.host_network.file_roots
+            if roots:  # the host's file:// package indexes, for sandboxes with a network
+                manager.host_network.index_endpoint = await stack.enter_async_context(
+                    serving_pip_index(roots))
+            await manager.start()
+            manager.metrics.registry.register(StateCollector(manager))
+            app[RUNTIME] = Runtime(settings, app[KEYS], store, hv, manager, accel, reason,
+                                   time.time())
+            log.info("service.ready", url=settings.url, sandboxes=len(manager.all()),
+                     templates=templates)
+            yield
     finally:
         await manager.close()
         hv.close()

@@ -1,6 +1,9 @@
 """The one place where domain errors become HTTP statuses, and the JSON error shape.
 
-Every error response is ``{"error": {"code": str, "message": str, ...details}}``.
+Every error response is ``{"error": {"code": str, "message": str, ...details}}``. A sandbox
+error with a remedy also carries ``"remedy"`` (its name, for programs: the MCP server words it
+for its own tools), ``"reason"`` (the message without advice) and ``"hint"`` (the advice in this
+API's terms: its routes); ``message`` is the reason followed by the hint.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from ..sandboxes import (
     InvalidRequest,
     NotSupportedByImage,
     PathNotFound,
+    Remedy,
     SandboxDiskFull,
     SandboxError,
     SandboxNotFound,
@@ -45,16 +49,39 @@ STATUS: list[tuple[type[SandboxError], int]] = [
 ]
 
 
-def error_response(status: int, code: str, message: str, **details: Any) -> web.Response:
-    return web.json_response({"error": {"code": code, "message": message, **details}},
-                             status=status)
-
-
 def status_for(exc: SandboxError) -> int:
     for cls, status in STATUS:
         if isinstance(exc, cls):
             return status
     return 500
+
+
+def rest_hint(exc: SandboxError) -> str | None:
+    """The error's remedy as a user of this REST API acts on it."""
+    sid = exc.sandbox_id or "{id}"
+    path = exc.details.get("path")
+    return {
+        Remedy.RESTART: f"POST /v1/sandboxes/{sid}/restart restarts the kernel, or gives the "
+                        "sandbox a fresh VM if its agent stays silent (state lost)",
+        Remedy.RECREATE: f"DELETE /v1/sandboxes/{sid} and create a new sandbox",
+        Remedy.LIST_SANDBOXES: "list yours with GET /v1/sandboxes",
+        Remedy.LIST_DIRECTORY: f"list it with GET /v1/sandboxes/{sid}/files/list"
+                               + (f"?path={path}" if isinstance(path, str) else ""),
+    }.get(exc.remedy) if exc.remedy is not None else None
+
+
+def error_body(exc: SandboxError) -> dict[str, Any]:
+    body: dict[str, Any] = {"code": exc.code, "message": exc.message, **exc.details}
+    hint = rest_hint(exc)
+    if exc.remedy is not None and hint is not None:
+        body.update(message=f"{exc.message}; {hint}", reason=exc.message, hint=hint,
+                    remedy=exc.remedy.value)
+    return body
+
+
+def error_response(status: int, code: str, message: str, **details: Any) -> web.Response:
+    return web.json_response({"error": {"code": code, "message": message, **details}},
+                             status=status)
 
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -65,7 +92,7 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
     try:
         return await handler(request)
     except SandboxError as exc:
-        return error_response(status_for(exc), exc.code, exc.message, **exc.details)
+        return web.json_response({"error": error_body(exc)}, status=status_for(exc))
     except web.HTTPException as exc:
         if exc.status < 400 or exc.content_type == "application/json":
             raise

@@ -11,7 +11,7 @@ from typing import Any
 from aiohttp import web
 
 from ..metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
-from ..sandboxes import InvalidRequest, Sandbox
+from ..sandboxes import End, InvalidRequest, Sandbox
 from .state import KEY_ID, RUNTIME, Runtime, json_object
 
 routes = web.RouteTableDef()
@@ -47,8 +47,8 @@ async def healthz(request: web.Request) -> web.Response:
     rt = _runtime(request)
     return web.json_response({
         "status": "ok", "accel": rt.accel, "accel_reason": rt.accel_reason,
-        "templates": rt.manager.templates(), "sandboxes": len(rt.manager.sandboxes),
-        "pool": {t: rt.manager.vms.pool.ready(t) for t in rt.manager.templates()},
+        "templates": rt.manager.templates(), "sandboxes": len(rt.manager.all()),
+        "pool": {t: rt.manager.pool.ready(t) for t in rt.manager.templates()},
     })
 
 
@@ -115,9 +115,9 @@ async def execute(request: web.Request) -> web.StreamResponse:
     last = b""
     async with contextlib.aclosing(events):
         async for event in events:
-            line = json.dumps(event, separators=(",", ":")).encode() + b"\n"
+            line = json.dumps(event.wire(), separators=(",", ":")).encode() + b"\n"
             manager.metrics.count_relayed("execute", "out", len(line))
-            if event.get("type") == "end":  # always the last event
+            if isinstance(event, End):  # always the last event
                 last = line
                 continue
             await resp.write(line)
@@ -145,7 +145,7 @@ async def hibernate_sandbox(request: web.Request) -> web.Response:
     return web.json_response(_sandbox(request).to_dict())
 
 
-# -- execution depth: interrupt, restart, files --------------------------------------------------
+# -- recovery and files ----------------------------------------------------------------------------
 
 
 @routes.post("/v1/sandboxes/{sandbox_id}/interrupt")
@@ -154,8 +154,8 @@ async def interrupt_sandbox(request: web.Request) -> web.Response:
 
     Does not wait behind the running call. ``{"interrupted": false}`` when nothing was running.
     """
-    result = await _runtime(request).manager.interrupt(_sandbox(request))
-    return web.json_response(result)
+    interrupted = await _runtime(request).manager.interrupt(_sandbox(request))
+    return web.json_response({"interrupted": interrupted})
 
 
 @routes.post("/v1/sandboxes/{sandbox_id}/restart")
@@ -167,8 +167,8 @@ async def restart_sandbox(request: web.Request) -> web.Response:
     ``{"recovery": "kernel_restarted" | "vm_replaced", "sandbox": {...}}``.
     """
     sbx = _sandbox(request)
-    result = await _runtime(request).manager.restart(sbx)
-    return web.json_response({**result, "sandbox": sbx.to_dict()})
+    recovery = await _runtime(request).manager.restart(sbx)
+    return web.json_response({"recovery": recovery.value, "sandbox": sbx.to_dict()})
 
 
 def _query_path(request: web.Request, default: str | None = None) -> str:
@@ -200,8 +200,8 @@ async def write_file(request: web.Request) -> web.Response:
             metrics.count_relayed("files", "in", len(chunk))
             yield chunk
 
-    result = await _runtime(request).manager.write_file(sbx, path, body(),
-                                                        request.content_length)
+    result = await _runtime(request).manager.files.write_file(sbx, path, body(),
+                                                              request.content_length)
     return web.json_response(result, status=201)
 
 
@@ -210,7 +210,7 @@ async def read_file(request: web.Request) -> web.StreamResponse:
     """The bytes of the file at ``?path=``, streamed; 404 naming the path if there is none."""
     sbx = _sandbox(request)
     path = _query_path(request)
-    size, chunks = await _runtime(request).manager.read_file(sbx, path)
+    size, chunks = await _runtime(request).manager.files.read_file(sbx, path)
     resp = web.StreamResponse(headers={
         "Content-Type": "application/octet-stream", "Content-Length": str(size),
         "Cache-Control": "no-store"})
@@ -229,7 +229,7 @@ async def read_file(request: web.Request) -> web.StreamResponse:
 async def list_files(request: web.Request) -> web.Response:
     """The entries of the directory ``?path=`` (default: /home/user, the kernel's cwd)."""
     sbx = _sandbox(request)
-    result = await _runtime(request).manager.list_files(sbx, _query_path(request, "."))
+    result = await _runtime(request).manager.files.list_files(sbx, _query_path(request, "."))
     return web.json_response(result)
 
 
@@ -237,6 +237,6 @@ async def list_files(request: web.Request) -> web.Response:
 async def remove_file(request: web.Request) -> web.Response:
     """Remove the file or empty directory ``?path=`` (``&recursive=true``: with contents)."""
     sbx = _sandbox(request)
-    await _runtime(request).manager.remove_file(sbx, _query_path(request),
-                                                _query_bool(request, "recursive"))
+    await _runtime(request).manager.files.remove_file(sbx, _query_path(request),
+                                                      _query_bool(request, "recursive"))
     return web.Response(status=204)

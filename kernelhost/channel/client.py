@@ -2,9 +2,25 @@
 
 The guest may be fully compromised, so nothing it sends is trusted: frames are size-checked by
 the codec before buffering, every field is type-checked here, and any violation closes the
-channel with ``ProtocolViolation`` (the owner then destroys the VM). Output is delivered to
-bounded per-request queues; when a consumer falls behind, the reader stops reading, so the guest
-blocks on its own writes instead of growing host memory.
+channel with ``violation=True`` (the owner then destroys the VM). A fault of the host's own code
+while it handles a frame is not the guest's: it is logged with its traceback and the frame is
+dropped, and the channel goes on.
+
+Output is delivered to bounded per-request queues (``Subscription``); when a consumer falls
+behind, the reader stops reading, so the guest blocks on its own writes instead of growing host
+memory. Everything else a channel carries goes to its listeners (``ChannelListener``), in the
+order they were added, on the reader task: a listener must not block.
+
+Every wait has a deadline: a request's ``timeout`` covers sending it (a guest that stopped
+reading cannot hold the sender) as well as the reply, and closing never waits for a guest.
+
+Errors::
+
+    ChannelError
+    ├── ChannelClosed           the channel is closed (VM gone, agent exited, closed by us)
+    ├── ChannelTimeout          a deadline passed (also a TimeoutError)
+    ├── AgentError              the agent answered ``ok: false``
+    └── NotSupportedByAgent     the agent did not announce the capability an op needs
 """
 
 from __future__ import annotations
@@ -12,25 +28,41 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import structlog
+
 from .codec import DEFAULT_MAX_FRAME_BYTES, FrameDecoder, FrameError, encode_frame
+from .protocol import CAPABILITY_OF, LEGACY_CAPABILITIES, Capability, Frame, Op
 
 __all__ = [
     "AgentClient",
     "AgentError",
+    "AgentInfo",
     "ChannelClosed",
     "ChannelError",
+    "ChannelListener",
+    "ChannelTimeout",
     "JupyterMessage",
+    "NotSupportedByAgent",
     "ProtocolViolation",
     "Subscription",
 ]
 
+log = structlog.get_logger("kernelhost.channel")
+
 JUPYTER_CHANNELS = frozenset({"iopub", "shell", "control", "stdin"})
 READ_CHUNK = 1 << 16
+#: how long closing may wait for the transport to finish (a guest that reads nothing gets none)
+CLOSE_TIMEOUT = 1.0
+#: ids of requests that ended without their reply, remembered so that a late reply is dropped
+#: quietly while a reply to a request never made (or answered twice) is a protocol violation
+EXPIRED_KEPT = 4096
+CLOSED_BY_HOST = "closed by the host"
 
 
 class ChannelError(Exception):
@@ -41,12 +73,25 @@ class ChannelClosed(ChannelError):
     """The channel is closed (VM gone, agent exited, or closed by us)."""
 
 
-class ProtocolViolation(ChannelError):
-    """The guest broke the protocol; the channel is closed and the VM must not be trusted."""
+class ChannelTimeout(ChannelError, TimeoutError):
+    """A request, a send or a connect did not finish within its deadline."""
 
 
 class AgentError(ChannelError):
     """The agent answered a request with ``ok: false``."""
+
+
+class NotSupportedByAgent(ChannelError):
+    """The agent's image predates an op: it did not announce the capability in ``hello``."""
+
+    def __init__(self, op: str, capability: str) -> None:
+        super().__init__(f"the guest agent has no {capability!r} capability (needed by {op!r})")
+        self.op = op
+        self.capability = capability
+
+
+class ProtocolViolation(ChannelError):
+    """The guest broke the protocol; the channel is closed and the VM must not be trusted."""
 
 
 @dataclass(frozen=True)
@@ -67,6 +112,51 @@ class JupyterMessage:
     def parent_id(self) -> str | None:
         msg_id = self.msg["parent_header"].get("msg_id")
         return msg_id if isinstance(msg_id, str) else None
+
+
+@dataclass(frozen=True)
+class AgentInfo:
+    """What the agent said of itself in ``hello`` (before it, what protocol 1 had)."""
+
+    version: int = 1
+    capabilities: frozenset[str] = field(
+        default_factory=lambda: frozenset(str(c) for c in LEGACY_CAPABILITIES))
+    kernel_info: dict[str, Any] = field(default_factory=dict)
+    boot_id: str = ""
+
+    @classmethod
+    def from_hello(cls, reply: dict[str, Any]) -> AgentInfo:
+        version = reply.get("agent_version")
+        version = version if isinstance(version, int) and not isinstance(version, bool) else 1
+        caps = reply.get("capabilities")
+        if isinstance(caps, list):
+            capabilities = frozenset(str(c) for c in caps if isinstance(c, str))
+        else:  # protocol 1 announced nothing, and had all of these
+            capabilities = frozenset(str(c) for c in LEGACY_CAPABILITIES)
+        info = reply.get("kernel_info")
+        boot = reply.get("boot_id")
+        return cls(version, capabilities, info if isinstance(info, dict) else {},
+                   boot if isinstance(boot, str) else "")
+
+
+class ChannelListener:
+    """Receives what a channel carries besides request replies; override what you need.
+
+    Every hook runs on the channel's reader task, so it must not block. One that raises is
+    logged with its traceback and never breaks the channel (the guest did nothing wrong).
+    """
+
+    def on_message(self, message: JupyterMessage) -> None:
+        """Every Jupyter message from the guest, before it reaches a ``Subscription``."""
+
+    def on_event(self, event: dict[str, Any]) -> None:
+        """An ``{"op": "event"}`` frame (kernel died, kernel restarted)."""
+
+    def on_net(self, frame: dict[str, Any]) -> None:
+        """An ``{"op": "net"}`` frame of the guest's network tunnels."""
+
+    def on_close(self, reason: str, violation: bool) -> None:
+        """The channel closed: why, and whether the guest broke the protocol."""
 
 
 class Subscription:
@@ -95,6 +185,12 @@ class Subscription:
         await self.queue.put(message)
         self.queued_bytes += message.size
 
+    def notify(self, message: JupyterMessage) -> None:
+        """Queue a notice of the host's own; never dropped (the oldest output goes instead)."""
+        while self.queue.full():
+            self.queue.get_nowait()
+        self.queue.put_nowait(message)
+
     async def get(self, timeout: float | None = None) -> JupyterMessage:
         """Next message; raises ChannelClosed if the channel closes, TimeoutError at the deadline."""
         item = await asyncio.wait_for(self.queue.get(), timeout)
@@ -106,7 +202,7 @@ class Subscription:
 
     def close(self) -> None:
         self.closed = True
-        self._client._subs.pop(self.msg_id, None)
+        self._client._unsubscribe(self)
         # free space so a reader blocked on put() for this subscription moves on
         while not self.queue.empty():
             self.queue.get_nowait()
@@ -123,31 +219,21 @@ class Subscription:
 class AgentClient:
     """Connects to the channel socket, sends requests and Jupyter messages, routes replies."""
 
-    def __init__(
-        self,
-        socket_path: Path | str,
-        *,
-        max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
-        queue_size: int = 1024,
-        on_event: Callable[[dict[str, Any]], None] | None = None,
-        on_message: Callable[[JupyterMessage], None] | None = None,
-        on_close: Callable[[str, bool], None] | None = None,
-    ) -> None:
+    def __init__(self, socket_path: Path | str, *, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+                 queue_size: int = 1024) -> None:
         self.socket_path = Path(socket_path)
         self.max_frame_bytes = max_frame_bytes
         self.queue_size = queue_size
-        self.on_event = on_event
-        self.on_message = on_message
-        self.on_close = on_close
-        # ``{"op": "net"}`` frames of the guest's network tunnels (kernelhost/sandboxes/
-        # network.py); dropped while nobody handles them. Runs on the reader: must not block.
-        self.on_net: Callable[[dict[str, Any]], None] | None = None
+        self.info = AgentInfo()
         self.closed_reason: str | None = None
+        self._listeners: list[ChannelListener] = []
         self._reader: asyncio.StreamReader | None = None
         self._writer: asyncio.StreamWriter | None = None
         self._task: asyncio.Task[None] | None = None
         self._ids = itertools.count(1)
+        self._last_id = 0
         self._pending: dict[int, asyncio.Future[dict[str, Any]]] = {}
+        self._expired: OrderedDict[int, None] = OrderedDict()
         self._subs: dict[str, Subscription] = {}
         self._send_lock = asyncio.Lock()
 
@@ -155,68 +241,149 @@ class AgentClient:
     def connected(self) -> bool:
         return self._writer is not None and self.closed_reason is None
 
+    # -- listeners -------------------------------------------------------------------------------
+
+    def add_listener(self, listener: ChannelListener) -> None:
+        """Add a listener; listeners are called in the order they were added."""
+        if listener not in self._listeners:
+            self._listeners.append(listener)
+
+    def remove_listener(self, listener: ChannelListener) -> None:
+        with contextlib.suppress(ValueError):
+            self._listeners.remove(listener)
+
+    def _tell(self, hook: Callable[[ChannelListener], None], what: str) -> None:
+        for listener in list(self._listeners):
+            try:
+                hook(listener)
+            except Exception:
+                log.exception("channel.listener_failed", listener=type(listener).__name__,
+                              hook=what, socket=str(self.socket_path))
+
+    # -- connecting ------------------------------------------------------------------------------
+
     async def connect(self, timeout: float) -> None:
         """Connect to the socket, retrying until it exists (QEMU creates it as it starts)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         while True:
             try:
-                self._reader, self._writer = await asyncio.open_unix_connection(
-                    str(self.socket_path), limit=READ_CHUNK
-                )
+                self._reader, self._writer = await asyncio.wait_for(
+                    asyncio.open_unix_connection(str(self.socket_path), limit=READ_CHUNK),
+                    max(0.01, deadline - loop.time()))
                 break
-            except (FileNotFoundError, ConnectionRefusedError):
+            except (FileNotFoundError, ConnectionRefusedError, TimeoutError):
                 if loop.time() >= deadline:
-                    raise ChannelClosed(
+                    raise ChannelTimeout(
                         f"channel socket {self.socket_path} did not accept a connection "
-                        f"within {timeout:.0f}s"
-                    ) from None
+                        f"within {timeout:.0f}s") from None
                 await asyncio.sleep(0.02)
-        self._task = asyncio.create_task(self._read_loop(), name=f"channel-reader:{self.socket_path}")
+        self._task = asyncio.create_task(self._read_loop(),
+                                         name=f"channel-reader:{self.socket_path}")
 
-    async def request(self, op: str, timeout: float, **fields: Any) -> dict[str, Any]:
-        """Send ``{"op": op, "id": N, **fields}`` and wait for the matching reply."""
+    async def hello(self, timeout: float) -> AgentInfo:
+        """Ask the agent who it is; answered once its kernel is ready."""
+        reply = await self.request(Op.HELLO, timeout=timeout)
+        self.info = AgentInfo.from_hello(reply)
+        return self.info
+
+    def supports(self, capability: Capability | str) -> bool:
+        return str(capability) in self.info.capabilities
+
+    # -- sending ---------------------------------------------------------------------------------
+
+    async def request(self, op: Op | str, timeout: float, **fields: Any) -> dict[str, Any]:
+        """Send ``{"op": op, "id": N, **fields}`` and wait for the matching reply; ``timeout``
+        covers the send and the reply. Raises ``NotSupportedByAgent`` without sending anything
+        when the agent did not announce what ``op`` needs."""
+        needs = CAPABILITY_OF.get(op)  # type: ignore[arg-type]  # a str equals its Op
+        if needs is not None and not self.supports(needs):
+            raise NotSupportedByAgent(str(op), str(needs))
         if not self.connected:
             raise ChannelClosed(self.closed_reason or "channel not connected")
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
         req_id = next(self._ids)
-        fut: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        self._last_id = req_id
+        fut: asyncio.Future[dict[str, Any]] = loop.create_future()
         self._pending[req_id] = fut
         try:
-            await self._send({"op": op, "id": req_id, **fields})
-            reply = await asyncio.wait_for(fut, timeout)
+            await self._send({"op": str(op), "id": req_id, **fields}, deadline)
+            try:
+                reply = await asyncio.wait_for(fut, max(0.0, deadline - loop.time()))
+            except TimeoutError:
+                raise ChannelTimeout(f"the agent did not answer {str(op)!r} within "
+                                     f"{timeout:g}s") from None
         finally:
-            self._pending.pop(req_id, None)
+            if self._pending.pop(req_id, None) is not None and (not fut.done()
+                                                                 or fut.cancelled()):
+                self._expire(req_id)  # given up on (a timeout cancels the future)
         if not reply.get("ok"):
-            raise AgentError(f"agent refused {op!r}: {reply.get('error')}")
+            raise AgentError(f"agent refused {str(op)!r}: {reply.get('error')}")
         return reply
+
+    def _expire(self, req_id: int) -> None:
+        self._expired[req_id] = None
+        while len(self._expired) > EXPIRED_KEPT:
+            self._expired.popitem(last=False)
 
     def subscribe(self, msg_id: str) -> Subscription:
         sub = Subscription(self, msg_id, self.queue_size)
         self._subs[msg_id] = sub
         return sub
 
-    async def send_jupyter(self, channel: str, msg: dict[str, Any]) -> None:
+    def _unsubscribe(self, sub: Subscription) -> None:
+        if self._subs.get(sub.msg_id) is sub:
+            del self._subs[sub.msg_id]
+
+    async def send_jupyter(self, channel: str, msg: dict[str, Any],
+                           timeout: float | None = None) -> None:
         if channel not in ("shell", "control", "stdin"):
             raise ValueError(f"cannot send on Jupyter channel {channel!r}")
-        await self._send({"op": "jupyter", "channel": channel, "msg": msg})
+        await self._send({"op": Frame.JUPYTER.value, "channel": channel, "msg": msg},
+                         self._deadline(timeout))
 
-    async def send_net(self, frame: dict[str, Any]) -> None:
+    async def send_net(self, frame: dict[str, Any], timeout: float | None = None) -> None:
         """Send one ``{"op": "net", ...}`` frame of a network tunnel."""
-        if frame.get("op") != "net":
+        if frame.get("op") != Frame.NET:
             raise ValueError(f"not a net frame: {frame!r:.100}")
-        await self._send(frame)
+        await self._send(frame, self._deadline(timeout))
 
-    async def _send(self, message: dict[str, Any]) -> None:
+    def _deadline(self, timeout: float | None) -> float | None:
+        return None if timeout is None else asyncio.get_running_loop().time() + timeout
+
+    async def _send(self, message: dict[str, Any], deadline: float | None) -> None:
+        """Write one frame; waiting for the lock and for the guest to take the bytes is bounded
+        by ``deadline``. A frame that could not drain in time stays queued in full (the stream
+        stays intact), and later sends wait behind it under their own deadlines."""
         if not self.connected or self._writer is None:
             raise ChannelClosed(self.closed_reason or "channel not connected")
         data = encode_frame(message, self.max_frame_bytes)
-        async with self._send_lock:
-            self._writer.write(data)
+        loop = asyncio.get_running_loop()
+        left = None if deadline is None else max(0.0, deadline - loop.time())
+        try:
+            await asyncio.wait_for(self._send_lock.acquire(), left)
+        except TimeoutError:
+            raise ChannelTimeout("the guest is not reading its channel: an earlier frame is "
+                                 "still being sent") from None
+        try:
+            writer = self._writer
+            if writer is None or not self.connected:
+                raise ChannelClosed(self.closed_reason or "channel not connected")
+            writer.write(data)
+            left = None if deadline is None else max(0.0, deadline - loop.time())
             try:
-                await self._writer.drain()
+                await asyncio.wait_for(writer.drain(), left)
+            except TimeoutError:
+                raise ChannelTimeout(f"the guest did not take a {len(data)}-byte frame in time; "
+                                     "it is not reading its channel") from None
             except (ConnectionError, OSError) as exc:
                 await self._shutdown(f"write failed: {exc}", violation=False)
                 raise ChannelClosed(self.closed_reason or str(exc)) from exc
+        finally:
+            self._send_lock.release()
+
+    # -- reading ---------------------------------------------------------------------------------
 
     async def _read_loop(self) -> None:
         assert self._reader is not None
@@ -234,46 +401,58 @@ class AgentClient:
                     share = max(1, (unattributed - decoder.buffered) // len(frames))
                     unattributed = decoder.buffered
                     for frame in frames:
-                        await self._dispatch(frame, share)
+                        await self._dispatch_checked(frame, share)
         except FrameError as exc:
             reason, violation = f"guest sent a bad frame: {exc}", True
         except ProtocolViolation as exc:
             reason, violation = str(exc), True
         except (ConnectionError, OSError) as exc:
             reason = f"channel read failed: {exc}"
-        except Exception as exc:  # never leave the channel half-open with waiters asleep
-            reason, violation = f"channel reader failed: {exc!r}", True
         await self._shutdown(reason, violation, from_reader=True)
+
+    async def _dispatch_checked(self, frame: dict[str, Any], size: int) -> None:
+        """Dispatch one frame; the host's own faults are logged, not blamed on the guest."""
+        try:
+            await self._dispatch(frame, size)
+        except ProtocolViolation:
+            raise
+        except Exception:
+            log.exception("channel.dispatch_failed", socket=str(self.socket_path),
+                          op=str(frame.get("op"))[:40])
 
     async def _dispatch(self, frame: dict[str, Any], size: int = 0) -> None:
         op = frame["op"]
-        if op == "reply":
-            req_id = frame.get("id")
-            fut = None
-            if isinstance(req_id, int) and not isinstance(req_id, bool):
-                fut = self._pending.get(req_id)
-            if fut is not None and not fut.done():
-                fut.set_result(frame)
-            return
-        if op == "jupyter":
+        if op == Frame.REPLY:
+            self._on_reply(frame)
+        elif op == Frame.JUPYTER:
             message = _check_jupyter(frame, size)
-            if self.on_message is not None:
-                self.on_message(message)
+            self._tell(lambda listener: listener.on_message(message), "on_message")
             sub = self._subs.get(message.parent_id or "")
             if sub is not None:
                 await sub.put(message)
-            return
-        if op == "net":
-            if self.on_net is not None:
-                self.on_net(frame)
-            return
-        if op == "event":
+        elif op == Frame.NET:
+            self._tell(lambda listener: listener.on_net(frame), "on_net")
+        elif op == Frame.EVENT:
             if not isinstance(frame.get("event"), str):
                 raise ProtocolViolation(f"event frame without a string 'event': {frame!r:.200}")
-            if self.on_event is not None:
-                self.on_event(frame)
-            return
-        raise ProtocolViolation(f"guest sent unknown op {op!r}")
+            self._tell(lambda listener: listener.on_event(frame), "on_event")
+        else:
+            raise ProtocolViolation(f"guest sent unknown op {str(op)[:40]!r}")
+
+    def _on_reply(self, frame: dict[str, Any]) -> None:
+        req_id = frame.get("id")
+        if not isinstance(req_id, int) or isinstance(req_id, bool) or not 0 < req_id <= \
+                self._last_id:
+            raise ProtocolViolation(f"guest replied to request {req_id!r:.40}, never made")
+        fut = self._pending.get(req_id)
+        if fut is not None and not fut.done():
+            fut.set_result(frame)
+        elif req_id in self._expired:
+            del self._expired[req_id]  # the request gave up waiting; one late reply is fine
+        else:
+            raise ProtocolViolation(f"guest replied to request {req_id} again")
+
+    # -- closing ---------------------------------------------------------------------------------
 
     async def _shutdown(self, reason: str, violation: bool, from_reader: bool = False) -> None:
         if self.closed_reason is not None:
@@ -287,21 +466,25 @@ class AgentClient:
                 while sub.queue.full():
                     sub.queue.get_nowait()
                 sub.queue.put_nowait(None)
-        if self._writer is not None:
-            self._writer.close()
-            with contextlib.suppress(ConnectionError, OSError):
-                await self._writer.wait_closed()
+        writer = self._writer
+        if writer is not None:
+            if writer.transport.get_write_buffer_size():
+                # a guest that stopped reading would hold a graceful close forever: drop the rest
+                writer.transport.abort()
+            else:
+                writer.close()
+            with contextlib.suppress(ConnectionError, OSError, TimeoutError):
+                await asyncio.wait_for(writer.wait_closed(), CLOSE_TIMEOUT)
         if self._task is not None and not from_reader:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-        if self.on_close is not None:
-            self.on_close(reason, violation)
+        self._tell(lambda listener: listener.on_close(reason, violation), "on_close")
 
     async def close(self) -> None:
         """Close the channel (idempotent); the agent keeps the kernel and waits for a new host."""
-        await self._shutdown("closed by the host", violation=False)
-        if self._task is not None:
+        await self._shutdown(CLOSED_BY_HOST, violation=False)
+        if self._task is not None and self._task is not asyncio.current_task():
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
@@ -311,7 +494,7 @@ def _check_jupyter(frame: dict[str, Any], size: int = 0) -> JupyterMessage:
     channel = frame.get("channel")
     msg = frame.get("msg")
     if not isinstance(channel, str) or channel not in JUPYTER_CHANNELS or not isinstance(msg, dict):
-        raise ProtocolViolation(f"malformed jupyter frame on channel {channel!r}")
+        raise ProtocolViolation(f"malformed jupyter frame on channel {str(channel)[:20]!r}")
     header, parent = msg.get("header"), msg.get("parent_header")
     if not isinstance(header, dict) or not isinstance(header.get("msg_type"), str):
         raise ProtocolViolation("jupyter message without a header or msg_type")

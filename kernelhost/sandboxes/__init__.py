@@ -1,4 +1,6 @@
-"""Sandbox lifecycle: records, VMs, executions. Knows Jupyter and the channel, not HTTP."""
+"""The sandbox layer: sandboxes, their VMs, channels and executions. Knows Jupyter and the
+channel, not HTTP. ``SandboxManager`` is its public API; docs/architecture.md maps its modules.
+"""
 
 from .errors import (
     AgentUnresponsive,
@@ -10,25 +12,42 @@ from .errors import (
     InvalidRequest,
     NotSupportedByImage,
     PathNotFound,
+    Remedy,
     SandboxDiskFull,
     SandboxError,
     SandboxNotFound,
     SandboxNotRunning,
     UnknownTemplate,
 )
-from .manager import Sandbox, SandboxManager
+from .execution import ClearOutput, End, Error, Event, Result, Stream
+from .manager import SandboxManager
+from .network import INDEX_HOST, HostNetwork
+from .sandbox import Sandbox
+from .session import KernelSession, SessionClient, SessionEnd
+from .states import ExecutionStatus, Recovery, SandboxState
 from .store import SandboxRecord, Store, key_id, new_api_key
 
 __all__ = [
+    "INDEX_HOST",
     "AgentUnresponsive",
     "BackendUnavailable",
     "BootFailed",
     "CapacityExceeded",
+    "ClearOutput",
+    "End",
+    "Error",
+    "Event",
+    "ExecutionStatus",
     "FileOperationFailed",
     "FileTooLarge",
+    "HostNetwork",
     "InvalidRequest",
+    "KernelSession",
     "NotSupportedByImage",
     "PathNotFound",
+    "Recovery",
+    "Remedy",
+    "Result",
     "Sandbox",
     "SandboxDiskFull",
     "SandboxError",
@@ -36,7 +55,11 @@ __all__ = [
     "SandboxNotFound",
     "SandboxNotRunning",
     "SandboxRecord",
+    "SandboxState",
+    "SessionClient",
+    "SessionEnd",
     "Store",
+    "Stream",
     "UnknownTemplate",
     "key_id",
     "new_api_key",

@@ -1,31 +1,54 @@
-"""Errors of the sandbox layer; the API layer maps each to an HTTP status in one place.
+"""Errors of the sandbox layer. Each has a ``code`` (stable, snake_case), a ``message`` that says
+what happened in words every interface can show, ``details`` (the values it names) and, where
+the caller can act, a ``remedy``: what to do, which each interface words in its own terms (the
+REST API names its route, the Kernel Gateway says "restart the kernel", the MCP server names
+its tool). ``kernelhost/api/errors.py`` maps each error to an HTTP status in one table.
 
     SandboxError
-    ├── InvalidRequest          bad input (400)
-    │   └── UnknownTemplate     template not built or not defined (400), names the valid ones
-    ├── SandboxNotFound         absent, or owned by another key (404)
-    ├── SandboxNotRunning       dead or being deleted (409)
-    ├── CapacityExceeded        a limit was reached (429)
-    ├── BootFailed              the VM did not reach a ready kernel (503)
-    ├── BackendUnavailable      libvirt cannot be reached (503)
-    ├── AgentUnresponsive       the guest agent did not answer in time (503)
-    ├── NotSupportedByImage     the sandbox's guest image predates the feature (501)
-    ├── PathNotFound            no such file or directory in the sandbox (404), names the path
-    ├── FileTooLarge            over max_file_bytes (413), names the limit and the setting
-    ├── SandboxDiskFull         the guest's RAM-backed disk is full (507)
-    └── FileOperationFailed     any other refusal of the guest's filesystem (400), with errno
+    ├── InvalidRequest          bad input; names the field and the fix
+    │   └── UnknownTemplate     template not built or not defined, names the valid ones
+    ├── SandboxNotFound         absent, or owned by another key
+    ├── SandboxNotRunning       dead or being deleted
+    ├── CapacityExceeded        a limit was reached, names the setting
+    ├── BootFailed              the VM did not reach a ready kernel
+    ├── BackendUnavailable      libvirt cannot be reached
+    ├── AgentUnresponsive       the guest agent did not answer in time
+    ├── NotSupportedByImage     the sandbox's guest image predates the feature
+    ├── PathNotFound            no such file or directory in the sandbox, names the path
+    ├── FileTooLarge            over max_file_bytes, names the limit and the setting
+    ├── SandboxDiskFull         the guest's RAM-backed disk is full
+    └── FileOperationFailed     any other refusal of the guest's filesystem, with errno
 """
 
 from __future__ import annotations
 
+import enum
+
+
+class Remedy(enum.StrEnum):
+    """What the caller of a failed operation can do next."""
+
+    RESTART = "restart"  # restart the kernel; a silent or dead VM is replaced (state lost)
+    RECREATE = "recreate"  # delete the sandbox and create a new one
+    LIST_SANDBOXES = "list_sandboxes"  # look up the sandboxes this key holds
+    LIST_DIRECTORY = "list_directory"  # the path is a directory: list it instead
+
 
 class SandboxError(Exception):
     code = "sandbox_error"
+    remedy: Remedy | None = None
 
-    def __init__(self, message: str, **details: object) -> None:
+    def __init__(self, message: str, *, remedy: Remedy | None = None, **details: object) -> None:
         super().__init__(message)
         self.message = message
+        if remedy is not None:
+            self.remedy = remedy
         self.details = details
+
+    @property
+    def sandbox_id(self) -> str | None:
+        value = self.details.get("sandbox_id")
+        return value if isinstance(value, str) else None
 
 
 class InvalidRequest(SandboxError):
@@ -38,12 +61,10 @@ class UnknownTemplate(InvalidRequest):
 
 class SandboxNotFound(SandboxError):
     code = "sandbox_not_found"
+    remedy = Remedy.LIST_SANDBOXES
 
     def __init__(self, sandbox_id: str) -> None:
-        super().__init__(
-            f"no sandbox {sandbox_id!r} for this API key; list yours with GET /v1/sandboxes",
-            sandbox_id=sandbox_id,
-        )
+        super().__init__(f"no sandbox {sandbox_id!r} for this API key", sandbox_id=sandbox_id)
 
 
 class SandboxNotRunning(SandboxError):
@@ -64,6 +85,7 @@ class BackendUnavailable(SandboxError):
 
 class AgentUnresponsive(SandboxError):
     code = "agent_unresponsive"
+    remedy = Remedy.RESTART
 
 
 class NotSupportedByImage(SandboxError):

@@ -1,9 +1,9 @@
 """File operations of a sandbox: chunked, windowed transfers over the agent channel.
 
-``FileOps`` is a part of ``SandboxManager`` (its base class), kept here so the manager's module
-holds the lifecycle and this one the files API: write (atomic, size-limited, streamed), read
-(stat first, then windowed chunk reads), list and remove, with the guest's OS errors mapped to
-the service's errors (404 naming the path, 507 for a full disk).
+``FileService``: write (atomic, size-limited, streamed), read (stat first, then windowed chunk
+reads), list and remove, with the guest's OS errors mapped to the service's errors (no such
+path, named; a full disk). A file call does not queue behind a running execution; it wakes a
+hibernated sandbox and waits for a VM replacement in flight.
 """
 
 from __future__ import annotations
@@ -13,9 +13,12 @@ import contextlib
 import secrets
 import time
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable
+from typing import Any
 
-from ..channel import AgentError, ChannelClosed
+from ..channel import AgentError, ChannelClosed, ChannelTimeout, NotSupportedByAgent
+from ..channel.protocol import Op
+from ..config import Settings
 from .errors import (
     AgentUnresponsive,
     FileOperationFailed,
@@ -23,29 +26,23 @@ from .errors import (
     InvalidRequest,
     NotSupportedByImage,
     PathNotFound,
+    Remedy,
     SandboxDiskFull,
+    SandboxError,
     SandboxNotRunning,
 )
+from .sandbox import Sandbox, ensure_usable, iso_time
 
-if TYPE_CHECKING:
-    from ..config import Settings
-    from .manager import Sandbox
-
-
-def iso_time(ts: float) -> str:
-    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(ts)) + f".{int(ts % 1 * 1000):03d}Z"
+#: ``settle(sbx)``: wait for a VM change in flight and wake a hibernated sandbox
+Settle = Callable[[Sandbox], Awaitable[None]]
 
 
-class FileOps:
-    """The files API of ``SandboxManager``; needs its settings, ``_settle`` and
-    ``_check_running``."""
+class FileService:
+    """The files API of the sandboxes."""
 
-    if TYPE_CHECKING:
-        settings: Settings
-
-        async def _settle(self, sbx: Sandbox) -> None: ...
-
-        def _check_running(self, sbx: Sandbox) -> None: ...
+    def __init__(self, settings: Settings, settle: Settle) -> None:
+        self.settings = settings
+        self._settle = settle
 
     def _path(self, path: Any, field: str = "path") -> str:
         if not isinstance(path, str) or not path or "\0" in path or len(path) > 4096:
@@ -54,30 +51,30 @@ class FileOps:
                 "4096 characters without NUL; relative paths are under /home/user", field=field)
         return path
 
-    async def _fs(self, sbx: Sandbox, op: str, timeout: float | None = None,
-                  **fields: Any) -> dict[str, Any]:
+    async def _fs(self, sbx: Sandbox, op: Op, **fields: Any) -> dict[str, Any]:
         await self._settle(sbx)
-        self._check_running(sbx)
-        agent = sbx.agent
-        if agent is None or sbx.record.state != "running":
+        ensure_usable(sbx)
+        agent = sbx.live_agent
+        if agent is None:
             raise SandboxNotRunning(f"sandbox {sbx.id} is {sbx.record.state}",
-                                    state=sbx.record.state)
-        wait = timeout or FILE_OP_TIMEOUT
+                                    remedy=Remedy.RESTART, state=sbx.record.state.value,
+                                    sandbox_id=sbx.id)
+        wait = self.settings.timeouts.file_op
         try:
             reply = await agent.request(op, timeout=wait, **fields)
-        except asyncio.TimeoutError:
+        except ChannelTimeout:
             raise AgentUnresponsive(
-                f"the agent of sandbox {sbx.id} did not answer {op} within {wait:g}s; "
-                f"POST /v1/sandboxes/{sbx.id}/restart gives it a fresh VM if it stays silent"
-            ) from None
+                f"the agent of sandbox {sbx.id} did not answer {op} within {wait:g}s",
+                sandbox_id=sbx.id) from None
         except ChannelClosed as exc:
             raise SandboxNotRunning(f"sandbox {sbx.id} lost its VM during {op}: {exc}",
-                                    state=sbx.record.state) from exc
+                                    remedy=Remedy.RESTART, state=sbx.record.state.value,
+                                    sandbox_id=sbx.id) from exc
+        except NotSupportedByAgent as exc:
+            raise NotSupportedByImage(
+                f"sandbox {sbx.id} runs a guest image without file operations; rebuild the "
+                "images (make image) and create a new sandbox") from exc
         except AgentError as exc:
-            if "unknown op" in str(exc):
-                raise NotSupportedByImage(
-                    f"sandbox {sbx.id} runs a guest image without file operations; rebuild the "
-                    "images (make image) and create a new sandbox") from exc
             raise FileOperationFailed(f"{op} was refused: {exc}") from exc
         if "oserror" in reply:
             raise _fs_error(sbx, reply["oserror"], fields)
@@ -103,7 +100,7 @@ class FileOps:
                 if written + len(piece) > limit:
                     raise _too_large(path, written + len(piece), limit)
                 if not created:
-                    await self._fs(sbx, "fs_write", path=tmp, offset=0, data=piece, create=True)
+                    await self._fs(sbx, Op.FS_WRITE, path=tmp, offset=0, data=piece, create=True)
                     created = True
                 else:
                     if len(inflight) >= FILE_WINDOW:
@@ -112,21 +109,21 @@ class FileOps:
                         for task in done:
                             task.result()
                     inflight.add(asyncio.ensure_future(self._fs(
-                        sbx, "fs_write", path=tmp, offset=written, data=piece)))
+                        sbx, Op.FS_WRITE, path=tmp, offset=written, data=piece)))
                 written += len(piece)
             if not created:
-                await self._fs(sbx, "fs_write", path=tmp, offset=0, data=b"", create=True)
+                await self._fs(sbx, Op.FS_WRITE, path=tmp, offset=0, data=b"", create=True)
                 created = True
             for task in asyncio.as_completed(inflight):
                 await task
             inflight = set()
-            reply = await self._fs(sbx, "fs_rename", src=tmp, dst=path)
+            reply = await self._fs(sbx, Op.FS_RENAME, src=tmp, dst=path)
         except BaseException:
             for task in inflight:
                 task.cancel()
             if created:
-                with contextlib.suppress(Exception):
-                    await asyncio.shield(self._fs(sbx, "fs_remove", path=tmp))
+                with contextlib.suppress(SandboxError):  # the upload's own error is what matters
+                    await asyncio.shield(self._fs(sbx, Op.FS_REMOVE, path=tmp))
             raise
         final = reply.get("path")
         return {"path": final if isinstance(final, str) else path, "size": written}
@@ -134,15 +131,14 @@ class FileOps:
     async def read_file(self, sbx: Sandbox, path: str) -> tuple[int, AsyncIterator[bytes]]:
         """The file's size, and its bytes in chunks (errors before the first byte raise here)."""
         self._path(path)
-        reply = await self._fs(sbx, "fs_stat", path=path)
+        reply = await self._fs(sbx, Op.FS_STAT, path=path)
         stat = reply.get("stat")
         if not isinstance(stat, dict) or not isinstance(stat.get("size"), int) \
                 or isinstance(stat.get("size"), bool) or stat["size"] < 0:
             raise FileOperationFailed(f"the sandbox answered a stat of {path!r} with nonsense")
         if stat.get("type") == "dir":
-            raise FileOperationFailed(
-                f"{path!r} is a directory; list it with GET /v1/sandboxes/{sbx.id}/files/list",
-                path=path, errno="EISDIR")
+            raise FileOperationFailed(f"{path!r} is a directory", remedy=Remedy.LIST_DIRECTORY,
+                                      path=path, errno="EISDIR", sandbox_id=sbx.id)
         if stat.get("type") != "file":
             raise FileOperationFailed(f"{path!r} is not a regular file ({stat.get('type')})",
                                       path=path)
@@ -162,7 +158,7 @@ class FileOps:
                     return
                 length = min(FILE_CHUNK, size - offset)
                 inflight.append((length, asyncio.ensure_future(self._fs(
-                    sbx, "fs_read", path=path, offset=offset, length=length))))
+                    sbx, Op.FS_READ, path=path, offset=offset, length=length))))
 
         try:
             more()
@@ -182,7 +178,7 @@ class FileOps:
 
     async def list_files(self, sbx: Sandbox, path: str = ".") -> dict[str, Any]:
         self._path(path)
-        reply = await self._fs(sbx, "fs_list", path=path)
+        reply = await self._fs(sbx, Op.FS_LIST, path=path)
         where = str(reply["path"]) if isinstance(reply.get("path"), str) else path
         entries = []
         for raw in reply.get("entries") or []:
@@ -200,12 +196,11 @@ class FileOps:
 
     async def remove_file(self, sbx: Sandbox, path: str, recursive: bool = False) -> None:
         self._path(path)
-        await self._fs(sbx, "fs_remove", path=path, recursive=recursive)
+        await self._fs(sbx, Op.FS_REMOVE, path=path, recursive=recursive)
 
 
 FILE_CHUNK = 1 << 20  # bytes per channel frame of a file transfer
 FILE_WINDOW = 4  # chunk requests in flight per transfer
-FILE_OP_TIMEOUT = 60.0  # seconds one file op may take in the guest
 
 
 async def _rechunk(chunks: AsyncIterator[bytes], size: int) -> AsyncIterator[bytes]:

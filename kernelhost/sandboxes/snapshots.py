@@ -31,6 +31,7 @@ from hypervisor.host import give_to_qemu
 
 from .. import logs
 from ..channel import AgentClient
+from ..channel.protocol import Op
 from ..progress import Stages, format_bytes
 
 log = structlog.get_logger("kernelhost.snapshots")
@@ -69,13 +70,14 @@ class TemplateSnapshots:
     """Finds or builds the snapshot of each template; one build per template at a time."""
 
     def __init__(self, hv: Hypervisor, ram_dir: Path, *, accel: str, memory_mib: int, vcpus: int,
-                 boot_timeout: float, attach: Attach) -> None:
+                 boot_timeout: float, warmup_timeout: float, attach: Attach) -> None:
         self.hv = hv
         self.dir = ram_dir / "templates"
         self.accel = accel
         self.memory_mib = memory_mib
         self.vcpus = vcpus
         self.boot_timeout = boot_timeout
+        self.warmup_timeout = warmup_timeout
         self.attach = attach
         self._locks: dict[str, asyncio.Lock] = {}
         self._shape = f"{memory_mib}m{vcpus}c{accel}"
@@ -135,7 +137,8 @@ class TemplateSnapshots:
             agent = await self.attach(spec.channel_socket, self.boot_timeout)
             try:
                 progress.stage("warm-up", ", ".join(preload) or "kernel")
-                await agent.request("prepare_snapshot", timeout=600, preload=preload)
+                await agent.request(Op.PREPARE_SNAPSHOT, timeout=self.warmup_timeout,
+                                    preload=preload)
             finally:
                 await agent.close()  # the guest sees the host leave; clones see a new one come
             progress.stage("freeze", "device state, RAM stays in its file")

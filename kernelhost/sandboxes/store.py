@@ -14,6 +14,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .states import SandboxState
+
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS sandboxes (
     id TEXT PRIMARY KEY,
@@ -57,7 +59,7 @@ class SandboxRecord:
     owner: str
     template: str
     domain: str
-    state: str  # starting | running | dead
+    state: SandboxState
     created_at: float
     last_active_at: float
     idle_timeout_seconds: int
@@ -121,4 +123,5 @@ def _record(row: sqlite3.Row) -> SandboxRecord:
     data = dict(row)
     data["metadata"] = json.loads(data["metadata"] or "{}")
     data["network"] = json.loads(data.get("network") or '{"mode": "none", "allow": []}')
+    data["state"] = SandboxState(data["state"])
     return SandboxRecord(**data)

@@ -5,6 +5,8 @@ Every VM here has its RAM as a file-backed block (``memory-backend-file``, id ``
 template's file mapped shared, a clone's mapped privately, any other VM's an unnamed file in
 ``ram_dir/anon``. One RAM shape for every VM is what lets any VM's saved state load into another.
 This module knows the channel (it attaches agents) but not HTTP, and nothing of sandbox records.
+Every launch returns its timings with its agent (``Launched``), so concurrent launches, wakes and
+pool refills never share a "last launch" value.
 """
 
 from __future__ import annotations
@@ -25,7 +27,9 @@ from hypervisor import DomainSpec, GuestImage, Hypervisor, HypervisorError, Imag
 from hypervisor.host import give_to_qemu
 
 from ..channel import AgentClient
+from ..channel.protocol import Op
 from ..config import Settings
+from ..tasks import TaskSet
 from .pool import Clone, WarmPool
 from .prune import apply, scan_in_use, stale_snapshots
 from .snapshots import Snapshot, TemplateSnapshots
@@ -33,19 +37,28 @@ from .snapshots import Snapshot, TemplateSnapshots
 log = structlog.get_logger("kernelhost.vms")
 
 
-@dataclass
+@dataclass(frozen=True)
 class VmTimings:
-    """Where the time of the last launch went (seconds), for logs and benchmarks."""
+    """Where the time of one launch went (seconds), for metrics, logs and benchmarks."""
 
-    how: str = ""
+    how: str = ""  # boot | clone | wake | pool
     start: float = 0.0
     attach: float = 0.0
     hygiene: float = 0.0
 
 
+@dataclass(frozen=True)
+class Launched:
+    """A VM that runs, with its attached, fresh agent."""
+
+    agent: AgentClient
+    timings: VmTimings
+
+
 class VmFactory:
     def __init__(self, settings: Settings, hv: Hypervisor, images: ImageStore, accel: str) -> None:
         self.settings = settings
+        self.timeouts = settings.timeouts
         self.hv = hv
         self.images = images
         self.accel = accel
@@ -55,10 +68,9 @@ class VmFactory:
         self.snapshots = TemplateSnapshots(
             hv, settings.ram_dir, accel=accel, memory_mib=settings.vm_memory_mib,
             vcpus=settings.vm_vcpus, boot_timeout=settings.boot_timeout,
-            attach=self.connect_agent)
-        self.pool = WarmPool(settings.pool_size, self._pool_clone, self._discard)
-        self.last = VmTimings()
-        self._background: set[asyncio.Task[Any]] = set()
+            warmup_timeout=settings.timeouts.snapshot_warmup, attach=self.connect_agent)
+        self.pool = WarmPool(settings.pool_size, self._pool_clone, self.discard)
+        self._background = TaskSet("vms")
 
     async def prepare(self) -> None:
         """Create the RAM directories and remove what a killed predecessor left in them."""
@@ -97,8 +109,8 @@ class VmFactory:
 
     async def close(self) -> None:
         await self.pool.close()
-        if self._background:  # let cleanups finish: they remove domains and files
-            await asyncio.wait(set(self._background), timeout=30)
+        # let cleanups finish: they remove domains and files
+        await self._background.wait(self.timeouts.cleanup)
         with contextlib.suppress(OSError):  # this service's fork directory, once empty
             self.forks_dir.rmdir()
 
@@ -115,7 +127,7 @@ class VmFactory:
         deadline = loop.time() + timeout
         await agent.connect(timeout=timeout)
         try:
-            await agent.request("hello", timeout=max(1.0, deadline - loop.time()))
+            await agent.hello(timeout=max(1.0, deadline - loop.time()))
         except BaseException:
             await agent.close()
             raise
@@ -123,7 +135,7 @@ class VmFactory:
 
     async def hygiene(self, agent: AgentClient) -> None:
         """After a clone, resume or fork: fresh clock, entropy and RNG seeds in the guest."""
-        await agent.request("resumed", timeout=30, time_ns=time.time_ns(),
+        await agent.request(Op.RESUMED, timeout=self.timeouts.hygiene, time_ns=time.time_ns(),
                             entropy=os.urandom(64))
 
     # -- launching -----------------------------------------------------------------------------
@@ -147,8 +159,8 @@ class VmFactory:
             return None
         return await self.snapshots.ensure(image)
 
-    async def launch(self, domain: str, image: GuestImage, meta: dict[str, str]) -> AgentClient:
-        """Start a VM named ``domain`` for ``image`` and return its attached, fresh agent.
+    async def launch(self, domain: str, image: GuestImage, meta: dict[str, str]) -> Launched:
+        """Start a VM named ``domain`` for ``image``; it comes with its attached, fresh agent.
 
         Clones the template snapshot (building it first if there is none); cold-boots when
         snapshots are off. On failure nothing of the domain is left.
@@ -162,38 +174,36 @@ class VmFactory:
             await self.destroy_tracked(domain)
             raise
 
-    async def _boot(self, domain: str, image: GuestImage, meta: dict[str, str]) -> AgentClient:
+    async def _boot(self, domain: str, image: GuestImage, meta: dict[str, str]) -> Launched:
         t0 = time.monotonic()
         async with self._boot_slots:
             spec = self._spec(domain, image, meta)
             await asyncio.to_thread(self.hv.start, spec)
             t1 = time.monotonic()
-            agent = await self.connect_agent(spec.channel_socket, self.settings.boot_timeout)
-        self.last = VmTimings("boot", t1 - t0, time.monotonic() - t1, 0.0)
-        return agent
+            agent = await self.connect_agent(spec.channel_socket, self.timeouts.boot)
+        return Launched(agent, VmTimings("boot", t1 - t0, time.monotonic() - t1, 0.0))
 
     async def _clone(self, domain: str, image: GuestImage, snap: Snapshot,
                      meta: dict[str, str], *, state: Path | None = None,
-                     ram: Path | None = None) -> AgentClient:
+                     ram: Path | None = None) -> Launched:
         t0 = time.monotonic()
         spec = self._spec(domain, image, meta, mem_path=ram or snap.ram, incoming=True)
         await asyncio.to_thread(self.hv.start_from_state, spec, state or snap.state,
                                 ignore_shared=True)
         t1 = time.monotonic()
-        agent = await self.connect_agent(spec.channel_socket, 30.0)
+        agent = await self.connect_agent(spec.channel_socket, self.timeouts.attach)
         t2 = time.monotonic()
         try:
             await self.hygiene(agent)
         except BaseException:
             await agent.close()
             raise
-        self.last = VmTimings("clone", t1 - t0, t2 - t1, time.monotonic() - t2)
-        return agent
+        return Launched(agent, VmTimings("clone", t1 - t0, t2 - t1, time.monotonic() - t2))
 
     async def destroy_tracked(self, domain: str) -> None:
         """Destroy ``domain`` even if the caller is cancelled meanwhile: the destroy runs as a
         task that ``close`` waits for, so a shutdown mid-launch leaves no domain behind."""
-        await asyncio.shield(self._spawn(self.destroy(domain)))
+        await asyncio.shield(self._background.spawn(self.destroy(domain), name=f"destroy:{domain}"))
 
     async def destroy(self, domain: str) -> None:
         try:
@@ -206,10 +216,11 @@ class VmFactory:
     async def _pool_clone(self, template: str) -> Clone:
         image = self.images.get(template)
         domain = self.hv.new_name()
-        agent = await self.launch(domain, image, {"role": "pool", "template": template})
-        return Clone(domain, agent, image.key)
+        launched = await self.launch(domain, image, {"role": "pool", "template": template})
+        return Clone(domain, launched.agent, image.key)
 
-    async def _discard(self, clone: Clone) -> None:
+    async def discard(self, clone: Clone) -> None:
+        """Close and destroy a pooled clone (one made from an image that was rebuilt since)."""
         await clone.agent.close()
         await self.destroy(clone.domain)
 
@@ -227,14 +238,14 @@ class VmFactory:
         return size
 
     async def wake(self, domain: str, image: GuestImage, path: Path,
-                   meta: dict[str, str]) -> AgentClient:
+                   meta: dict[str, str]) -> Launched:
         """Start ``domain`` from a hibernated state; the caller removes ``path`` afterwards."""
         t0 = time.monotonic()
         spec = self._spec(domain, image, meta, incoming=True)
         try:
             await asyncio.to_thread(self.hv.start_from_state, spec, path, ignore_shared=False)
             t1 = time.monotonic()
-            agent = await self.connect_agent(spec.channel_socket, 30.0)
+            agent = await self.connect_agent(spec.channel_socket, self.timeouts.attach)
             t2 = time.monotonic()
             try:
                 await self.hygiene(agent)
@@ -244,8 +255,7 @@ class VmFactory:
         except BaseException:
             await self.destroy_tracked(domain)
             raise
-        self.last = VmTimings("wake", t1 - t0, t2 - t1, time.monotonic() - t2)
-        return agent
+        return Launched(agent, VmTimings("wake", t1 - t0, t2 - t1, time.monotonic() - t2))
 
     # -- fork ----------------------------------------------------------------------------------
 
@@ -273,7 +283,7 @@ class VmFactory:
             results = await asyncio.gather(
                 *[self._clone(domain, image, snap, meta) for domain, meta in children],
                 return_exceptions=True)
-            agents = [r for r in results if isinstance(r, AgentClient)]
+            agents = [r.agent for r in results if isinstance(r, Launched)]
             failed = [r for r in results if isinstance(r, BaseException)]
             if failed:
                 raise failed[0]
@@ -287,7 +297,7 @@ class VmFactory:
         finally:
             # The children run (or failed); the paused copy and the file names go, off the
             # caller's path (destroy takes ~0.2 s). Children keep their mappings of the file.
-            self._spawn(self._drop_fork_copy(mid, work))
+            self._background.spawn(self._drop_fork_copy(mid, work), name=f"drop-fork:{mid}")
 
     async def _drop_fork_copy(self, domain: str, work: Path) -> None:
         try:
@@ -295,12 +305,6 @@ class VmFactory:
                 await asyncio.to_thread(self.hv.destroy, domain)
         finally:
             shutil.rmtree(work, ignore_errors=True)
-
-    def _spawn(self, coro: Any) -> asyncio.Task[Any]:
-        task = asyncio.get_running_loop().create_task(coro)
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
-        return task
 
     def stats(self) -> dict[str, Any]:
         return {"pool_hits": self.pool.hits, "pool_misses": self.pool.misses}

@@ -23,6 +23,7 @@ from typing import Any
 
 import msgpack
 
+from kernelhost.channel import ChannelListener
 from kernelhost.channel.codec import FrameDecoder, FrameError, encode_frame
 
 WAIT = 5.0  # default deadline of every wait in the fake and the tests using it
@@ -89,16 +90,20 @@ def error(ename: str, evalue: str, traceback: list[str]) -> tuple[str, dict[str,
     return "error", {"ename": ename, "evalue": evalue, "traceback": traceback}
 
 
-class Closes:
-    """An ``on_close`` callback for ``AgentClient`` that records its calls."""
+class Closes(ChannelListener):
+    """A listener of ``AgentClient`` that records how the channel closed (and its events)."""
 
     def __init__(self) -> None:
         self.calls: list[tuple[str, bool]] = []
+        self.events: list[dict[str, Any]] = []
         self.event = asyncio.Event()
 
-    def __call__(self, reason: str, violation: bool) -> None:
+    def on_close(self, reason: str, violation: bool) -> None:
         self.calls.append((reason, violation))
         self.event.set()
+
+    def on_event(self, event: dict[str, Any]) -> None:
+        self.events.append(event)
 
     async def wait(self, timeout: float = WAIT) -> tuple[str, bool]:
         """The first call's (reason, violation), once it has happened."""

@@ -20,6 +20,7 @@ from kernelhost.channel import (
     AgentClient,
     AgentError,
     ChannelClosed,
+    ChannelTimeout,
     JupyterMessage,
 )
 
@@ -43,10 +44,12 @@ async def connect(sock_path):
     """``await connect(**kwargs) -> (client, closes)``; every client is closed at teardown."""
     clients: list[AgentClient] = []
 
-    async def make(**kwargs: Any) -> tuple[AgentClient, Closes]:
-        closes = Closes()
+    async def make(on_message: Any = None, on_event: Any = None,
+                   **kwargs: Any) -> tuple[AgentClient, Closes]:
+        closes = Hooks(on_message, on_event)
         kwargs.setdefault("max_frame_bytes", LIMIT)
-        client = AgentClient(sock_path, on_close=closes, **kwargs)
+        client = AgentClient(sock_path, **kwargs)
+        client.add_listener(closes)
         clients.append(client)
         await client.connect(timeout=WAIT)
         return client, closes
@@ -54,6 +57,24 @@ async def connect(sock_path):
     yield make
     for client in clients:
         await asyncio.wait_for(client.close(), WAIT)
+
+
+class Hooks(Closes):
+    """Records closes, and hands messages and events to the given functions."""
+
+    def __init__(self, on_message: Any = None, on_event: Any = None) -> None:
+        super().__init__()
+        self._on_message = on_message
+        self._on_event = on_event
+
+    def on_message(self, message: JupyterMessage) -> None:
+        if self._on_message is not None:
+            self._on_message(message)
+
+    def on_event(self, event: dict[str, Any]) -> None:
+        super().on_event(event)
+        if self._on_event is not None:
+            self._on_event(event)
 
 
 async def round_trip(client: AgentClient) -> None:
@@ -117,7 +138,7 @@ async def test_request_timeout_then_late_reply_is_ignored(agent, connect):
     client, closes = await connect()
     agent.replies["interrupt"] = "ignore"
     t0 = time.monotonic()
-    with pytest.raises(asyncio.TimeoutError):
+    with pytest.raises(ChannelTimeout):
         await client.request("interrupt", timeout=0.1)
     assert time.monotonic() - t0 < WAIT
     assert client._pending == {}
@@ -126,14 +147,19 @@ async def test_request_timeout_then_late_reply_is_ignored(agent, connect):
     await round_trip(client)
     assert client.connected
     assert closes.calls == []
+    await agent.reply(late)  # but the same late reply twice is a guest playing games
+    reason, violation = await closes.wait()
+    assert violation and "again" in reason
 
 
-@pytest.mark.parametrize("reply_id", [999, "1", None, 1.0])
-async def test_replies_to_unknown_ids_are_ignored(agent, connect, reply_id):
+@pytest.mark.parametrize("reply_id", [999, "1", None, 1.0, 0, -1, True])
+async def test_replies_to_requests_never_made_are_violations(agent, connect, reply_id):
+    """A guest repeating a reply nobody asked for must not be free: it is cut off."""
     client, closes = await connect()
-    await agent.send({"op": "reply", "id": reply_id, "ok": True})
     await round_trip(client)
-    assert closes.calls == []
+    await agent.send({"op": "reply", "id": reply_id, "ok": True})
+    reason, violation = await closes.wait()
+    assert violation and "never made" in reason
 
 
 async def test_request_before_connect_raises_channel_closed(sock_path):
@@ -177,7 +203,8 @@ async def test_connect_retries_until_the_socket_appears(sock_path, monkeypatch):
 
     monkeypatch.setattr(asyncio, "open_unix_connection", counting_open)
     closes = Closes()
-    client = AgentClient(sock_path, on_close=closes)
+    client = AgentClient(sock_path)
+    client.add_listener(closes)
     connecting = asyncio.create_task(client.connect(timeout=WAIT))
     fake = None
     try:
@@ -205,7 +232,7 @@ async def test_connect_gives_up_at_its_deadline(sock_path, stale_socket_file):
             s.bind(sock_path)
     client = AgentClient(sock_path)
     t0 = time.monotonic()
-    with pytest.raises(ChannelClosed, match="did not accept a connection"):
+    with pytest.raises(ChannelTimeout, match="did not accept a connection"):
         await asyncio.wait_for(client.connect(timeout=0.2), WAIT)
     elapsed = time.monotonic() - t0
     assert 0.2 <= elapsed < WAIT
@@ -250,7 +277,7 @@ async def test_messages_are_routed_by_parent_msg_id(agent, connect):
 
 async def test_subscription_get_times_out(agent, connect):
     client, _ = await connect()
-    with client.subscribe("quiet") as sub, pytest.raises(asyncio.TimeoutError):
+    with client.subscribe("quiet") as sub, pytest.raises(TimeoutError):
         await sub.get(timeout=0.05)
     assert "quiet" not in client._subs
 
@@ -460,7 +487,8 @@ async def test_close_is_idempotent_and_wakes_waiters(agent, connect):
 
 async def test_close_without_connect(sock_path):
     closes = Closes()
-    client = AgentClient(sock_path, on_close=closes)
+    client = AgentClient(sock_path)
+    client.add_listener(closes)
     await client.close()
     await client.close()
     assert closes.calls == [("closed by the host", False)]
@@ -472,7 +500,9 @@ async def test_subscription_is_bounded_in_bytes_not_only_in_messages():
 
     class _Owner:
         closed_reason = None
-        _subs: dict = {}
+
+        def _unsubscribe(self, sub: Subscription) -> None:
+            pass
 
     sub = Subscription(_Owner(), "p", maxsize=1000, max_bytes=100)  # type: ignore[arg-type]
 
@@ -491,3 +521,44 @@ async def test_subscription_is_bounded_in_bytes_not_only_in_messages():
     sub.close()  # a closed subscription never blocks the channel reader
     await asyncio.wait_for(third, WAIT)
     assert sub.queued_bytes == 0
+
+
+# -- faults of the host's own code ---------------------------------------------------------------
+
+
+async def test_a_listener_that_raises_does_not_break_the_channel(agent, connect):
+    def broken(message: JupyterMessage) -> None:
+        raise RuntimeError("a bug in a listener")
+
+    client, closes = await connect(on_message=broken)
+    with client.subscribe("p") as sub:
+        await agent.emit("iopub", jupyter_msg("stream", {"name": "stdout", "text": "x"}, "p"))
+        assert (await sub.get(timeout=WAIT)).content["text"] == "x"  # still delivered
+    await round_trip(client)
+    assert client.connected and closes.calls == []
+
+
+async def test_a_bug_in_the_readers_own_code_is_not_a_protocol_violation(agent, connect,
+                                                                         monkeypatch):
+    """A host-side fault while handling a frame is logged and the frame dropped: the guest did
+    nothing wrong, so its channel (and the user's sandbox) must survive."""
+    from kernelhost.channel import client as client_module
+
+    real = client_module._check_jupyter
+    calls = 0
+
+    def flaky(frame: dict[str, Any], size: int = 0) -> JupyterMessage:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            raise KeyError("a bug in the host's reader")
+        return real(frame, size)
+
+    monkeypatch.setattr(client_module, "_check_jupyter", flaky)
+    client, closes = await connect()
+    with client.subscribe("p") as sub:
+        await agent.emit("iopub", jupyter_msg("stream", {"name": "stdout", "text": "lost"}, "p"))
+        await agent.emit("iopub", jupyter_msg("stream", {"name": "stdout", "text": "kept"}, "p"))
+        assert (await sub.get(timeout=WAIT)).content["text"] == "kept"
+    await round_trip(client)
+    assert client.connected and closes.calls == []

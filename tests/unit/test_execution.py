@@ -15,9 +15,10 @@ from typing import Any
 
 import pytest
 
-from kernelhost.channel import AgentClient, Subscription
-from kernelhost.sandboxes.execution import inject_kernel_death, run_cell
+from kernelhost.channel import AgentClient, ChannelListener, Subscription
+from kernelhost.sandboxes.execution import RunningCall
 
+from .cells import cell as run
 from .fake_agent import (
     WAIT,
     Closes,
@@ -42,9 +43,9 @@ async def connect(sock_path):
     """``await connect(**kwargs) -> client``; every client is closed at teardown."""
     clients: list[AgentClient] = []
 
-    async def make(**kwargs: Any) -> AgentClient:
-        kwargs.setdefault("on_close", Closes())
+    async def make(listener: ChannelListener | None = None, **kwargs: Any) -> AgentClient:
         client = AgentClient(sock_path, **kwargs)
+        client.add_listener(listener or Closes())
         clients.append(client)
         await client.connect(timeout=WAIT)
         return client
@@ -56,8 +57,21 @@ async def connect(sock_path):
 
 def cell(client: AgentClient, code: str = "1 + 1", *, timeout: float | None = None,
          interrupt_grace: float = WAIT, **kwargs: Any) -> AsyncIterator[dict[str, Any]]:
-    return run_cell(client, SESSION, code, timeout=timeout, interrupt_grace=interrupt_grace,
-                    **kwargs)
+    return run(client, code, session=SESSION, timeout=timeout, interrupt_grace=interrupt_grace,
+               **kwargs)
+
+
+class KernelDeaths(ChannelListener):
+    """The manager's wiring: a kernel_died event notifies the running call."""
+
+    def __init__(self, running: RunningCall) -> None:
+        self.running = running
+        self.seen = asyncio.Event()
+
+    def on_event(self, event: dict[str, Any]) -> None:
+        if event.get("event") == "kernel_died":
+            self.running.notify("kernel_died", exit_code=event.get("exit_code"))
+        self.seen.set()
 
 
 async def collect(gen: AsyncIterator[dict[str, Any]], timeout: float = WAIT) -> list[dict]:
@@ -201,15 +215,22 @@ async def test_messages_of_other_requests_are_not_events(agent, connect):
     assert events == [{"type": "stdout", "text": "mine"}, end("ok", 1)]
 
 
-async def test_on_subscription_gets_the_cells_subscription(agent, connect):
+async def test_the_running_call_holds_the_cells_subscription(agent, connect):
     client = await connect()
-    agent.on_execute = scripted()
-    subs: list[Subscription | None] = []
-    await collect(cell(client, on_subscription=subs.append))
-    [sub] = subs
+    seen: list[Subscription | None] = []
+
+    async def kernel(fake: FakeAgent, request: dict[str, Any]) -> None:
+        seen.append(running.sub)
+        await fake.run_execute(request)
+
+    agent.on_execute = kernel
+    running = RunningCall()
+    await collect(cell(client, running=running))
+    [sub] = seen
     assert isinstance(sub, Subscription)
     request = await agent.wait_for_execute()
-    assert sub.msg_id == request["header"]["msg_id"]
+    assert sub.msg_id == request["header"]["msg_id"] == running.run_id
+    assert running.sub is None  # gone with the cell
 
 
 # -- timeouts ------------------------------------------------------------------------------------
@@ -300,13 +321,13 @@ async def test_injected_kernel_death_ends_the_cell(agent, connect):
         await asyncio.Event().wait()
 
     agent.on_execute = dies
-    subs: list[Subscription | None] = []
-    gen = cell(client, "import os; os._exit(9)", on_subscription=subs.append)
+    running = RunningCall()
+    gen = cell(client, "import os; os._exit(9)", running=running)
     async with contextlib.aclosing(gen):
         first = await asyncio.wait_for(anext(gen), WAIT)
         assert first == {"type": "stdout", "text": "partial\n"}
-        assert subs[0] is not None
-        inject_kernel_death(subs[0], {"op": "event", "event": "kernel_died", "exit_code": 9})
+        assert running.sub is not None
+        running.notify("kernel_died", exit_code=9)
         rest = without_duration(await collect(gen))
     assert rest == [
         {"type": "error", "name": "KernelDied",
@@ -318,14 +339,9 @@ async def test_injected_kernel_death_ends_the_cell(agent, connect):
 
 
 async def test_kernel_died_event_from_the_agent_ends_the_cell(agent, connect):
-    """The manager's wiring: AgentClient.on_event -> inject_kernel_death(current subscription)."""
-    current: list[Subscription | None] = [None]
-
-    def on_event(event: dict[str, Any]) -> None:
-        if event.get("event") == "kernel_died" and current[0] is not None:
-            inject_kernel_death(current[0], event)
-
-    client = await connect(on_event=on_event)
+    """The manager's wiring: a kernel_died event -> RunningCall.notify."""
+    running = RunningCall()
+    client = await connect(KernelDeaths(running))
 
     async def dies(fake: FakeAgent, request: dict[str, Any]) -> None:
         await fake.status(request, "busy")
@@ -334,8 +350,7 @@ async def test_kernel_died_event_from_the_agent_ends_the_cell(agent, connect):
         await fake.event("kernel_restarted", reason="died")
 
     agent.on_execute = dies
-    events = without_duration(await collect(
-        cell(client, on_subscription=lambda sub: current.__setitem__(0, sub))))
+    events = without_duration(await collect(cell(client, running=running)))
     assert [e["type"] for e in events] == ["stderr", "error", "end"]
     assert events[1]["name"] == "KernelDied"
     assert "exit code None" in events[1]["value"]
@@ -343,15 +358,9 @@ async def test_kernel_died_event_from_the_agent_ends_the_cell(agent, connect):
 
 
 async def test_kernel_death_is_not_lost_when_the_queue_is_full(agent, connect):
-    seen = asyncio.Event()
-    current: list[Subscription | None] = [None]
-
-    def on_event(event: dict[str, Any]) -> None:
-        if current[0] is not None:
-            inject_kernel_death(current[0], event)
-        seen.set()
-
-    client = await connect(on_event=on_event, queue_size=2)
+    running = RunningCall()
+    deaths = KernelDeaths(running)
+    client = await connect(deaths, queue_size=2)
 
     async def dies(fake: FakeAgent, request: dict[str, Any]) -> None:
         for i in range(3):
@@ -359,12 +368,12 @@ async def test_kernel_death_is_not_lost_when_the_queue_is_full(agent, connect):
         await fake.event("kernel_died", exit_code=-9)
 
     agent.on_execute = dies
-    gen = cell(client, on_subscription=lambda sub: current.__setitem__(0, sub))
+    gen = cell(client, running=running)
     async with contextlib.aclosing(gen):
         first = await asyncio.wait_for(anext(gen), WAIT)
         assert first == {"type": "stdout", "text": "0\n"}
         # The consumer is behind: "1" and "2" fill the queue, then the kernel dies.
-        await asyncio.wait_for(seen.wait(), WAIT)
+        await asyncio.wait_for(deaths.seen.wait(), WAIT)
         rest = await collect(gen, timeout=1.0)
     assert rest[-2]["name"] == "KernelDied"
     assert rest[-1]["status"] == "kernel_died"
@@ -373,7 +382,7 @@ async def test_kernel_death_is_not_lost_when_the_queue_is_full(agent, connect):
 @pytest.mark.parametrize("how", ["eof", "violation"])
 async def test_channel_lost_mid_cell(agent, connect, how):
     closes = Closes()
-    client = await connect(on_close=closes)
+    client = await connect(closes)
 
     async def vanishes(fake: FakeAgent, request: dict[str, Any]) -> None:
         await fake.status(request, "busy")

@@ -70,9 +70,9 @@ def test_hooks_move_the_counters() -> None:
     m.observe_create("python", "pool", 0.004)
     m.observe_fork("python", 3, 1.5)
     m.observe_wake("python", 0.8)
-    m.observe_end("python", {"type": "end", "status": "ok"}, 0.05)
-    m.observe_end("python", {"type": "end", "status": "timeout", "recovery": "interrupted"}, 2)
-    m.observe_end("bash", {"type": "end", "status": "timeout", "recovery": "vm_replaced"}, 9)
+    m.observe_end("python", "ok", None, 0.05)
+    m.observe_end("python", "timeout", "interrupted", 2)
+    m.observe_end("bash", "timeout", "vm_replaced", 9)
     m.count_kernel_death("kernel")
     m.count_relayed("execute", "out", 120)
     text = m.render().decode()
@@ -101,10 +101,10 @@ def test_state_is_read_from_the_manager_at_scrape_time() -> None:
         return SimpleNamespace(record=SimpleNamespace(state=state, template=template,
                                                       accel="tcg"))
 
+    sandboxes = {"a": sbx("running"), "b": sbx("running"), "c": sbx("hibernated"),
+                 "d": sbx("running", "python-datasci")}
     manager = SimpleNamespace(
-        sandboxes={"a": sbx("running"), "b": sbx("running"), "c": sbx("hibernated"),
-                   "d": sbx("running", "python-datasci")},
-        accel="tcg", vms=SimpleNamespace(pool=Pool()),
+        all=lambda: list(sandboxes.values()), accel="tcg", pool=Pool(),
         templates=lambda: ["python", "python-datasci"])
     m = Metrics()
     m.registry.register(StateCollector(manager))
@@ -116,7 +116,7 @@ def test_state_is_read_from_the_manager_at_scrape_time() -> None:
     assert value(text, "kernelhost_pool_hits_total") == 5
     assert value(text, "kernelhost_pool_misses_total") == 1
     assert value(text, "kernelhost_vms", accel="tcg") == 3 + 3  # sandboxes + pooled clones
-    manager.sandboxes.pop("a")
+    sandboxes.pop("a")
     assert value(m.render().decode(), "kernelhost_sandboxes", state="running",
                  template="python") == 1
 

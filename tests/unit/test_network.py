@@ -1,6 +1,6 @@
-"""Per-sandbox network (kernelhost/sandboxes/network.py): entries, requests, the policy and its
-host protection, the host's pip configuration, and the tunnel's flow control and cleanup against
-the fake agent on a real channel."""
+"""Per-sandbox network (kernelhost/sandboxes/network/): entries, requests, the policy and its
+host protection, the host's pip configuration, the tunnel's flow control and cleanup against
+the fake agent on a real channel, and the package-index server the tunnels reach."""
 
 from __future__ import annotations
 
@@ -12,13 +12,14 @@ from typing import Any
 
 import pytest
 
+from kernelhost.api.pip_index import serving as serving_index
 from kernelhost.channel import AgentClient
+from kernelhost.channel.protocol import NET_WINDOW as WINDOW
 from kernelhost.config import ConfigError, Settings
 from kernelhost.sandboxes import InvalidRequest
 from kernelhost.sandboxes.network import (
     INDEX_HOST,
     MAX_TUNNELS,
-    WINDOW,
     HostNetwork,
     NetworkSpec,
     PipIndexes,
@@ -110,7 +111,7 @@ async def test_none_refuses_everything(tmp_path: Path) -> None:
     policy = host_network(tmp_path).policy(NetworkSpec("none"))
     with pytest.raises(Refused, match="network mode none"):
         await policy.resolve("8.8.8.8", 443)
-    assert not policy.serves_index(INDEX_HOST, 80)
+    assert policy.local_endpoint(INDEX_HOST, 80) is None
 
 
 @pytest.mark.parametrize("addr, why", [
@@ -183,7 +184,10 @@ def test_guest_pip_settings_and_default_allowlist(tmp_path: Path) -> None:
     config = net.guest_config(NetworkSpec("allowlist"))
     assert config["env"]["HTTPS_PROXY"] == "http://127.0.0.1:3128"
     assert net.guest_config(NetworkSpec("none")) == {"mode": "none", "env": {}, "pip": None}
-    assert net.policy(NetworkSpec("allowlist")).serves_index(INDEX_HOST, 80)
+    net.index_endpoint = tmp_path / "index.sock"
+    assert net.policy(NetworkSpec("allowlist")).local_endpoint(INDEX_HOST, 80) == \
+        tmp_path / "index.sock"
+    assert net.policy(NetworkSpec("none")).local_endpoint(INDEX_HOST, 80) is None
 
 
 def test_old_databases_gain_the_network_column(tmp_path: Path) -> None:
@@ -244,12 +248,14 @@ class Remote:
 
 
 async def tunnels_for(agent: FakeAgent, sock_path: str, tmp_path: Path, mode: str,
-                      allow: tuple[str, ...] = ()) -> tuple[AgentClient, Tunnels]:
+                      allow: tuple[str, ...] = (),
+                      counts: list[str] | None = None) -> tuple[AgentClient, Tunnels]:
     client = AgentClient(sock_path)
     await client.connect(timeout=WAIT)
     net = host_network(tmp_path, allow=allow)
-    tunnels = Tunnels(net.policy(NetworkSpec(mode)), client, "sbx_test")
-    client.on_net = tunnels.on_frame
+    tunnels = Tunnels(net.policy(NetworkSpec(mode)), client, "sbx_test",
+                      count=None if counts is None else counts.append)
+    client.add_listener(tunnels)
     return client, tunnels
 
 
@@ -308,7 +314,7 @@ async def test_close_ends_every_tunnel(agent: FakeAgent, sock_path: str, tmp_pat
         await asyncio.wait_for(remote.closed.wait(), WAIT)
         await asyncio.sleep(0)
         assert not tunnels.tunnels
-        await asyncio.wait_for(asyncio.gather(*tunnels.tasks, return_exceptions=True), WAIT)
+        await asyncio.wait_for(tunnels.tasks.close(), WAIT)
         assert not tunnels.tasks
     finally:
         await tunnels.aclose()
@@ -317,15 +323,16 @@ async def test_close_ends_every_tunnel(agent: FakeAgent, sock_path: str, tmp_pat
 
 async def test_refusals_and_the_tunnel_cap(agent: FakeAgent, sock_path: str,
                                            tmp_path: Path) -> None:
-    client, tunnels = await tunnels_for(agent, sock_path, tmp_path, "allowlist")
+    counts: list[str] = []
+    client, tunnels = await tunnels_for(agent, sock_path, tmp_path, "allowlist", counts=counts)
     remote = await Remote().start()
     try:
         await agent.send({"op": "net", "t": "open", "tunnel": 1, "host": "127.0.0.1",
                           "port": 8999})
         refused = await agent.wait_for_frame(lambda f: f.get("t") == "opened")
-        assert refused["ok"] is False and refused["status"] == 403
+        assert refused["ok"] is False and refused["reason"] == "policy"
         assert "allowlist" in refused["error"]
-        assert tunnels.refused_total == 1 and not tunnels.tunnels
+        assert counts == ["refused"] and not tunnels.tunnels
         # unknown tunnels' data is answered with close; nothing is kept
         await agent.send({"op": "net", "t": "data", "tunnel": 99, "data": b"x"})
         await agent.wait_for_frame(lambda f: f.get("t") == "close" and f["tunnel"] == 99)
@@ -342,7 +349,7 @@ async def test_refusals_and_the_tunnel_cap(agent: FakeAgent, sock_path: str,
                               "port": 443})
         capped = await agent.wait_for_frame(
             lambda f: f.get("t") == "opened" and f["tunnel"] == 10 + MAX_TUNNELS)
-        assert capped["status"] == 503 and str(MAX_TUNNELS) in capped["error"]
+        assert capped["reason"] == "busy" and str(MAX_TUNNELS) in capped["error"]
         assert len(tunnels.tunnels) == MAX_TUNNELS
         gate.set()
     finally:
@@ -364,23 +371,37 @@ async def test_file_index_is_served_read_only(agent: FakeAgent, sock_path: str,
     net = HostNetwork(Settings(state_dir=tmp_path),
                       pip=PipIndexes((root / "simple").as_uri()), own_addresses=set(OWN))
     tunnels = Tunnels(net.policy(NetworkSpec("allowlist")), client, "sbx_test")
-    client.on_net = tunnels.on_frame
+    client.add_listener(tunnels)
 
     async def get(tunnel: int, path: str) -> bytes:
         await agent.send({"op": "net", "t": "open", "tunnel": tunnel, "host": INDEX_HOST,
                           "port": 80})
-        await agent.send({"op": "net", "t": "data", "tunnel": tunnel,
-                          "data": f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode()})
+        # as the guest's proxy forwards a request: absolute URL made relative, connection: close
+        await agent.send({"op": "net", "t": "data", "tunnel": tunnel, "data": (
+            f"GET {path} HTTP/1.1\r\nHost: {INDEX_HOST}\r\nConnection: close\r\n\r\n"
+        ).encode()})
         await agent.wait_for_frame(lambda f: f.get("t") == "close" and f["tunnel"] == tunnel)
         return b"".join(f["data"] for f in net_frames(agent, "data", tunnel))
 
     try:
-        page = await get(1, "/0/simple/six/")
-        assert page.startswith(b"HTTP/1.1 200") and page.endswith(b"six</a>")
-        wheel = await get(2, "/0/files/six.whl")
-        assert b"Content-Length: 1000" in wheel and wheel.endswith(b"W" * 1000)
-        assert (await get(3, "/0/../secret")).startswith(b"HTTP/1.1 404")
-        assert (await get(4, "/1/simple/")).startswith(b"HTTP/1.1 404")
+        async with serving_index(net.file_roots) as endpoint:
+            net.index_endpoint = endpoint
+            page = await get(1, "/0/simple/six/")
+            assert page.startswith(b"HTTP/1.1 200") and page.endswith(b"six</a>")
+            assert b"Content-Type: text/html" in page
+            wheel = await get(2, "/0/files/six.whl")
+            assert b"Content-Length: 1000" in wheel and wheel.endswith(b"W" * 1000)
+            assert (await get(3, "/0/../secret")).startswith(b"HTTP/1.1 404")
+            assert (await get(4, "/0/%2e%2e/secret")).startswith(b"HTTP/1.1 404")
+            assert (await get(5, "/1/simple/")).startswith(b"HTTP/1.1 404")
+        assert not endpoint.exists()
+        refused = await get_refused(agent, 6)
+        assert refused["reason"] == "unreachable"  # the index server is gone
     finally:
         await tunnels.aclose()
         await client.close()
+
+
+async def get_refused(agent: FakeAgent, tunnel: int) -> dict[str, Any]:
+    await agent.send({"op": "net", "t": "open", "tunnel": tunnel, "host": INDEX_HOST, "port": 80})
+    return await agent.wait_for_frame(lambda f: f.get("t") == "opened" and f["tunnel"] == tunnel)

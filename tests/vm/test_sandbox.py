@@ -98,7 +98,12 @@ async def test_close_leaves_no_domain_socket_or_file(service: Service) -> None:
     sbx = await AsyncSandbox.create(url=service.url, api_key=service.api_key)
     hv = service.hypervisor()
     try:
-        [info] = [d for d in hv.domains() if d.metadata.get("sandbox") == sbx.id]
+        # a pooled clone is labelled with its sandbox just after the hand-over, off its path
+        deadline = time.monotonic() + 10
+        while not (mine := [d for d in hv.domains() if d.metadata.get("sandbox") == sbx.id]):
+            assert time.monotonic() < deadline, "the sandbox's domain was never labelled"
+            await asyncio.sleep(0.05)
+        [info] = mine
         vm_dir = hv.vm_dir(info.name)
         assert (vm_dir / "agent.sock").exists() and hv.is_running(info.name)
         await sbx.close()
@@ -108,6 +113,7 @@ async def test_close_leaves_no_domain_socket_or_file(service: Service) -> None:
         with pytest.raises(NotFoundError):
             await AsyncSandbox.connect(sbx.id, url=service.url, api_key=service.api_key)
     finally:
+        await sbx.close()
         hv.close()
 
 

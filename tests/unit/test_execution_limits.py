@@ -1,5 +1,5 @@
-"""run_cell's execution depth against the fake agent: output and result caps, usage figures,
-bash calls, every rung of the timeout ladder, loss of the VM, host notices, a consumer leaving."""
+"""run_cell against the fake agent: output and result caps, usage figures, bash calls, every
+rung of the timeout ladder, loss of the VM, host notices, a consumer leaving."""
 
 from __future__ import annotations
 
@@ -11,8 +11,9 @@ from typing import Any
 import pytest
 
 from kernelhost.channel import AgentClient
-from kernelhost.sandboxes.execution import Control, run_cell
+from kernelhost.sandboxes.execution import RunningCall
 
+from .cells import cell
 from .fake_agent import (
     WAIT,
     FakeAgent,
@@ -27,7 +28,7 @@ pytestmark = pytest.mark.unit
 
 @pytest.fixture
 async def client(sock_path, agent):
-    c = AgentClient(sock_path, on_close=lambda reason, violation: None)
+    c = AgentClient(sock_path)
     await c.connect(timeout=WAIT)
     yield c
     await asyncio.wait_for(c.close(), WAIT)
@@ -36,7 +37,7 @@ async def client(sock_path, agent):
 def call(client: AgentClient, code: str = "1", **kwargs: Any):
     kwargs.setdefault("timeout", None)
     kwargs.setdefault("interrupt_grace", WAIT)
-    return run_cell(client, "session", code, **kwargs)
+    return cell(client, code, session="session", **kwargs)
 
 
 async def collect(gen, timeout: float = WAIT) -> list[dict[str, Any]]:
@@ -184,13 +185,20 @@ async def test_bash_success_has_no_error(agent, client):
 
 
 async def test_bash_on_an_image_without_it_says_to_rebuild(agent, client):
-    async def old_agent(fake: FakeAgent, frame: dict[str, Any]) -> None:
-        await fake.reply(frame, ok=False, error="unknown op 'bash'")
-
-    agent.replies["bash"] = old_agent
+    # an agent whose hello announces no bash capability: the host does not even try
+    agent.reply_fields["hello"] = {"agent_version": 2, "capabilities": ["files"]}
+    await client.hello(timeout=WAIT)
     events = await collect(call(client, "echo", language="bash"))
     assert events[0]["name"] == "BashUnavailable" and "make image" in events[0]["value"]
     assert events[-1]["status"] == "error"
+    assert not agent.requests("bash")
+
+
+async def test_a_failing_bash_start_is_an_error_event(agent, client):
+    agent.replies["bash"] = "error"
+    events = await collect(call(client, "echo", language="bash"))
+    assert events[0]["name"] == "BashUnavailable"
+    assert "could not start the command" in events[0]["value"]
 
 
 async def test_bash_timeout_interrupts_then_kills(agent, client):
@@ -283,28 +291,28 @@ async def test_lost_channel_mid_call_gets_a_new_vm(agent, client, replaced):
 
 async def test_restart_notice_ends_the_running_call(agent, client):
     agent.on_execute = hang
-    control = Control()
-    gen = call(client, control=control)
+    running = RunningCall()
+    gen = call(client, running=running)
     task = asyncio.ensure_future(collect(gen))
     await agent.wait_for_execute()
     await asyncio.sleep(0.05)
-    assert control.sub is not None and control.kind == "python"
-    control.notify("restarted")
+    assert running.sub is not None and running.language == "python"
+    running.notify("restarted")
     events = await asyncio.wait_for(task, WAIT)
     assert events[-2]["name"] == "KernelRestarted"
-    assert events[-1]["status"] == "restarted" and control.sub is None
+    assert events[-1]["status"] == "restarted" and running.sub is None
 
 
 async def test_requested_interrupt_gives_status_interrupted(agent, client):
-    control = Control()
+    running = RunningCall()
 
     async def interrupted(fake: FakeAgent, request: dict[str, Any]) -> None:
-        control.interrupt_requested = True  # what SandboxManager.interrupt does
+        running.interrupt_requested = True  # what SandboxManager.interrupt does
         await fake.run_execute(request, [error("KeyboardInterrupt", "", ["..."])],
                                status="error")
 
     agent.on_execute = interrupted
-    events = await collect(call(client, control=control))
+    events = await collect(call(client, running=running))
     assert events[-2]["name"] == "KeyboardInterrupt" and events[-1]["status"] == "interrupted"
 
 

@@ -1,0 +1,72 @@
+"""``/api/kernelspecs``: one kernelspec per template, and their logos."""
+
+from __future__ import annotations
+
+import json
+from importlib.util import find_spec
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from ...sandboxes import SandboxManager
+from ..state import RUNTIME
+
+LOGOS = ("logo-32x32.png", "logo-64x64.png", "logo-svg.svg")
+routes = web.RouteTableDef()
+
+
+def _manager(request: web.Request) -> SandboxManager:
+    return request.app[RUNTIME].manager
+
+
+def _logo_dir() -> Path | None:
+    spec = find_spec("ipykernel")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = Path(next(iter(spec.submodule_search_locations))) / "resources"
+    return path if path.is_dir() else None
+
+
+def spec_model(name: str) -> dict[str, Any]:
+    logos = _logo_dir()
+    resources = {f.rsplit(".", 1)[0]: f"/kernelspecs/{name}/{f}"
+                 for f in LOGOS if logos is not None and (logos / f).is_file()}
+    return {"name": name, "resources": resources, "spec": {
+        # what runs in the VM; shown to clients, never run by them
+        "argv": ["python3", "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+        "display_name": f"Python 3 (kernelhost VM, {name})", "language": "python",
+        "interrupt_mode": "signal", "env": {},
+        "metadata": {"kernelhost": {"template": name}, "debugger": False}}}
+
+
+def default_spec(templates: list[str]) -> str:
+    return "python" if "python" in templates or not templates else templates[0]
+
+
+@routes.get("/api/kernelspecs")
+async def list_kernelspecs(request: web.Request) -> web.Response:
+    templates = _manager(request).templates()
+    return web.json_response({"default": default_spec(templates),
+                              "kernelspecs": {t: spec_model(t) for t in templates}})
+
+
+@routes.get("/api/kernelspecs/{name}")
+async def get_kernelspec(request: web.Request) -> web.Response:
+    name, templates = request.match_info["name"], _manager(request).templates()
+    if name not in templates:
+        raise web.HTTPNotFound(text=json.dumps({"error": {
+            "code": "kernelspec_not_found",
+            "message": f"no kernelspec {name!r}; kernelspecs are the templates: "
+                       f"{', '.join(templates) or 'none built (run make image)'}"}}),
+            content_type="application/json")
+    return web.json_response(spec_model(name))
+
+
+@routes.get("/kernelspecs/{name}/{file}")
+async def kernelspec_resource(request: web.Request) -> web.StreamResponse:
+    name, file = request.match_info["name"], request.match_info["file"]
+    logos = _logo_dir()
+    if name not in _manager(request).templates() or file not in LOGOS or logos is None:
+        raise web.HTTPNotFound()
+    return web.FileResponse(logos / file)

@@ -1,0 +1,196 @@
+"""What every sandbox's network policy starts from, discovered once at service start: the host's
+pip indexes (the default allowlist), the operator's ``network_allow`` entries, the host's own
+addresses (never reachable from a sandbox) and the service's API endpoint.
+
+Package indexes the host's pip uses that are local directories (``file://``) are offered to the
+guest under the virtual origin ``http://INDEX_HOST/<n>/``; the API layer serves them, read only,
+on a local socket (``index_endpoint``) that a tunnel to that origin connects to.
+"""
+
+from __future__ import annotations
+
+import configparser
+import contextlib
+import fcntl
+import ipaddress
+import os
+import socket
+import struct
+import urllib.parse
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from ...channel.protocol import PROXY_PORT
+from ...config import ConfigError, Settings
+from .policy import AllowEntry, IPAddress, NetworkSpec, Policy, parse_entry, plain_address
+
+log = structlog.get_logger("kernelhost.network")
+
+INDEX_HOST = "pip-index.kernelhost.internal"  # virtual origin of the host's file:// indexes
+
+
+@dataclass
+class PipIndexes:
+    index_url: str | None = None
+    extra_index_urls: list[str] = field(default_factory=list)
+
+
+def pip_config_files(environ: Mapping[str, str]) -> list[Path]:
+    """pip's configuration files, in the order pip loads them (later ones override)."""
+    xdg_dirs = environ.get("XDG_CONFIG_DIRS") or "/etc/xdg"
+    files = [Path(d) / "pip" / "pip.conf" for d in reversed(xdg_dirs.split(":")) if d]
+    files.append(Path("/etc/pip.conf"))
+    home = Path(environ.get("HOME") or Path.home())
+    files.append(home / ".pip" / "pip.conf")
+    files.append(Path(environ.get("XDG_CONFIG_HOME") or home / ".config") / "pip" / "pip.conf")
+    if environ.get("VIRTUAL_ENV"):
+        files.append(Path(environ["VIRTUAL_ENV"]) / "pip.conf")
+    if environ.get("PIP_CONFIG_FILE"):
+        files.append(Path(environ["PIP_CONFIG_FILE"]))
+    return files
+
+
+def read_pip_config(environ: Mapping[str, str] | None = None,
+                    files: Sequence[Path] | None = None) -> PipIndexes:
+    """index-url and extra-index-url as the host's pip sees them: its config files ([global],
+    then [install]) and then ``PIP_INDEX_URL`` / ``PIP_EXTRA_INDEX_URL``."""
+    env = os.environ if environ is None else environ
+    values: dict[str, str] = {}
+    for path in pip_config_files(env) if files is None else files:
+        parser = configparser.RawConfigParser()
+        try:
+            parser.read(path, encoding="utf-8")
+        except (configparser.Error, OSError, UnicodeDecodeError) as exc:
+            log.warning("network.pip_config_unreadable", path=str(path), error=str(exc))
+            continue
+        for section in ("global", "install"):
+            if parser.has_section(section):
+                for key in ("index-url", "extra-index-url"):
+                    if parser.has_option(section, key):
+                        values[key] = parser.get(section, key)
+    for key, name in (("index-url", "PIP_INDEX_URL"), ("extra-index-url", "PIP_EXTRA_INDEX_URL")):
+        if env.get(name):
+            values[key] = env[name]
+    index = values.get("index-url", "").strip() or None
+    return PipIndexes(index, values.get("extra-index-url", "").split())
+
+
+def host_addresses() -> set[IPAddress]:
+    """Every address of this host's interfaces (IPv4 via SIOCGIFADDR, IPv6 from /proc)."""
+    found: set[IPAddress] = set()
+    with contextlib.suppress(OSError), socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        for _, name in socket.if_nameindex():
+            with contextlib.suppress(OSError):
+                packed = fcntl.ioctl(s.fileno(), 0x8915,  # SIOCGIFADDR
+                                     struct.pack("256s", name.encode()[:15]))
+                found.add(ipaddress.IPv4Address(packed[20:24]))
+    with contextlib.suppress(OSError, ValueError), open("/proc/net/if_inet6") as f:
+        for line in f:
+            found.add(ipaddress.IPv6Address(int(line.split()[0], 16)))
+    with contextlib.suppress(OSError):
+        for info in socket.getaddrinfo(socket.gethostname(), None):
+            with contextlib.suppress(ValueError):
+                found.add(ipaddress.ip_address(str(info[4][0]).split("%")[0]))
+    return found
+
+
+class HostNetwork:
+    """The host's side of every sandbox's network: defaults, protection, guest configuration."""
+
+    def __init__(self, settings: Settings, environ: Mapping[str, str] | None = None,
+                 pip: PipIndexes | None = None,
+                 own_addresses: set[IPAddress] | None = None) -> None:
+        self.settings = settings
+        self.own = {plain_address(a) for a in (host_addresses() if own_addresses is None
+                                               else own_addresses)}
+        self.operator: list[AllowEntry] = []
+        for text in settings.network_allow:
+            try:
+                self.operator.append(parse_entry(text, operator=True))
+            except ValueError as exc:
+                raise ConfigError(f"setting network_allow (KERNELHOST_NETWORK_ALLOW): {exc}") \
+                    from None
+        self.pip = read_pip_config(environ) if pip is None else pip
+        self.defaults: list[AllowEntry] = []
+        self.file_roots: list[Path] = []
+        #: the local socket of the server of ``file_roots`` (set by the API layer when it runs)
+        self.index_endpoint: Path | None = None
+        configured = ([self.pip.index_url] if self.pip.index_url else []) \
+            + self.pip.extra_index_urls
+        urls = [u for u in (self._guest_url(u) for u in configured) if u]
+        trusted = sorted({urllib.parse.urlsplit(u).hostname or "" for u in urls
+                          if u.startswith("http://")} - {""})
+        self.guest_pip: dict[str, Any] = {}
+        if urls:
+            self.guest_pip = {"index-url": urls[0], "extra-index-url": urls[1:],
+                              "trusted-host": trusted}
+
+    def _guest_url(self, url: str) -> str | None:
+        """The index URL as the guest uses it; http(s) hosts join the default allowlist."""
+        parts = urllib.parse.urlsplit(url)
+        scheme = parts.scheme.lower()
+        if scheme == "file":
+            path = Path(urllib.parse.unquote(parts.path))
+            if not path.is_dir():
+                log.warning("network.pip_index_missing", url=url)
+                return None
+            root, sub = (path.parent, f"{path.name}/") if path.name == "simple" else (path, "")
+            self.file_roots.append(root)
+            return f"http://{INDEX_HOST}/{len(self.file_roots) - 1}/{sub}"
+        if scheme in ("http", "https") and parts.hostname:
+            try:
+                port = parts.port or (443 if scheme == "https" else 80)
+                host = parts.hostname if ":" not in parts.hostname else f"[{parts.hostname}]"
+                self.defaults.append(parse_entry(f"{host}:{port}", operator=True))
+            except ValueError:
+                log.warning("network.pip_index_unusable", url=url)
+                return None
+            return url
+        log.warning("network.pip_index_unsupported", url=url)
+        return None
+
+    def local_endpoint(self, name: str, port: int) -> Path | None:
+        if name == INDEX_HOST and port == 80 and self.file_roots:
+            return self.index_endpoint
+        return None
+
+    def policy(self, spec: NetworkSpec) -> Policy:
+        extra = [parse_entry(text) for text in spec.allow]
+        return Policy(self, spec.mode, [*self.defaults, *self.operator, *extra])
+
+    def guest_config(self, spec: NetworkSpec) -> dict[str, Any]:
+        """Fields of the ``net_config`` request that tells the agent its mode."""
+        if spec.mode == "none":
+            return {"mode": "none", "env": {}, "pip": None}
+        proxy = f"http://127.0.0.1:{PROXY_PORT}"
+        no_proxy = "localhost,127.0.0.1,::1"
+        env = {"HTTP_PROXY": proxy, "HTTPS_PROXY": proxy, "http_proxy": proxy,
+               "https_proxy": proxy, "NO_PROXY": no_proxy, "no_proxy": no_proxy}
+        return {"mode": spec.mode, "env": env, "pip": dict(self.guest_pip)}
+
+    def protected(self, addr: IPAddress) -> str | None:
+        """Why ``addr`` is off limits to sandboxes (None: it is not)."""
+        addr = plain_address(addr)
+        if addr in self.own:
+            return "an address of the kernelhost host itself"
+        if addr.is_loopback:
+            return "a loopback address"
+        if addr.is_link_local:
+            return "a link-local address"
+        if addr.is_unspecified or addr.is_multicast:
+            return "not a unicast address"
+        if addr.is_private or addr.is_reserved or not addr.is_global:
+            return "a private or reserved address"
+        return None
+
+    def api_endpoint(self, addr: IPAddress, port: int) -> bool:
+        """The service's own API: refused whatever anybody listed."""
+        if port != self.settings.port:
+            return False
+        addr = plain_address(addr)
+        return addr.is_loopback or addr in self.own or addr.is_unspecified or \
+            str(addr) == self.settings.host

@@ -1,0 +1,271 @@
+"""The host side of one agent's network tunnels (docs/network.md).
+
+In modes ``allowlist`` and ``outbound`` the guest's agent runs an HTTP proxy and asks the host,
+over the channel, to open each connection (``net`` frames, ``protocol.NetFrame``). ``Tunnels``
+checks each against the sandbox's ``Policy``, connects with a deadline and pumps bytes both
+ways with per-tunnel windows (``data`` / ``ack``): neither side sends more than ``NET_WINDOW``
+unacknowledged bytes of a tunnel, so a slow reader on either end never grows host memory.
+
+The guest is hostile: a frame never costs the host more than a bounded amount of work. Only an
+accepted ``open`` (at most ``MAX_TUNNELS`` at once) starts a task; refusals and the ``close``
+answers to frames of unknown tunnels go through one bounded outbox with one sender task, and
+what does not fit is dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections import OrderedDict, deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from ...channel import AgentClient, ChannelError, ChannelListener
+from ...channel.protocol import NET_CHUNK, NET_WINDOW, Frame, NetFrame, NetRefusal
+from ...tasks import TaskSet
+from .policy import CONNECT_TIMEOUT, IPAddress, Policy, Refused
+
+log = structlog.get_logger("kernelhost.network")
+
+MAX_TUNNELS = 32  # connections open at once per sandbox
+OUTBOX = 256  # control frames (refusals, close answers) waiting to be sent
+SEND_TIMEOUT = 30.0  # seconds one frame to the guest may take before its tunnel ends
+RECENTLY_ENDED = 1024  # tunnel ids whose close answer was already sent
+
+
+@dataclass(eq=False)
+class _Tunnel:
+    id: int
+    credit: int = NET_WINDOW  # bytes we may still send to the guest
+    room: asyncio.Event = field(default_factory=asyncio.Event)
+    inbox: asyncio.Queue[bytes | None] = field(default_factory=asyncio.Queue)
+    inbox_bytes: int = 0  # bytes from the guest not yet written out (at most NET_WINDOW)
+    task: asyncio.Task[None] | None = None
+    guest_closed: bool = False
+
+
+#: ``count(result)`` with "opened" or "refused": connections, for the service's metrics
+Count = Callable[[str], None]
+
+
+class Tunnels(ChannelListener):
+    """The tunnels of one agent's channel; ``close()`` ends every one of them."""
+
+    def __init__(self, policy: Policy, agent: AgentClient, sandbox_id: str,
+                 count: Count | None = None) -> None:
+        self.policy = policy
+        self.agent = agent
+        self.log = log.bind(sandbox_id=sandbox_id, network=policy.mode)
+        self.tunnels: dict[int, _Tunnel] = {}
+        self.tasks = TaskSet(f"tunnels:{sandbox_id}")
+        self.closed = False
+        self._count = count or (lambda result: None)
+        self._outbox: deque[dict[str, Any]] = deque()
+        self._outbox_ready = asyncio.Event()
+        self._sender: asyncio.Task[None] | None = None
+        self._ended: OrderedDict[int, None] = OrderedDict()
+
+    # -- frames from the guest (on the channel's reader: never blocks) ----------------------------
+
+    def on_net(self, frame: dict[str, Any]) -> None:
+        kind, tunnel_id = frame.get("t"), frame.get("tunnel")
+        if self.closed or not isinstance(tunnel_id, int) or isinstance(tunnel_id, bool) \
+                or not 0 < tunnel_id < 1 << 62:
+            return
+        tun = self.tunnels.get(tunnel_id)
+        if kind == NetFrame.OPEN:
+            if tun is None:
+                self._open(tunnel_id, frame.get("host"), frame.get("port"))
+        elif tun is None:
+            if kind != NetFrame.CLOSE:  # a tunnel of an earlier host, or one we ended
+                self._answer_unknown(tunnel_id)
+        elif kind == NetFrame.DATA:
+            data = frame.get("data")
+            if not isinstance(data, bytes) or tun.inbox_bytes + len(data) > NET_WINDOW:
+                self.log.warning("network.flow_control_broken", tunnel=tunnel_id)
+                self._end(tun)
+                return
+            tun.inbox_bytes += len(data)
+            tun.inbox.put_nowait(data)
+        elif kind == NetFrame.ACK:
+            n = frame.get("n")
+            if isinstance(n, int) and not isinstance(n, bool) and n > 0:
+                tun.credit = min(NET_WINDOW, tun.credit + n)
+                tun.room.set()
+        elif kind == NetFrame.CLOSE:
+            tun.guest_closed = True
+            tun.inbox.put_nowait(None)
+
+    def on_close(self, reason: str, violation: bool) -> None:
+        self.close()
+
+    def _open(self, tunnel_id: int, host: Any, port: Any) -> None:
+        if not isinstance(host, str) or not isinstance(port, int) or isinstance(port, bool):
+            self._refuse(tunnel_id, NetRefusal.INVALID, "kernelhost: open needs a host and a port")
+            return
+        if len(self.tunnels) >= MAX_TUNNELS:
+            self._count("refused")
+            self.log.warning("network.refused", host=host[:100], port=port,
+                             reason="too many connections")
+            self._refuse(tunnel_id, NetRefusal.BUSY,
+                         f"kernelhost: this sandbox already has {MAX_TUNNELS} connections open")
+            return
+        tun = _Tunnel(tunnel_id)
+        tun.room.set()
+        self.tunnels[tunnel_id] = tun
+        tun.task = self.tasks.spawn(self._run(tun, host[:300], port), name=f"tunnel:{tunnel_id}")
+
+    def _refuse(self, tunnel_id: int, reason: NetRefusal, error: str) -> None:
+        self._post({"op": Frame.NET.value, "t": NetFrame.OPENED.value, "tunnel": tunnel_id,
+                    "ok": False, "reason": reason.value, "error": error})
+
+    def _answer_unknown(self, tunnel_id: int) -> None:
+        if tunnel_id in self._ended:
+            return
+        self._ended[tunnel_id] = None
+        while len(self._ended) > RECENTLY_ENDED:
+            self._ended.popitem(last=False)
+        self._post({"op": Frame.NET.value, "t": NetFrame.CLOSE.value, "tunnel": tunnel_id})
+
+    def _post(self, frame: dict[str, Any]) -> None:
+        """Queue a control frame for the one sender task; dropped when the outbox is full."""
+        if self.closed or len(self._outbox) >= OUTBOX:
+            return
+        self._outbox.append(frame)
+        self._outbox_ready.set()
+        if self._sender is None or self._sender.done():
+            self._sender = self.tasks.spawn(self._send_outbox(), name="tunnels-outbox")
+
+    async def _send_outbox(self) -> None:
+        with contextlib.suppress(ChannelError):
+            while self._outbox:
+                await self.agent.send_net(self._outbox.popleft(), timeout=SEND_TIMEOUT)
+
+    def _end(self, tun: _Tunnel) -> None:
+        if tun.task is not None:
+            tun.task.cancel()
+
+    def close(self) -> None:
+        """End every tunnel (the sandbox closes, hibernates, forks away or changes VM)."""
+        self.closed = True
+        self._outbox.clear()
+        self.tasks.cancel()
+        self.tunnels.clear()
+
+    async def aclose(self) -> None:
+        self.close()
+        await self.tasks.close(timeout=5.0)
+
+    # -- one tunnel --------------------------------------------------------------------------------
+
+    async def _send(self, kind: NetFrame, tunnel_id: int, **fields: Any) -> None:
+        await self.agent.send_net({"op": Frame.NET.value, "t": kind.value, "tunnel": tunnel_id,
+                                   **fields}, timeout=SEND_TIMEOUT)
+
+    async def _run(self, tun: _Tunnel, host: str, port: int) -> None:
+        writer: asyncio.StreamWriter | None = None
+        try:
+            try:
+                reader, writer = await self._connect(host, port)
+            except Refused as exc:
+                self._count("refused")
+                self.log.warning("network.refused", host=host[:100], port=port, reason=str(exc))
+                await self._send(NetFrame.OPENED, tun.id, ok=False, reason=exc.reason.value,
+                                 error=str(exc))
+                return
+            self._count("opened")
+            await self._send(NetFrame.OPENED, tun.id, ok=True)
+            await self._pump(tun, reader, writer)
+        except ChannelError:
+            pass  # the channel closed or the guest stopped reading: the tunnel ends
+        finally:
+            self.tunnels.pop(tun.id, None)
+            if writer is not None:
+                writer.close()
+            if not tun.guest_closed and not self.closed and self.agent.connected:
+                self._answer_unknown(tun.id)  # tell the guest the tunnel is over (once)
+
+    async def _connect(self, host: str, port: int
+                       ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        local = self.policy.local_endpoint(host, port)
+        if local is not None:
+            return await _open_local(local)
+        addrs = await self.policy.resolve(host, port)
+        return await _open_tcp(host, addrs, port)
+
+    async def _pump(self, tun: _Tunnel, reader: asyncio.StreamReader,
+                    writer: asyncio.StreamWriter) -> None:
+        up = asyncio.ensure_future(self._to_remote(tun, writer))
+        down = asyncio.ensure_future(self._from_remote(tun, reader))
+        try:
+            await asyncio.wait([up, down], return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (up, down):
+                task.cancel()
+            for task in (up, down):
+                with contextlib.suppress(asyncio.CancelledError, ConnectionError, OSError,
+                                         ChannelError):
+                    await task
+
+    async def _to_remote(self, tun: _Tunnel, writer: asyncio.StreamWriter) -> None:
+        while True:
+            data = await tun.inbox.get()
+            if data is None:
+                return
+            writer.write(data)
+            await writer.drain()
+            tun.inbox_bytes -= len(data)
+            await self._send(NetFrame.ACK, tun.id, n=len(data))
+
+    async def _from_remote(self, tun: _Tunnel, reader: asyncio.StreamReader) -> None:
+        while True:
+            data = await reader.read(await self._credit(tun))
+            if not data:
+                return
+            await self._send_data(tun, data)
+
+    async def _credit(self, tun: _Tunnel) -> int:
+        """Wait until the guest has room for more of this tunnel; how much (at most NET_CHUNK)."""
+        while tun.credit <= 0:
+            tun.room.clear()
+            await tun.room.wait()
+        return min(NET_CHUNK, tun.credit)
+
+    async def _send_data(self, tun: _Tunnel, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            n = await self._credit(tun)
+            piece, view = bytes(view[:n]), view[n:]
+            tun.credit -= len(piece)
+            await self._send(NetFrame.DATA, tun.id, data=piece)
+
+
+async def _open_local(path: Path) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    try:
+        return await asyncio.wait_for(
+            asyncio.open_unix_connection(str(path), limit=NET_CHUNK), CONNECT_TIMEOUT)
+    except (OSError, TimeoutError) as exc:
+        raise Refused(f"kernelhost: the host's package index is not available: "
+                      f"{exc or 'timed out'}", NetRefusal.UNREACHABLE) from None
+
+
+async def _open_tcp(host: str, addrs: list[IPAddress], port: int
+                    ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    errors = []
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + CONNECT_TIMEOUT
+    for addr in addrs:
+        left = deadline - loop.time()
+        if left <= 0:
+            break
+        try:
+            return await asyncio.wait_for(
+                asyncio.open_connection(str(addr), port, limit=NET_CHUNK), left)
+        except (OSError, TimeoutError) as exc:
+            errors.append(f"{addr}: {exc or 'timed out'}")
+    raise Refused(f"kernelhost: cannot connect to {host}:{port}: "
+                  f"{'; '.join(errors)[:200] or 'timed out'}", NetRefusal.UNREACHABLE)

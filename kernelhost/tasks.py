@@ -1,0 +1,73 @@
+"""Owned background tasks: every task the service starts has an owner that cancels and awaits it.
+
+``TaskSet.spawn`` keeps a reference (an unreferenced task can be garbage-collected mid-run),
+logs a failure with its traceback when the task ends (nothing fails silently), and ``close``
+cancels every task still running and waits for them, with a deadline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+import structlog
+
+log = structlog.get_logger("kernelhost.tasks")
+
+T = TypeVar("T")
+
+
+class TaskSet:
+    """The background tasks of one owner (a manager, a VM factory, a WebSocket, a tunnel set)."""
+
+    def __init__(self, owner: str) -> None:
+        self.owner = owner
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    def __len__(self) -> int:
+        return len(self._tasks)
+
+    def spawn(self, coro: Coroutine[Any, Any, T], name: str | None = None,
+              expected: tuple[type[BaseException], ...] = ()) -> asyncio.Task[T]:
+        """Run ``coro`` as a task of this owner. A failure is logged with its traceback, unless
+        it is one of ``expected`` (errors the awaiting caller reports itself)."""
+        task = asyncio.get_running_loop().create_task(coro, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(lambda t: self._done(t, expected))
+        return task
+
+    def _done(self, task: asyncio.Task[Any], expected: tuple[type[BaseException], ...]) -> None:
+        self._tasks.discard(task)
+        if task.cancelled():
+            return
+        exc = task.exception()
+        if exc is not None and not isinstance(exc, expected):
+            log.error("task.failed", owner=self.owner, task=task.get_name(),
+                      exc_info=(type(exc), exc, exc.__traceback__))
+
+    def cancel(self) -> list[asyncio.Task[Any]]:
+        """Cancel every task; the ones cancelled (to await, if the caller can)."""
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        return tasks
+
+    async def wait(self, timeout: float) -> None:
+        """Let the running tasks finish (cleanups that remove VMs and files), up to ``timeout``."""
+        if self._tasks:
+            await asyncio.wait(set(self._tasks), timeout=timeout)
+
+    async def close(self, timeout: float = 10.0) -> None:
+        """Cancel every task and wait for them to end, at most ``timeout`` seconds."""
+        tasks = self.cancel()
+        if not tasks:
+            return
+        done, pending = await asyncio.wait(tasks, timeout=timeout)
+        for task in done:
+            with contextlib.suppress(asyncio.CancelledError):
+                task.exception()  # retrieved (and already logged by _done)
+        for task in pending:
+            log.error("task.did_not_stop", owner=self.owner, task=task.get_name(),
+                      timeout=timeout)
