@@ -47,6 +47,3 @@ def configure(fmt: str = "auto", level: str = "info") -> None:
     )
     logging.basicConfig(level=max(lvl, logging.WARNING), stream=sys.stderr, format="%(name)s: %(message)s")
 
-
-def get_logger(name: str) -> structlog.stdlib.BoundLogger:
-    return structlog.get_logger(name)  # type: ignore[no-any-return]

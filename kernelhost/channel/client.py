@@ -30,14 +30,22 @@ import contextlib
 import itertools
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import structlog
 
 from .codec import DEFAULT_MAX_FRAME_BYTES, FrameDecoder, FrameError, encode_frame
-from .protocol import CAPABILITY_OF, LEGACY_CAPABILITIES, Capability, Frame, Op
+from .errors import (
+    AgentError,
+    ChannelClosed,
+    ChannelError,
+    ChannelTimeout,
+    NotSupportedByAgent,
+    ProtocolViolation,
+)
+from .messages import AgentInfo, JupyterMessage, Subscription, check_jupyter
+from .protocol import CAPABILITY_OF, Capability, Frame, Op
 
 __all__ = [
     "AgentClient",
@@ -55,7 +63,6 @@ __all__ = [
 
 log = structlog.get_logger("kernelhost.channel")
 
-JUPYTER_CHANNELS = frozenset({"iopub", "shell", "control", "stdin"})
 READ_CHUNK = 1 << 16
 #: how long closing may wait for the transport to finish (a guest that reads nothing gets none)
 CLOSE_TIMEOUT = 1.0
@@ -63,80 +70,6 @@ CLOSE_TIMEOUT = 1.0
 #: quietly while a reply to a request never made (or answered twice) is a protocol violation
 EXPIRED_KEPT = 4096
 CLOSED_BY_HOST = "closed by the host"
-
-
-class ChannelError(Exception):
-    """Base of the channel's errors."""
-
-
-class ChannelClosed(ChannelError):
-    """The channel is closed (VM gone, agent exited, or closed by us)."""
-
-
-class ChannelTimeout(ChannelError, TimeoutError):
-    """A request, a send or a connect did not finish within its deadline."""
-
-
-class AgentError(ChannelError):
-    """The agent answered a request with ``ok: false``."""
-
-
-class NotSupportedByAgent(ChannelError):
-    """The agent's image predates an op: it did not announce the capability in ``hello``."""
-
-    def __init__(self, op: str, capability: str) -> None:
-        super().__init__(f"the guest agent has no {capability!r} capability (needed by {op!r})")
-        self.op = op
-        self.capability = capability
-
-
-class ProtocolViolation(ChannelError):
-    """The guest broke the protocol; the channel is closed and the VM must not be trusted."""
-
-
-@dataclass(frozen=True)
-class JupyterMessage:
-    channel: str
-    msg: dict[str, Any]
-    size: int = 0  # wire bytes (estimated from the frames' share of the stream)
-
-    @property
-    def msg_type(self) -> str:
-        return str(self.msg["header"]["msg_type"])
-
-    @property
-    def content(self) -> dict[str, Any]:
-        return self.msg["content"]  # type: ignore[no-any-return]
-
-    @property
-    def parent_id(self) -> str | None:
-        msg_id = self.msg["parent_header"].get("msg_id")
-        return msg_id if isinstance(msg_id, str) else None
-
-
-@dataclass(frozen=True)
-class AgentInfo:
-    """What the agent said of itself in ``hello`` (before it, what protocol 1 had)."""
-
-    version: int = 1
-    capabilities: frozenset[str] = field(
-        default_factory=lambda: frozenset(str(c) for c in LEGACY_CAPABILITIES))
-    kernel_info: dict[str, Any] = field(default_factory=dict)
-    boot_id: str = ""
-
-    @classmethod
-    def from_hello(cls, reply: dict[str, Any]) -> AgentInfo:
-        version = reply.get("agent_version")
-        version = version if isinstance(version, int) and not isinstance(version, bool) else 1
-        caps = reply.get("capabilities")
-        if isinstance(caps, list):
-            capabilities = frozenset(str(c) for c in caps if isinstance(c, str))
-        else:  # protocol 1 announced nothing, and had all of these
-            capabilities = frozenset(str(c) for c in LEGACY_CAPABILITIES)
-        info = reply.get("kernel_info")
-        boot = reply.get("boot_id")
-        return cls(version, capabilities, info if isinstance(info, dict) else {},
-                   boot if isinstance(boot, str) else "")
 
 
 class ChannelListener:
@@ -157,63 +90,6 @@ class ChannelListener:
 
     def on_close(self, reason: str, violation: bool) -> None:
         """The channel closed: why, and whether the guest broke the protocol."""
-
-
-class Subscription:
-    """Messages whose parent is one request, in arrival order, with backpressure."""
-
-    def __init__(self, client: AgentClient, msg_id: str, maxsize: int,
-                 max_bytes: int = 16 * 1024 * 1024) -> None:
-        self._client = client
-        self.msg_id = msg_id
-        self.queue: asyncio.Queue[JupyterMessage | None] = asyncio.Queue(maxsize)
-        # Bounded in bytes as well as in messages: a few huge frames must not pile up either.
-        self.max_bytes = max_bytes
-        self.queued_bytes = 0
-        self._room = asyncio.Event()
-        self._room.set()
-        self.closed = False
-
-    async def put(self, message: JupyterMessage) -> None:
-        """Queue a message, waiting (backpressure on the channel) while the queue is full."""
-        while (not self.closed and self.queued_bytes > 0
-               and self.queued_bytes + message.size > self.max_bytes):
-            self._room.clear()
-            await self._room.wait()
-        if self.closed:
-            return
-        await self.queue.put(message)
-        self.queued_bytes += message.size
-
-    def notify(self, message: JupyterMessage) -> None:
-        """Queue a notice of the host's own; never dropped (the oldest output goes instead)."""
-        while self.queue.full():
-            self.queue.get_nowait()
-        self.queue.put_nowait(message)
-
-    async def get(self, timeout: float | None = None) -> JupyterMessage:
-        """Next message; raises ChannelClosed if the channel closes, TimeoutError at the deadline."""
-        item = await asyncio.wait_for(self.queue.get(), timeout)
-        if item is None:
-            raise ChannelClosed(self._client.closed_reason or "channel closed")
-        self.queued_bytes = max(0, self.queued_bytes - item.size)
-        self._room.set()
-        return item
-
-    def close(self) -> None:
-        self.closed = True
-        self._client._unsubscribe(self)
-        # free space so a reader blocked on put() for this subscription moves on
-        while not self.queue.empty():
-            self.queue.get_nowait()
-        self.queued_bytes = 0
-        self._room.set()
-
-    def __enter__(self) -> Subscription:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 class AgentClient:
@@ -425,7 +301,7 @@ class AgentClient:
         if op == Frame.REPLY:
             self._on_reply(frame)
         elif op == Frame.JUPYTER:
-            message = _check_jupyter(frame, size)
+            message = check_jupyter(frame, size)
             self._tell(lambda listener: listener.on_message(message), "on_message")
             sub = self._subs.get(message.parent_id or "")
             if sub is not None:
@@ -488,23 +364,3 @@ class AgentClient:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-
-
-def _check_jupyter(frame: dict[str, Any], size: int = 0) -> JupyterMessage:
-    channel = frame.get("channel")
-    msg = frame.get("msg")
-    if not isinstance(channel, str) or channel not in JUPYTER_CHANNELS or not isinstance(msg, dict):
-        raise ProtocolViolation(f"malformed jupyter frame on channel {str(channel)[:20]!r}")
-    header, parent = msg.get("header"), msg.get("parent_header")
-    if not isinstance(header, dict) or not isinstance(header.get("msg_type"), str):
-        raise ProtocolViolation("jupyter message without a header or msg_type")
-    if not isinstance(parent, dict) or not isinstance(msg.get("content"), dict):
-        raise ProtocolViolation("jupyter message without a parent_header or content map")
-    if not isinstance(msg.get("metadata", {}), dict):
-        raise ProtocolViolation("jupyter message metadata is not a map")
-    buffers = msg.get("buffers", [])
-    if not isinstance(buffers, list) or not all(isinstance(b, bytes) for b in buffers):
-        raise ProtocolViolation("jupyter message buffers are not a list of bytes")
-    if parent.get("msg_id") is not None and not isinstance(parent.get("msg_id"), str):
-        raise ProtocolViolation("jupyter parent msg_id is not a string")
-    return JupyterMessage(str(channel), msg, size)

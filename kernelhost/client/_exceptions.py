@@ -81,6 +81,19 @@ class APIError(KernelHostError):
             text = f"{text}; {hint}"
         super().__init__(text)
 
+    @property
+    def remedy(self) -> str | None:
+        """What the server says the caller can do (``restart``, ``recreate``,
+        ``list_sandboxes``, ``list_directory``), for programs that word it themselves."""
+        value = self.details.get("remedy")
+        return value if isinstance(value, str) else None
+
+    @property
+    def reason(self) -> str:
+        """The server's message without its advice (which ``message`` ends with)."""
+        value = self.details.get("reason")
+        return value if isinstance(value, str) else self.message
+
 
 class AuthenticationError(APIError):
     """The API key is missing, unknown or revoked (HTTP 401)."""

@@ -282,7 +282,7 @@ async def _drain(resp: aiohttp.ClientResponse) -> None:
     and time: a response that goes on is closed as before."""
     deadline = asyncio.get_running_loop().time() + DRAIN_SECONDS
     left = DRAIN_BYTES
-    with contextlib.suppress(Exception):
+    with contextlib.suppress(aiohttp.ClientError, TimeoutError, ConnectionError):
         while not resp.content.at_eof() and left > 0:
             remaining = deadline - asyncio.get_running_loop().time()
             if remaining <= 0:

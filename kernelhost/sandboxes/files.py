@@ -12,8 +12,7 @@ import asyncio
 import contextlib
 import secrets
 import time
-from collections.abc import AsyncIterator
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from ..channel import AgentError, ChannelClosed, ChannelTimeout, NotSupportedByAgent

@@ -20,7 +20,7 @@ from typing import Any
 
 import structlog
 
-from hypervisor import HypervisorError, Hypervisor, ImageStore
+from hypervisor import Hypervisor, HypervisorError, ImageStore
 
 from ..channel import ChannelError
 from ..config import Settings

@@ -10,12 +10,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
+from typing import Any
 
 import structlog
 
-from ..channel import AgentClient
+from hypervisor import HypervisorError
+
+from ..channel import AgentClient, ChannelError
+from ..tasks import TaskSet
 
 log = structlog.get_logger("kernelhost.pool")
 
@@ -28,7 +32,7 @@ class Clone:
 
 
 MakeClone = Callable[[str], Awaitable[Clone]]
-Discard = Callable[[Clone], Awaitable[None]]
+Discard = Callable[[Clone], Coroutine[Any, Any, None]]
 
 
 class WarmPool:
@@ -41,6 +45,7 @@ class WarmPool:
         self._tasks: dict[str, asyncio.Task[None]] = {}
         self.hits = 0
         self.misses = 0
+        self._discards = TaskSet("pool")
 
     def ready(self, template: str) -> int:
         return len(self._ready.get(template, []))
@@ -62,6 +67,7 @@ class WarmPool:
             if candidate.agent.connected:
                 clone = candidate
                 break
+            self._drop(candidate)
         if clone is None:
             self.misses += 1
         else:
@@ -74,23 +80,29 @@ class WarmPool:
         failures = 0
         while True:
             ready = self._ready[template]
-            ready[:] = [c for c in ready if c.agent.connected]
+            for lost in [c for c in ready if not c.agent.connected]:
+                ready.remove(lost)
+                self._drop(lost)
             if len(ready) >= self.size:
                 self._wanted[template].clear()
                 await self._wanted[template].wait()
                 continue
             try:
                 clone = await self._make(template)
-            except asyncio.CancelledError:
-                raise
             except Exception as exc:  # keep the pool alive; back off and retry
                 failures += 1
+                expected = isinstance(exc, HypervisorError | ChannelError | TimeoutError)
                 log.warning("pool.refill_failed", template=template, error=str(exc),
-                            failures=failures)
+                            failures=failures, exc_info=not expected)
                 await asyncio.sleep(min(60.0, 0.5 * 2 ** min(failures, 7)))
                 continue
             failures = 0
             ready.append(clone)
+
+    def _drop(self, clone: Clone) -> None:
+        """A pooled clone whose channel closed: its VM goes too."""
+        log.warning("pool.clone_lost", domain=clone.domain, reason=clone.agent.closed_reason)
+        self._discards.spawn(self._discard(clone), name=f"discard:{clone.domain}")
 
     async def close(self) -> None:
         """Stop refilling and destroy every pooled clone."""
@@ -104,3 +116,4 @@ class WarmPool:
         for clones in self._ready.values():
             while clones:
                 await self._discard(clones.pop())
+        await self._discards.wait(timeout=30.0)

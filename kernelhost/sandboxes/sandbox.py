@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..channel import AgentClient
-from .errors import Remedy, SandboxNotRunning
+from .errors import Remedy, SandboxError, SandboxNotRunning
 from .network.policy import NetworkSpec
 from .states import SandboxState
 from .store import SandboxRecord
@@ -136,5 +136,5 @@ async def wait_replacement(sbx: Sandbox) -> None:
     replacement's to report)."""
     task = sbx.replacement
     if task is not None and not task.done():
-        with contextlib.suppress(Exception):
+        with contextlib.suppress(SandboxError):  # BootFailed: the sandbox is marked dead
             await asyncio.shield(task)

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import structlog
 
-from hypervisor import GuestImage, Hypervisor, device_model
+from hypervisor import GuestImage, Hypervisor, HypervisorError, device_model
 from hypervisor.host import give_to_qemu
 
 from .. import logs
@@ -159,7 +159,7 @@ class TemplateSnapshots:
             shutil.rmtree(work, ignore_errors=True)
             raise
         finally:
-            with contextlib.suppress(Exception):
+            with contextlib.suppress(HypervisorError):  # remembered and retried by the reaper
                 await asyncio.shield(asyncio.to_thread(self.hv.destroy, name))
         progress.finish(format_bytes(size) + " of device state")
         bound.info("snapshot.built", seconds=round(time.monotonic() - t0, 2))

@@ -19,7 +19,6 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import structlog
 
@@ -306,5 +305,3 @@ class VmFactory:
         finally:
             shutil.rmtree(work, ignore_errors=True)
 
-    def stats(self) -> dict[str, Any]:
-        return {"pool_hits": self.pool.hits, "pool_misses": self.pool.misses}

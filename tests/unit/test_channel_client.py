@@ -496,7 +496,7 @@ async def test_close_without_connect(sock_path):
 
 
 async def test_subscription_is_bounded_in_bytes_not_only_in_messages():
-    from kernelhost.channel.client import JupyterMessage, Subscription
+    from kernelhost.channel.messages import JupyterMessage, Subscription
 
     class _Owner:
         closed_reason = None
@@ -544,7 +544,7 @@ async def test_a_bug_in_the_readers_own_code_is_not_a_protocol_violation(agent, 
     nothing wrong, so its channel (and the user's sandbox) must survive."""
     from kernelhost.channel import client as client_module
 
-    real = client_module._check_jupyter
+    real = client_module.check_jupyter
     calls = 0
 
     def flaky(frame: dict[str, Any], size: int = 0) -> JupyterMessage:
@@ -554,7 +554,7 @@ async def test_a_bug_in_the_readers_own_code_is_not_a_protocol_violation(agent, 
             raise KeyError("a bug in the host's reader")
         return real(frame, size)
 
-    monkeypatch.setattr(client_module, "_check_jupyter", flaky)
+    monkeypatch.setattr(client_module, "check_jupyter", flaky)
     client, closes = await connect()
     with client.subscribe("p") as sub:
         await agent.emit("iopub", jupyter_msg("stream", {"name": "stdout", "text": "lost"}, "p"))

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import ast
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -56,3 +58,53 @@ def test_sdk_imports_nothing_of_the_server() -> None:
     server = {"kernelhost.api", "kernelhost.sandboxes", "kernelhost.channel", "hypervisor",
               "libvirt", "jupyter_client", "aiohttp.web"}
     assert not mods & server
+
+
+def test_the_guest_shares_codec_and_protocol_standalone() -> None:
+    """The image build copies codec.py and protocol.py next to the agent, which imports them as
+    lone top-level modules: they may need nothing but the standard library and msgpack."""
+    from pathlib import Path
+
+    import kernelhost.channel.codec as codec
+
+    code = ("import sys, json; sys.path.insert(0, sys.argv[1]); import codec, protocol; "
+            "print(json.dumps(sorted(sys.modules)))")
+    out = subprocess.run([sys.executable, "-I", "-c", code, str(Path(codec.__file__).parent)],
+                         capture_output=True, text=True, check=True, cwd="/")
+    mods = set(json.loads(out.stdout))
+    assert not {m for m in mods if m.split(".")[0] in ("asyncio", "aiohttp", "kernelhost")}
+
+
+def _private_names(package: Path) -> set[str]:
+    """Every underscore name a package defines: functions, classes, methods, attributes."""
+    names: set[str] = set()
+    for path in package.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                names.add(node.name)
+            elif isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store):
+                names.add(node.attr)
+            elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+                names.add(node.id)
+    return {n for n in names if n.startswith("_") and not n.startswith("__")}
+
+
+@pytest.mark.parametrize("layer", ["api", "integrations", "jupyter", "cli.py", "doctor.py"])
+def test_no_caller_outside_the_sandbox_layer_touches_its_private_names(layer: str) -> None:
+    """The manager's public API is the sandbox layer's only door: whoever changes its internals
+    (its locking, say) must not find them used elsewhere."""
+    root = Path(__file__).resolve().parents[2] / "kernelhost"
+    private = _private_names(root / "sandboxes")
+    target = root / layer
+    files = [target] if target.is_file() else sorted(target.rglob("*.py"))
+    found = []
+    for path in files:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and "sandboxes" in node.module:
+                found += [f"{path.name}: import {a.name}" for a in node.names
+                          if a.name.startswith("_")]
+            if (isinstance(node, ast.Attribute) and node.attr in private
+                    and not (isinstance(node.value, ast.Name)
+                             and node.value.id in ("self", "cls"))):
+                found.append(f"{path.name}:{node.lineno}: .{node.attr}")
+    assert not found, found

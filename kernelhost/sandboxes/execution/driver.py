@@ -20,12 +20,17 @@ from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import structlog
+
 from ...channel import AgentClient, ChannelError, JupyterMessage, Subscription
 from ...channel.protocol import Op
+from ..errors import SandboxError
 from ..states import ExecutionStatus, Recovery
 from .calls import BashCall, Call, PythonCall
 from .events import End, Error, Event
 from .output import OutputBudget, OutputLimits
+
+log = structlog.get_logger("kernelhost.execution")
 
 LANGUAGES = ("python", "bash")
 
@@ -260,7 +265,10 @@ async def replace(replace_vm: ReplaceVm | None, reason: str) -> Recovery | None:
         return None
     try:
         return Recovery.VM_REPLACED if await asyncio.shield(replace_vm(reason)) else None
-    except Exception:  # the manager has logged it and marked the sandbox dead
+    except SandboxError:  # BootFailed: the manager has logged it and marked the sandbox dead
+        return Recovery.FAILED
+    except Exception:  # a fault of ours: kept visible, and the call still ends cleanly
+        log.exception("execution.replace_failed", reason=reason)
         return Recovery.FAILED
 
 

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 import structlog
 
 from ...channel import AgentClient, ChannelError, NotSupportedByAgent
+from ...channel.protocol import Op
 from ...config import Settings
 from ...metrics import Metrics
 from ..errors import AgentUnresponsive, NotSupportedByImage
@@ -91,7 +92,7 @@ class SandboxNetwork:
         if spec.mode == "none" or agent is None:
             return
         try:
-            await agent.request("net_config", timeout=self.settings.timeouts.net_config,
+            await agent.request(Op.NET_CONFIG, timeout=self.settings.timeouts.net_config,
                                 **self.host.guest_config(spec))
         except ChannelError as exc:
             log.warning("sandbox.net_config_failed", sandbox_id=sbx.id, error=str(exc))
