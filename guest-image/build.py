@@ -38,6 +38,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 CODEC = REPO / "kernelhost" / "channel" / "codec.py"
+PROTOCOL = REPO / "kernelhost" / "channel" / "protocol.py"
 DEFAULT_IMAGE_DIR = "/var/cache/kernelhost/images"
 
 BASE_PACKAGES = [
@@ -144,7 +145,7 @@ def host_sources(suite: str) -> tuple[str, str]:
 def image_key(template: str, spec: dict, sources: tuple[str, str]) -> str:
     h = hashlib.sha256()
     inputs = sorted(p for p in HERE.rglob("*") if p.is_file() and "__pycache__" not in p.parts)
-    for path in [*inputs, CODEC]:
+    for path in [*inputs, CODEC, PROTOCOL]:
         h.update(str(path.relative_to(REPO)).encode() + b"\0" + path.read_bytes() + b"\0")
     h.update(json.dumps([template, spec, sources, platform.machine()], sort_keys=True).encode())
     return h.hexdigest()[:16]
@@ -217,10 +218,18 @@ def take_kernel(root: Path, out: Path) -> tuple[str, Path]:
 def install_overlay(root: Path) -> None:
     opt = root / "opt" / "kernelhost"
     opt.mkdir(parents=True, exist_ok=True)
-    shutil.copy2(HERE / "agent" / "kernelhost_agent.py", opt / "kernelhost_agent.py")
+    # The agent package (run as `python3 -m kernelhost_agent` from /opt/kernelhost), the kernel's
+    # side files, and the two modules shared with the host, which the agent imports as the
+    # top-level `codec` and `protocol` (kernelhost_agent/shared.py).
+    package = opt / "kernelhost_agent"
+    if package.exists():
+        shutil.rmtree(package)
+    shutil.copytree(HERE / "agent" / "kernelhost_agent", package,
+                    ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     shutil.copy2(HERE / "agent" / "launch_kernel.py", opt / "launch_kernel.py")
     shutil.copy2(HERE / "agent" / "kernel_limits.py", opt / "kernel_limits.py")
     shutil.copy2(CODEC, opt / "codec.py")
+    shutil.copy2(PROTOCOL, opt / "protocol.py")
     spec_dir = root / "usr" / "local" / "share" / "jupyter" / "kernels" / "kernelhost"
     spec_dir.mkdir(parents=True, exist_ok=True)
     (spec_dir / "kernel.json").write_text(json.dumps({

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import libvirt
 
+from .errors import HypervisorError
 from .host import Hypervisor
 from .images import GuestImage
 
@@ -68,7 +69,7 @@ def probe_kvm(hv: Hypervisor, image: GuestImage, timeout: float) -> tuple[bool, 
     try:
         try:
             hv.start(spec)
-        except Exception as exc:  # any refusal to start means KVM is not usable
+        except (libvirt.libvirtError, HypervisorError, OSError) as exc:  # KVM is not usable
             return False, f"KVM guest did not start: {exc}"
         while time.monotonic() - t0 < timeout:
             if _marker_seen(spec.console_log):

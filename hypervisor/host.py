@@ -248,6 +248,13 @@ class Hypervisor:
                 raise DomainNotFound(name) from exc
             raise HypervisorError(f"cannot look up domain {name!r}: {exc}") from exc
 
+    def domain_xml(self, name: str) -> str:
+        """The live XML of a domain, as libvirt runs it (for operators and post-mortems)."""
+        try:
+            return str(self._lookup(name).XMLDesc(0))
+        except libvirt.libvirtError as exc:
+            raise HypervisorError(f"cannot read the XML of domain {name!r}: {exc}") from exc
+
     def is_running(self, name: str) -> bool:
         try:
             dom = self.conn.lookupByName(name)

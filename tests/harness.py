@@ -1,4 +1,9 @@
-"""A real ``kernelhost serve`` process for tests and benchmarks, on its own prefix and state."""
+"""A real ``kernelhost serve`` process for tests and benchmarks, on its own prefix and state.
+
+Every started service is in ``LIVE`` until it is cleaned up, so a failed test can save the
+evidence of each (``Service.save_evidence``: its log, and the domain XML and serial console of
+every VM of its prefix) before the fixtures tear them down (``tests/conftest.py``).
+"""
 
 from __future__ import annotations
 
@@ -19,6 +24,8 @@ from pathlib import Path
 from hypervisor import Hypervisor
 
 REPO = Path(__file__).resolve().parents[1]
+#: services started and not yet cleaned up, in start order
+LIVE: list[Service] = []
 
 
 @dataclass
@@ -38,6 +45,8 @@ class Service:
         with self.log_path.open("ab") as log:  # the child keeps its own copy of the descriptor
             self.proc = subprocess.Popen([sys.executable, "-m", "kernelhost.cli", "serve"],
                                          env=self.env, stdout=log, stderr=log, cwd=REPO)
+        if self not in LIVE:
+            LIVE.append(self)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -60,6 +69,24 @@ class Service:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait(10)
+
+    def save_evidence(self, dest: Path) -> None:
+        """Copy the service log, and each of its VMs' domain XML and serial console, to
+        ``dest``; what cannot be read is noted, never raised (a test has failed already)."""
+        dest.mkdir(parents=True, exist_ok=True)
+        with contextlib.suppress(OSError):
+            shutil.copy(self.log_path, dest / "service.log")
+        hv = self.hypervisor()
+        try:
+            for info in hv.domains():
+                (dest / f"{info.name}.xml").write_text(hv.domain_xml(info.name))
+                console = hv.vm_dir(info.name) / "console.log"
+                if console.is_file():
+                    shutil.copy(console, dest / f"{info.name}.console.log")
+        except Exception as exc:  # evidence is best effort: keep what was saved, say what not
+            (dest / "evidence-error.txt").write_text(f"{type(exc).__name__}: {exc}\n")
+        finally:
+            hv.close()
 
     def hypervisor(self) -> Hypervisor:
         return Hypervisor(self.env.get("KERNELHOST_LIBVIRT_URI", "qemu:///system"), self.prefix,
@@ -87,6 +114,8 @@ class Service:
 
     def cleanup(self) -> tuple[list[str], list[str]]:
         """Stop, destroy whatever of our prefix is left; return (leaked domains, leaked dirs)."""
+        with contextlib.suppress(ValueError):
+            LIVE.remove(self)
         self.stop()
         hv = self.hypervisor()
         try:

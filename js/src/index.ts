@@ -25,12 +25,16 @@ export type { ClientOptions } from './http.js';
 export type {
   Execution,
   ExecutionError,
+  ExecutionStatus,
   FileInfo,
   NetworkMode,
   NetworkSpec,
+  Recovery,
   Result,
   SandboxInfo,
+  SandboxState,
 } from './models.js';
+export { EXECUTION_STATUSES, RECOVERIES, SANDBOX_STATES } from './models.js';
 export {
   DEFAULT_BUDGET,
   MIN_MAX_CHARS,

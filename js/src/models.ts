@@ -2,11 +2,42 @@
 
 import { TransportError } from './errors.js';
 
+/** What a sandbox is: its VM runs, is saved to disk, is being replaced, or stopped. */
+export const SANDBOX_STATES = ['starting', 'running', 'hibernated', 'replacing', 'dead'] as const;
+export type SandboxState = (typeof SANDBOX_STATES)[number];
+
+/**
+ * How an execution ended: `ok`, `error` (the code raised, or a bash command exited non-zero),
+ * `timeout`, `interrupted`, `restarted` (a restart request ended it) or `kernel_died`.
+ */
+export const EXECUTION_STATUSES = ['ok', 'error', 'timeout', 'interrupted', 'restarted', 'kernel_died'] as const;
+export type ExecutionStatus = (typeof EXECUTION_STATUSES)[number];
+
+/**
+ * What the server did to bring a sandbox back: `interrupted` (state kept), `killed` (a bash
+ * command's processes), `kernel_restarted`, `vm_replaced` (files lost too) or `failed`.
+ */
+export const RECOVERIES = ['interrupted', 'killed', 'kernel_restarted', 'vm_replaced', 'failed'] as const;
+export type Recovery = (typeof RECOVERIES)[number];
+
+function oneOf<T extends string>(values: readonly T[], value: unknown, fallback: T): T {
+  return values.includes(value as T) ? (value as T) : fallback;
+}
+
+/** The status of an `end` event; one this client does not know counts as `error`. */
+export function statusFromWire(value: unknown): ExecutionStatus {
+  return oneOf(EXECUTION_STATUSES, value ?? 'ok', 'error');
+}
+
+export function recoveryFromWire(value: unknown): Recovery | null {
+  return value === null || value === undefined ? null : oneOf(RECOVERIES, value, 'failed');
+}
+
 /** A sandbox as the server describes it (`GET /v1/sandboxes/{id}`). */
 export interface SandboxInfo {
   id: string;
   template: string;
-  state: string;
+  state: SandboxState;
   createdAt: string | null;
   lastActiveAt: string | null;
   idleTimeoutSeconds: number | null;
@@ -39,10 +70,7 @@ export interface ExecutionError {
   traceback: string[];
 }
 
-/**
- * Everything one `runCode` call produced. `status` is `ok`, `error` (the code raised, or a bash
- * command exited non-zero), `timeout`, `interrupted`, `restarted` or `kernel_died`.
- */
+/** Everything one `runCode` call produced: see `ExecutionStatus` and `Recovery`. */
 export interface Execution {
   stdout: string;
   stderr: string;
@@ -50,7 +78,9 @@ export interface Execution {
   error: ExecutionError | null;
   executionCount: number | null;
   durationMs: number | null;
-  status: string;
+  status: ExecutionStatus;
+  /** What brought the sandbox back after a timeout or a loss; null when nothing was needed. */
+  recovery: Recovery | null;
   /** A bash command's exit status (null for Python). */
   exitCode: number | null;
   /** True when stdout/stderr went over the server's limit (a marker in the text says where). */
@@ -81,7 +111,7 @@ export function sandboxInfoFromWire(obj: unknown): SandboxInfo {
   return {
     id: obj.id,
     template: String(obj.template ?? ''),
-    state: String(obj.state ?? ''),
+    state: oneOf(SANDBOX_STATES, obj.state, 'dead'),
     createdAt: typeof obj.created_at === 'string' ? obj.created_at : null,
     lastActiveAt: typeof obj.last_active_at === 'string' ? obj.last_active_at : null,
     idleTimeoutSeconds: typeof obj.idle_timeout_seconds === 'number' ? obj.idle_timeout_seconds : null,
@@ -117,6 +147,7 @@ export function newExecution(): Execution {
     executionCount: null,
     durationMs: null,
     status: 'ok',
+    recovery: null,
     exitCode: null,
     outputTruncated: false,
     get text(): string | null {

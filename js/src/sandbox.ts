@@ -21,13 +21,16 @@ import {
   type ExecutionError,
   type FileInfo,
   type NetworkMode,
+  type Recovery,
   type Result,
   type SandboxInfo,
   errorFromWire,
   fileInfoFromWire,
   newExecution,
+  recoveryFromWire,
   resultFromWire,
   sandboxInfoFromWire,
+  statusFromWire,
 } from './models.js';
 
 /** Default deadline for creating a sandbox (a VM may boot), in milliseconds. */
@@ -238,7 +241,8 @@ export class Sandbox {
           await options.onError?.(execution.error);
           break;
         case 'end':
-          execution.status = String(event.status ?? 'ok');
+          execution.status = statusFromWire(event.status);
+          execution.recovery = recoveryFromWire(event.recovery);
           execution.exitCode = typeof event.exit_code === 'number' ? event.exit_code : null;
           execution.outputTruncated = event.output_truncated === true;
           execution.executionCount = typeof event.execution_count === 'number' ? event.execution_count : null;
@@ -269,10 +273,10 @@ export class Sandbox {
    * kept (unless the VM was dead: then it is replaced). Resolves `kernel_restarted` or
    * `vm_replaced`.
    */
-  async restart(): Promise<string> {
+  async restart(): Promise<Recovery> {
     this.#ensureOpen();
     const reply = await request(this.#config, 'POST', sandboxPath(this.id, 'restart'), { timeoutMs: RESTART_TIMEOUT_MS });
-    return String((reply as { recovery?: unknown } | null)?.recovery ?? 'kernel_restarted');
+    return recoveryFromWire((reply as { recovery?: unknown } | null)?.recovery) ?? 'kernel_restarted';
   }
 
   /**

@@ -23,7 +23,16 @@ from kernelhost.client._exceptions import (
     TransportError,
 )
 from kernelhost.client._files import AsyncFiles
-from kernelhost.client._models import Execution, ExecutionError, FileInfo, Result, SandboxInfo
+from kernelhost.client._models import (
+    Execution,
+    ExecutionError,
+    ExecutionStatus,
+    FileInfo,
+    Recovery,
+    Result,
+    SandboxInfo,
+    SandboxState,
+)
 from kernelhost.client._sandbox import AsyncSandbox
 from kernelhost.client._sync import Files, Sandbox
 
@@ -35,6 +44,7 @@ __all__ = [
     "ConflictError",
     "Execution",
     "ExecutionError",
+    "ExecutionStatus",
     "FileInfo",
     "Files",
     "InvalidRequestError",
@@ -42,9 +52,11 @@ __all__ = [
     "KernelHostTimeout",
     "NotFoundError",
     "RateLimitError",
+    "Recovery",
     "Result",
     "Sandbox",
     "SandboxInfo",
+    "SandboxState",
     "ServerError",
     "TransportError",
 ]

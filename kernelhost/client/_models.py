@@ -7,13 +7,54 @@ requires, which raise ``TransportError`` naming the key.
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
 from kernelhost.client._exceptions import TransportError
 
-__all__ = ["Execution", "ExecutionError", "FileInfo", "Result", "SandboxInfo"]
+__all__ = ["Execution", "ExecutionError", "ExecutionStatus", "FileInfo", "Recovery", "Result",
+           "SandboxInfo", "SandboxState"]
+
+
+class SandboxState(enum.StrEnum):
+    """What a sandbox is; a member compares equal to its value (``"running"``...)."""
+
+    STARTING = "starting"
+    RUNNING = "running"
+    HIBERNATED = "hibernated"  # saved to disk; its next call wakes it
+    REPLACING = "replacing"  # getting a fresh VM
+    DEAD = "dead"  # its VM stopped (``detail`` says why)
+
+
+class ExecutionStatus(enum.StrEnum):
+    """How a ``run_code`` call ended (see ``Execution``)."""
+
+    OK = "ok"
+    ERROR = "error"
+    TIMEOUT = "timeout"
+    INTERRUPTED = "interrupted"
+    RESTARTED = "restarted"
+    KERNEL_DIED = "kernel_died"
+
+
+class Recovery(enum.StrEnum):
+    """What the server did to bring a sandbox back (see ``Execution.recovery``)."""
+
+    INTERRUPTED = "interrupted"
+    KILLED = "killed"
+    KERNEL_RESTARTED = "kernel_restarted"
+    VM_REPLACED = "vm_replaced"
+    FAILED = "failed"
+
+
+def _member(kind: type[enum.StrEnum], value: Any, fallback: Any) -> Any:
+    """``kind(value)``, or ``fallback`` for a value a newer server may send."""
+    try:
+        return kind(str(value))
+    except ValueError:
+        return fallback
 
 
 def _require(obj: dict[str, Any], key: str, kind: str) -> Any:
@@ -49,7 +90,7 @@ class SandboxInfo:
 
     id: str
     template: str
-    state: str
+    state: SandboxState
     created_at: datetime | None = None
     last_active_at: datetime | None = None
     idle_timeout_seconds: int | None = None
@@ -67,7 +108,7 @@ class SandboxInfo:
         return cls(
             id=str(_require(obj, "id", "sandbox object")),
             template=str(obj.get("template", "")),
-            state=str(obj.get("state", "")),
+            state=_member(SandboxState, obj.get("state"), SandboxState.DEAD),
             created_at=_parse_time(obj.get("created_at"), "created_at"),
             last_active_at=_parse_time(obj.get("last_active_at"), "last_active_at"),
             idle_timeout_seconds=_optional_int(obj.get("idle_timeout_seconds")),
@@ -199,23 +240,23 @@ class Execution:
     error: ExecutionError | None = None
     execution_count: int | None = None
     duration_ms: float | None = None
-    status: str = "ok"
+    status: ExecutionStatus = ExecutionStatus.OK
     exit_code: int | None = None
     cpu_time_ms: float | None = None
     peak_memory_bytes: int | None = None
-    recovery: str | None = None
+    recovery: Recovery | None = None
     output_truncated: bool = False
 
     def _finish(self, end: dict[str, Any]) -> None:
         """Fill the verdict and figures from the stream's ``end`` event."""
-        self.status = str(end.get("status", "ok"))
+        self.status = _member(ExecutionStatus, end.get("status", "ok"), ExecutionStatus.ERROR)
         self.execution_count = _optional_int(end.get("execution_count"))
         self.duration_ms = _optional_float(end.get("duration_ms"))
         self.exit_code = _optional_int(end.get("exit_code"))
         self.cpu_time_ms = _optional_float(end.get("cpu_ms"))
         self.peak_memory_bytes = _optional_int(end.get("peak_memory_bytes"))
         recovery = end.get("recovery")
-        self.recovery = None if recovery is None else str(recovery)
+        self.recovery = None if recovery is None else _member(Recovery, recovery, Recovery.FAILED)
         self.output_truncated = bool(end.get("output_truncated", False))
 
     @property

@@ -18,7 +18,7 @@ from urllib.parse import quote
 from kernelhost.client._exceptions import KernelHostError, NotFoundError, TransportError
 from kernelhost.client._files import AsyncFiles
 from kernelhost.client._http import HTTPClient, resolve_config
-from kernelhost.client._models import Execution, ExecutionError, Result, SandboxInfo
+from kernelhost.client._models import Execution, ExecutionError, Recovery, Result, SandboxInfo
 
 if TYPE_CHECKING:
     from typing import Self  # Python 3.11+; annotations are never evaluated at runtime
@@ -196,6 +196,13 @@ class AsyncSandbox:
         self._state = _State.CLOSED
         await self._http.aclose()
 
+    async def _release(self) -> None:
+        """The handle is gone (collected, or the interpreter exits): close the connection and
+        leave the sandbox running, as ``detach`` does."""
+        if self._state is _State.OPEN:
+            self._state = _State.DETACHED
+        await self._http.aclose()
+
     async def detach(self) -> None:
         """Release this handle's connection but leave the sandbox running on the server.
 
@@ -359,7 +366,7 @@ class AsyncSandbox:
         reply = await self._http.request("POST", _sandbox_path(self.id, "interrupt"))
         return bool(reply.get("interrupted")) if isinstance(reply, dict) else False
 
-    async def restart(self) -> str:
+    async def restart(self) -> Recovery:
         """Restart the kernel and reset the shell: running code is stopped, variables are lost.
 
         Files are kept, unless the sandbox's VM was dead or did not answer: then it gets a
@@ -370,7 +377,11 @@ class AsyncSandbox:
         reply = await self._http.request("POST", _sandbox_path(self.id, "restart"),
                                          timeout=RESTART_TIMEOUT)
         recovery = reply.get("recovery") if isinstance(reply, dict) else None
-        return str(recovery or "kernel_restarted")
+        try:
+            return Recovery(str(recovery or Recovery.KERNEL_RESTARTED))
+        except ValueError:
+            raise TransportError(f"restart answered with an unknown recovery {recovery!r}") \
+                from None
 
     async def fork(self, n: int = 1, timeout: float = CREATE_TIMEOUT) -> builtins.list[AsyncSandbox]:
         """Copy this sandbox, live, into ``n`` new sandboxes (1 to 32).

@@ -6,15 +6,20 @@ to the loop with ``asyncio.run_coroutine_threadsafe`` and block on the result, s
 signatures and docstrings come from ``AsyncSandbox`` (``functools.wraps``). Because the loop is
 private, ``Sandbox`` also works where an event loop is already running (e.g. a notebook).
 
-The thread is stopped when the sandbox is closed, and when construction fails.
+The thread is stopped when the sandbox is closed, and when construction fails. A handle that
+is garbage-collected, or still open when the interpreter exits (a script or notebook that
+leaves its sandbox to its idle timeout), lets go of its connection quietly, as ``detach()``
+would: the sandbox keeps running on the server.
 """
 
 from __future__ import annotations
 
 import asyncio
 import builtins
+import contextlib
 import functools
 import threading
+import weakref
 from collections.abc import Callable, Coroutine, Mapping
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
@@ -87,6 +92,19 @@ class _LoopThread:
         except BaseException:
             future.cancel()  # e.g. KeyboardInterrupt: stop the request instead of leaking it
             raise
+
+    def release(self, sbx: AsyncSandbox) -> None:
+        """Let go of ``sbx``'s connection and stop, for a handle nobody holds any more."""
+        if self._stopped:
+            return
+        if threading.current_thread() is self._thread:  # collected on the loop itself
+            self._loop.create_task(sbx._release())
+            self._stopped = True
+            self._loop.call_soon(self._loop.stop)
+            return
+        with contextlib.suppress(Exception):  # at exit or in a collector: never raise there
+            self.call(asyncio.wait_for(sbx._release(), _STOP_TIMEOUT / 2))
+        self.stop()
 
     def stop(self) -> None:
         """Stop the loop and join the thread; safe to call more than once."""
@@ -197,12 +215,14 @@ class Sandbox:
             raise
         self._async = sbx
         self._loop_thread = loop_thread
+        weakref.finalize(self, loop_thread.release, sbx)
 
     @classmethod
     def _adopt(cls, sbx: AsyncSandbox, loop_thread: _LoopThread) -> Sandbox:
         self = cls.__new__(cls)
         self._async = sbx
         self._loop_thread = loop_thread
+        weakref.finalize(self, loop_thread.release, sbx)
         return self
 
     @classmethod

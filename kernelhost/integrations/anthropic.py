@@ -56,6 +56,7 @@ from kernelhost.client import (
     APIError,
     AsyncSandbox,
     Execution,
+    ExecutionStatus,
     KernelHostError,
     NotFoundError,
     RateLimitError,
@@ -241,7 +242,7 @@ def _code_result(tool_use_id: str, args: dict[str, Any], timeout: float | None,
         execution: Execution = yield run_code(code, "python", timeout)
     except KernelHostError as exc:
         return error(_service_error(exc))
-    if execution.status == "timeout":
+    if execution.status == ExecutionStatus.TIMEOUT:
         return error("execution_time_exceeded")
     shaped = shape_execution(execution, budget)
     # stdout carries everything but stderr: prints, the cell's value, the traceback.
@@ -267,7 +268,7 @@ def _bash_result(tool_use_id: str, args: dict[str, Any], timeout: float | None,
         execution: Execution = yield run_code(command, "bash", timeout)
     except KernelHostError as exc:
         return error(_service_error(exc))
-    if execution.status == "timeout":
+    if execution.status == ExecutionStatus.TIMEOUT:
         return error("execution_time_exceeded")
     if execution.exit_code is None:  # the command was cut off (its processes killed, VM lost)
         return error("unavailable")

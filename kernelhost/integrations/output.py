@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from kernelhost.client import Execution, Result
+from kernelhost.client import Execution, ExecutionStatus, Result
 
 __all__ = [
     "DEFAULT_BUDGET",
@@ -177,12 +177,13 @@ def _result_image(result: Result) -> Image | None:
 
 
 _STATUS_NOTES = {
-    "timeout": "[timed out: the code ran past its time limit and was interrupted; what it had "
-               "done before that is kept]",
-    "kernel_died": "[the kernel died (out of memory or a crash) and was restarted: every variable "
-                   "and import is gone]",
-    "restarted": "[the kernel was restarted while this ran: every variable and import is gone]",
-    "interrupted": "[interrupted before it finished]",
+    ExecutionStatus.TIMEOUT: "[timed out: the code ran past its time limit and was interrupted; "
+                             "what it had done before that is kept]",
+    ExecutionStatus.KERNEL_DIED: "[the kernel died (out of memory or a crash) and was restarted: "
+                                 "every variable and import is gone]",
+    ExecutionStatus.RESTARTED: "[the kernel was restarted while this ran: every variable and "
+                               "import is gone]",
+    ExecutionStatus.INTERRUPTED: "[interrupted before it finished]",
 }
 #: The error a bash command gets for a non-zero exit; the exit code note says it already.
 _COMMAND_FAILED = "CommandFailed"
@@ -192,7 +193,7 @@ _COMMAND_FAILED = "CommandFailed"
 class ShapedExecution:
     """An execution as a model should see it. Build it with ``shape_execution``."""
 
-    status: str
+    status: ExecutionStatus
     execution_count: int | None
     stdout: str
     stderr: str
@@ -209,7 +210,7 @@ class ShapedExecution:
     @property
     def is_error(self) -> bool:
         """True when the code raised, timed out, or its kernel died."""
-        return self.status != "ok" or self.error_name is not None
+        return self.status != ExecutionStatus.OK or self.error_name is not None
 
     def _notes(self) -> list[str]:
         notes = []
@@ -254,7 +255,7 @@ class ShapedExecution:
             error = {"name": self.error_name, "value": self.error_value or "",
                      "traceback": traceback}
         return {
-            "status": self.status,
+            "status": str(self.status),
             "execution_count": self.execution_count,
             "stdout": stdout,
             "stderr": stderr,

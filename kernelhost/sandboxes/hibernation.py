@@ -1,7 +1,9 @@
 """Idle sandboxes: hibernated to disk (the whole VM saved, the VM stopped) and woken on their next
 call with their state intact; expired ones deleted. The reaper looks at every sandbox every
 ``reaper_interval`` seconds and acts on each in a task of its own, so one sandbox whose guest or
-disk is slow never holds up the others.
+disk is slow never holds up the others; at most ``REAP_CONCURRENCY`` act at once, because each
+hibernation writes a whole VM's memory to disk (a fork's 32 children expiring together must not
+thrash the host).
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ from .sandbox import Sandbox, wait_replacement
 from .states import SandboxState
 
 log = structlog.get_logger("kernelhost.sandboxes")
+
+REAP_CONCURRENCY = 2
 
 
 class Hibernation:
@@ -102,6 +106,7 @@ class Reaper:
         self.lifecycle = lifecycle
         self.hibernation = hibernation
         self._working: dict[str, asyncio.Task[None]] = {}
+        self._slots = asyncio.Semaphore(REAP_CONCURRENCY)
 
     async def run(self) -> None:
         while True:
@@ -137,6 +142,11 @@ class Reaper:
 
     async def _reap(self, sbx: Sandbox, now: float) -> None:
         """Hibernate or delete one sandbox that has been idle for long enough."""
+        async with self._slots:
+            if self._due(sbx, time.time()):  # still, after waiting for a slot
+                await self._act(sbx, now)
+
+    async def _act(self, sbx: Sandbox, now: float) -> None:
         rec = sbx.record
         try:
             if rec.state == SandboxState.HIBERNATED:

@@ -236,9 +236,10 @@ def _sdk_threads() -> list[threading.Thread]:
 def test_all_lists_exactly_the_public_names() -> None:
     expected = {
         "APIError", "AsyncFiles", "AsyncSandbox", "AuthenticationError", "ConflictError",
-        "Execution", "ExecutionError", "FileInfo", "Files", "InvalidRequestError",
-        "KernelHostError", "KernelHostTimeout", "NotFoundError", "RateLimitError", "Result",
-        "Sandbox", "SandboxInfo", "ServerError", "TransportError",
+        "Execution", "ExecutionError", "ExecutionStatus", "FileInfo", "Files",
+        "InvalidRequestError", "KernelHostError", "KernelHostTimeout", "NotFoundError",
+        "RateLimitError", "Recovery", "Result", "Sandbox", "SandboxInfo", "SandboxState",
+        "ServerError", "TransportError",
     }  # fmt: skip
     assert set(kernelhost.__all__) == expected
     assert kernelhost.__all__ == sorted(kernelhost.__all__)
@@ -756,3 +757,29 @@ def test_sync_callback_cannot_reenter_the_sandbox(threaded_fake: FakeKernelHost)
         with pytest.raises(KernelHostError, match="would deadlock"):
             sbx.run_code("x", on_stdout=on_stdout)
     assert _sdk_threads() == []
+
+
+LEFT_OPEN = """
+import sys
+from kernelhost import Sandbox
+kept = Sandbox(url=sys.argv[1], api_key=sys.argv[2])   # left to its idle timeout at exit
+print(kept.run_code("1 + 1").text)
+dropped = Sandbox(url=sys.argv[1], api_key=sys.argv[2])
+dropped.run_code("1 + 1")
+del dropped                                             # collected while the program runs
+import gc; gc.collect()
+"""
+
+
+async def test_a_sync_handle_left_open_lets_go_quietly(fake: FakeKernelHost) -> None:
+    """Scripts and notebooks often leave a sandbox to its idle timeout: at exit (or when the
+    handle is collected) the SDK closes its connection without aiohttp's warnings, and does
+    not delete the sandbox."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-W", "error::ResourceWarning", "-c", LEFT_OPEN, fake.url, KEY,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, cwd=REPO)
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode == 0, err.decode()
+    assert out.decode().strip() == "2"
+    assert err.decode() == "", err.decode()  # no "Unclosed client session", nothing at all
+    assert fake.calls("DELETE") == []  # both sandboxes live on

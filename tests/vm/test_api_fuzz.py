@@ -16,7 +16,7 @@ import pytest
 
 from ..harness import Service
 
-pytestmark = pytest.mark.vm
+pytestmark = [pytest.mark.vm, pytest.mark.timeout(600)]  # bounded by --max-examples
 
 
 async def test_schemathesis_finds_no_server_error_and_nothing_leaks(service: Service,

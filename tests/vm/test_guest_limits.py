@@ -181,7 +181,8 @@ async def test_fork_bomb_stays_inside_the_vm_and_the_timeout_recovers_it(
     # there for a guest without that cgroup
     assert ended.recovery in ("interrupted", "killed", "kernel_restarted", "vm_replaced"), \
         ended.recovery
-    assert "Resource temporarily unavailable" in ended.stderr  # it hit the cap
+    if ended.recovery != "vm_replaced":  # a starved VM (a loaded host) may print nothing
+        assert "Resource temporarily unavailable" in ended.stderr  # it hit the cap
     after = await victim.run_code("echo alive; ps -e --no-headers | wc -l", language="bash",
                                   timeout=120)
     lines = after.stdout.split()
@@ -201,7 +202,7 @@ def _agent():
             argv = open(p, 'rb').read().split(b'\0')
         except OSError:
             continue
-        if argv[0].endswith(b'python3') and any(a.endswith(b'kernelhost_agent.py') for a in argv):
+        if argv[0].endswith(b'python3') and b'kernelhost_agent' in argv:
             return int(p.split('/')[2])
 pid = _agent()
 port = next(int(n) for n in os.listdir(f'/proc/{pid}/fd')

@@ -1,0 +1,320 @@
+"""Shell commands for ``language="bash"``: ops ``bash``, ``bash_signal`` and ``bash_reset``.
+
+Each command runs as its own ``bash -c`` in a new session (process group), stdin /dev/null; the
+exported environment and the working directory are saved by an EXIT trap and handed to the next
+command, so they persist between calls. Output and the end come back as Jupyter-shaped messages
+whose parent msg_id is the host's run_id: iopub "stream", then shell "bash_reply" {exit_code,
+signal, failure, cpu_ms, peak_memory_bytes}.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import codecs
+import contextlib
+import os
+import signal
+import subprocess
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import IO, Any
+
+from .cgroups import Cgroups
+from .config import AgentConfig
+from .dispatch import Handler
+from .shared import log, log_exception, protocol
+from .tasks import TaskSet
+
+__all__ = ["Bash"]
+
+Send = Callable[[dict[str, Any]], bool]
+
+CHUNK = 1 << 20  # at most this much output per message; more is buffered while one is sent
+DRAIN_SECONDS = 0.5
+STATE_MAX = 1 << 20
+RUN_ID_MAX = 64
+SIGNALS = {"INT": signal.SIGINT, "TERM": signal.SIGTERM, "KILL": signal.SIGKILL}
+# $1: where the EXIT trap saves the working directory and the exported environment (NUL-separated,
+# the directory first); $2: the file holding the command, run by eval so errors read "bash: ...".
+PRELUDE = r"""__kh_state=$1 __kh_cmd=$2
+[ -z "$3" ] || echo $$ >"$3/cgroup.procs" 2>/dev/null  # $3: the run's cgroup, or empty
+set --
+__kh_save() {
+    { printf '%s\0' "$PWD"; env -0; } >"$__kh_state.tmp" 2>/dev/null \
+        && mv -f "$__kh_state.tmp" "$__kh_state"
+}
+trap __kh_save EXIT
+eval "$(< "$__kh_cmd")"
+"""
+
+
+@dataclass
+class _Run:
+    """One running command and what is cleaned up after it."""
+
+    run_id: str
+    proc: subprocess.Popen[bytes]
+    script: str
+    state: str
+    cgroup: str  # "" without cgroup2
+    generation: int  # of the shell state it started from (bash_reset starts a new one)
+    task: asyncio.Task[Any] | None = None  # the relay that waits for it and reports its end
+
+
+class Bash:
+    """The shell area: commands in flight and the state they hand to the next one."""
+
+    capability = protocol.Capability.BASH
+
+    def __init__(self, config: AgentConfig, send: Send, tasks: TaskSet, cgroups: Cgroups) -> None:
+        self.config = config
+        self._send = send
+        self._tasks = tasks
+        self._cgroups = cgroups
+        self.runs: dict[str, _Run] = {}
+        self.env: dict[str, str] | None = None  # None: the agent's own environment
+        self.cwd = config.kernel_cwd
+        self._stale_cgroups: list[str] = []  # cgroups still holding background jobs
+        self._generation = 0
+
+    def ops(self) -> Mapping[str, Handler]:
+        """bash, bash_signal and bash_reset."""
+        return {
+            protocol.Op.BASH: self.op_bash,
+            protocol.Op.BASH_SIGNAL: self.op_bash_signal,
+            protocol.Op.BASH_RESET: self.op_bash_reset,
+        }
+
+    def set_proxy_env(self, env: Mapping[str, str]) -> None:
+        """The network mode's proxy variables, for the saved environment of later commands."""
+        if self.env is not None:
+            for key in protocol.NET_ENV_KEYS:
+                self.env.pop(key, None)
+            self.env.update(env)
+
+    # -- ops ---------------------------------------------------------------------------------
+
+    async def op_bash(self, frame: dict[str, Any]) -> dict[str, Any]:
+        """Start one command; answered at once with its pid, its output and end come as messages."""
+        run_id, command = frame.get("run_id"), frame.get("command")
+        cap = frame.get("max_output_bytes")
+        if not isinstance(run_id, str) or not run_id.isalnum() or len(run_id) > RUN_ID_MAX:
+            raise ValueError(
+                f"run_id must be an alphanumeric string of at most {RUN_ID_MAX} characters, "
+                f"got {run_id!r:.80}"
+            )
+        if not isinstance(command, str):
+            raise ValueError(f"command must be a string, got {type(command).__name__}")
+        if cap is not None and (not isinstance(cap, int) or isinstance(cap, bool) or cap < 0):
+            raise ValueError(f"max_output_bytes must be a non-negative integer or null, got {cap!r:.80}")
+        if run_id in self.runs:
+            raise ValueError(f"bash run {run_id} is already running; pick a new run_id")
+        run = self._start(run_id, command)
+        self.runs[run_id] = run
+        budget = None if cap is None else cap + 1  # one more: the host sees the cut
+        run.task = self._tasks.spawn(self._relay(run, budget), name=f"bash-{run_id}")
+        return {"pid": run.proc.pid}
+
+    async def op_bash_signal(self, frame: dict[str, Any]) -> dict[str, Any]:
+        """Signal one command's process group (or every command's, for run_id null)."""
+        run_id, name = frame.get("run_id"), frame.get("signal")
+        if not isinstance(name, str) or name not in SIGNALS:
+            raise ValueError(f"signal must be one of {', '.join(SIGNALS)}, got {name!r:.80}")
+        if run_id is not None and not isinstance(run_id, str):
+            raise ValueError(f"run_id must be a string or null, got {type(run_id).__name__}")
+        if run_id is None:
+            targets = list(self.runs.values())
+        else:
+            targets = [self.runs[run_id]] if run_id in self.runs else []
+        for run in targets:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(run.proc.pid, SIGNALS[name])
+            if name == "KILL":  # also what left the process group (setsid, daemons)
+                self._cgroups.kill(run.cgroup)
+        return {"signalled": len(targets)}
+
+    async def op_bash_reset(self, frame: dict[str, Any]) -> dict[str, Any]:
+        """Kill every running command and forget the saved environment and directory."""
+        for run in list(self.runs.values()):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(run.proc.pid, signal.SIGKILL)
+            self._cgroups.kill(run.cgroup)
+        for path in self._stale_cgroups:  # background jobs of earlier commands
+            self._cgroups.kill(path)
+        self.env = None
+        self.cwd = self.config.kernel_cwd
+        # A command that ends after this must not bring back the state it started from.
+        self._generation += 1
+        return {}
+
+    # -- one run -----------------------------------------------------------------------------
+
+    def _start(self, run_id: str, command: str) -> _Run:
+        """Write the command's script and start bash on it, in its own session and cgroup."""
+        bash_dir = self.config.bash_dir
+        os.makedirs(bash_dir, mode=0o700, exist_ok=True)
+        script = os.path.join(bash_dir, run_id + ".sh")
+        state = os.path.join(bash_dir, run_id + ".state")
+        with open(script, "w", encoding="utf-8", errors="surrogateescape") as f:
+            f.write(command)
+        env = dict(self.config.environ) if self.env is None else dict(self.env)
+        cwd = self.cwd if os.path.isdir(self.cwd) else self.config.kernel_cwd
+        self._prune_cgroups()
+        cgroup = self._cgroups.create(f"kh-bash-{run_id}")
+        argv = ["/bin/bash", "--noprofile", "--norc", "-c", PRELUDE, "bash", state, script, cgroup]
+        try:
+            proc = subprocess.Popen(  # reaped by _wait_process (pidfd), not by Popen
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                cwd=cwd,
+                env=env,
+                start_new_session=True,
+                close_fds=True,
+                bufsize=0,
+            )
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(script)
+            if cgroup:
+                self._cgroups.remove(cgroup)
+            raise
+        return _Run(run_id, proc, script, state, cgroup, self._generation)
+
+    async def _relay(self, run: _Run, cap: int | None) -> None:
+        """Relay one run's output, then report its end (bash_reply), whatever happens."""
+        left = [cap]
+        pumps = [
+            asyncio.ensure_future(self._pump(run.run_id, run.proc.stdout, "stdout", left)),
+            asyncio.ensure_future(self._pump(run.run_id, run.proc.stderr, "stderr", left)),
+        ]
+        reply: dict[str, Any] = {"exit_code": None, "signal": None, "failure": None}
+        try:
+            reply.update(await self._wait(run))
+            # A background job (`server &`) keeps the pipes open: take what is there, not wait.
+            await asyncio.wait(pumps, timeout=DRAIN_SECONDS)
+            if run.generation == self._generation:
+                self._load_state(run.state)
+        except Exception as exc:  # the host must still hear that the run ended
+            reply["failure"] = f"{type(exc).__name__}: {exc}"
+            log_exception(f"bash run {run.run_id} failed:")
+        finally:
+            for task in pumps:
+                task.cancel()
+            await asyncio.gather(*pumps, return_exceptions=True)
+            self._finish(run)
+        self._emit(run.run_id, "shell", protocol.BashFrame.REPLY, reply)
+
+    async def _wait(self, run: _Run) -> dict[str, Any]:
+        """Wait for bash to exit and reap it: exit code, signal and usage figures."""
+        status, rusage = await _wait_process(run.proc.pid)
+        run.proc.returncode = os.waitstatus_to_exitcode(status)  # reaped here, not by Popen
+        sig: int | None = None
+        if os.WIFSIGNALED(status):
+            sig = os.WTERMSIG(status)
+            exit_code = 128 + sig
+        else:
+            exit_code = os.WEXITSTATUS(status)
+        # CPU from rusage (bash and the children it waited for); memory from the run's cgroup:
+        # a child's ru_maxrss starts at the agent's own size, copied in by fork.
+        return {
+            "exit_code": exit_code,
+            "signal": sig,
+            "cpu_ms": round((rusage.ru_utime + rusage.ru_stime) * 1000, 1),
+            "peak_memory_bytes": self._cgroups.peak(run.cgroup),
+        }
+
+    def _finish(self, run: _Run) -> None:
+        """Forget a run and remove its files; its cgroup goes once its last process does."""
+        self.runs.pop(run.run_id, None)
+        if run.cgroup:
+            self._stale_cgroups.append(run.cgroup)
+        self._prune_cgroups()
+        for path in (run.script, run.state, run.state + ".tmp"):
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+
+    async def _pump(self, run_id: str, pipe: IO[bytes] | None, name: str, left: list[int | None]) -> None:
+        """Relay one of bash's pipes as stream messages, at most ``left[0]`` bytes of both."""
+        loop = asyncio.get_running_loop()
+        reader = asyncio.StreamReader(limit=CHUNK)
+        transport, _ = await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), pipe)
+        decoder = codecs.getincrementaldecoder("utf-8")("replace")
+        try:
+            while True:
+                data = await reader.read(CHUNK)
+                if not data:
+                    text = decoder.decode(b"", final=True)
+                    if text:
+                        self._emit(run_id, "iopub", "stream", {"name": name, "text": text})
+                    return
+                budget = left[0]
+                if budget is not None:  # past the cap: keep draining so bash never blocks
+                    data = data[: max(0, budget)]
+                    left[0] = max(0, budget) - len(data)
+                    if not data:
+                        continue
+                text = decoder.decode(data)
+                if text:
+                    self._emit(run_id, "iopub", "stream", {"name": name, "text": text})
+        finally:
+            transport.close()
+
+    def _emit(self, run_id: str, channel: str, msg_type: str, content: dict[str, Any]) -> None:
+        """One Jupyter-shaped message of a run, its parent being the run_id."""
+        parent = {"msg_id": run_id, "msg_type": protocol.BashFrame.REQUEST}
+        msg = protocol.jupyter_message(msg_type, content, "bash", parent=parent)
+        self._send({"op": protocol.Frame.JUPYTER, "channel": channel, "msg": msg})
+
+    def _load_state(self, path: str) -> None:
+        """Take the directory and exported environment the run's EXIT trap saved."""
+        try:
+            with open(path, "rb") as f:
+                raw = f.read(STATE_MAX + 1)
+        except OSError:
+            return  # killed before its EXIT trap ran: the previous state stays
+        if len(raw) > STATE_MAX:
+            log("bash state over", STATE_MAX, "bytes; keeping the previous one")
+            return
+        cwd, *entries = raw.split(b"\0")
+        env: dict[str, str] = {}
+        for entry in entries:
+            key, sep, value = entry.partition(b"=")
+            name = os.fsdecode(key)
+            if sep and name and name not in ("_", "SHLVL") and not name.startswith("__kh"):
+                env[name] = os.fsdecode(value)
+        self.env = env
+        self.cwd = os.fsdecode(cwd) or self.config.kernel_cwd
+
+    def _prune_cgroups(self) -> None:
+        for path in list(self._stale_cgroups):
+            if self._cgroups.remove(path):  # fails while a background job of that run still lives
+                self._stale_cgroups.remove(path)
+
+    async def stop(self, timeout: float = 2.0) -> None:
+        """Kill what still runs and let the relays reap it (the agent is stopping)."""
+        relays = [run.task for run in self.runs.values() if run.task is not None]
+        await self.op_bash_reset({})
+        if relays:
+            await asyncio.wait(relays, timeout=timeout)
+
+
+async def _wait_process(pid: int) -> tuple[int, Any]:
+    """Wait for a child without a thread (pidfd), then reap it: (wait status, rusage)."""
+    loop = asyncio.get_running_loop()
+    pidfd = os.pidfd_open(pid)
+    exited: asyncio.Future[None] = loop.create_future()
+
+    def on_exit() -> None:
+        if not exited.done():
+            exited.set_result(None)
+
+    loop.add_reader(pidfd, on_exit)
+    try:
+        await exited
+    finally:
+        loop.remove_reader(pidfd)
+        os.close(pidfd)
+    _, status, rusage = os.wait4(pid, 0)  # noqa: ASYNC222 (it has exited: returns at once)
+    return status, rusage

@@ -1,0 +1,281 @@
+"""The local ipykernel: its manager, its sockets, readiness, restarts and the agent's own requests.
+
+The agent talks to the kernel like any Jupyter client, through jupyter_client and zmq. It also
+sends requests of its own (kernel_info to see the kernel is ready, silent cells for the network
+mode and snapshots); the kernel's answers to those are claimed here and never reach the host.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import dataclasses
+import subprocess
+import time
+from collections.abc import Callable
+from typing import Any, cast
+
+import zmq
+import zmq.asyncio
+from jupyter_client.kernelspec import KernelSpecManager
+from jupyter_client.manager import AsyncKernelManager
+
+from .config import AgentConfig
+from .shared import log, log_exception, protocol
+
+__all__ = ["CHANNELS", "HOST_CHANNELS", "Kernel", "KernelNotReady"]
+
+#: Every socket of the kernel the agent listens to, and those the host may write to.
+CHANNELS = ("iopub", "shell", "control", "stdin")
+HOST_CHANNELS = ("shell", "control", "stdin")
+_FINISHED_MAX = 256  # own requests remembered after their reply, for late iopub messages
+_INFO_TIMEOUT = 5.0  # one kernel_info attempt while waiting for a (re)started kernel
+_IOPUB_TIMEOUT = 0.5  # after its reply: no iopub message by then, and kernel_info is asked again
+_RESTART_BACKOFF_MAX = 30.0
+
+Send = Callable[[dict[str, Any]], bool]
+
+
+@dataclasses.dataclass
+class _Pending:
+    """One request of the agent's own: its reply, and whether iopub said anything for it."""
+
+    reply: asyncio.Future[dict[str, Any]]
+    iopub: asyncio.Event
+
+
+class KernelNotReady(RuntimeError):
+    """The kernel did not become ready in time (a start or restart failed or hangs)."""
+
+
+class Kernel:
+    """One ipykernel process, restarted in place when it dies or the host asks."""
+
+    def __init__(self, config: AgentConfig, send: Send) -> None:
+        self.config = config
+        self._send = send
+        self.context = zmq.asyncio.Context()
+        extra: dict[str, Any] = {}
+        if config.kernelspec_dirs is not None:
+            extra["kernel_spec_manager"] = KernelSpecManager(kernel_dirs=list(config.kernelspec_dirs))
+        if config.connection_file is not None:
+            extra["connection_file"] = config.connection_file
+        # jupyter_client 7 defaults to a blocking zmq.Context; the relay needs asyncio sockets.
+        self.km = AsyncKernelManager(kernel_name=config.kernel_name, context=self.context, **extra)
+        self.sockets: dict[str, zmq.asyncio.Socket] = {}
+        self.ready = asyncio.Event()
+        self.kernel_info: dict[str, Any] = {}
+        self._internal: dict[str, _Pending] = {}
+        # Own requests already answered: the kernel's iopub status "idle" of a request comes
+        # after its shell reply, and a kernel_info retried after a timeout may still be answered.
+        self._finished: collections.OrderedDict[str, None] = collections.OrderedDict()
+        self._restarting = False
+        self._restart_lock = asyncio.Lock()
+
+    @property
+    def session(self) -> Any:
+        """The jupyter_client Session that signs messages with the kernel's key."""
+        return self.km.session
+
+    # -- lifecycle ---------------------------------------------------------------------------
+
+    async def launch(self) -> None:
+        """Start the kernel process and connect to its sockets (not yet waiting for it)."""
+        # The kernel's own fds 1 and 2 would otherwise be the serial console, a file on the host:
+        # anything printed at the fd level (subprocesses, C code) must not grow the host's disk.
+        # jupyter_client keeps these arguments (the environment too, by reference) for restarts.
+        await self.km.start_kernel(
+            cwd=self.config.kernel_cwd,
+            env=self.config.environ,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        # One zmq identity for shell, control and stdin, as jupyter_client's own clients have:
+        # the kernel sends a cell's input_request to the identity its execute_request came from,
+        # on the stdin socket, and a router drops what is addressed to an identity it never saw.
+        identity = self.session.bsession
+        for channel in CHANNELS:
+            connect = getattr(self.km, f"connect_{channel}")
+            sock = connect() if channel == "iopub" else connect(identity=identity)
+            self.sockets[channel] = cast(zmq.asyncio.Socket, sock)
+
+    async def wait_ready(self) -> None:
+        """Ask kernel_info until the kernel answers on shell and iopub (the relay must be
+        running already)."""
+        self.ready.clear()
+        timeout = self.config.ready_timeout
+        deadline = time.monotonic() + timeout
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                reply = await self.request(
+                    "shell",
+                    "kernel_info_request",
+                    {},
+                    timeout=min(_INFO_TIMEOUT, left),
+                    iopub_timeout=_IOPUB_TIMEOUT,
+                )
+            except asyncio.TimeoutError:
+                continue
+            content = reply.get("content")
+            self.kernel_info = content if isinstance(content, dict) else {}
+            self.ready.set()
+            return
+        raise KernelNotReady(
+            f"kernel {self.config.kernel_name!r} did not answer kernel_info within {timeout}s; "
+            "its kernelspec's argv may not start (try it by hand) or ready_timeout is too short"
+        )
+
+    async def until_ready(self) -> None:
+        """Wait for a ready kernel, at most ``request_ready_timeout`` seconds."""
+        timeout = self.config.request_ready_timeout
+        try:
+            await asyncio.wait_for(self.ready.wait(), timeout)
+        except asyncio.TimeoutError:
+            raise KernelNotReady(
+                f"the kernel has not been ready for {timeout}s (a start or restart failed); "
+                "send restart, or recreate the sandbox"
+            ) from None
+
+    async def restart(self, reason: str) -> None:
+        """Replace the kernel process (same ports and key), then report ``kernel_restarted``."""
+        async with self._restart_lock:
+            self._restarting = True
+            self.ready.clear()  # shell messages wait for the new kernel instead of reaching the old
+            try:
+                await asyncio.wait_for(self.km.restart_kernel(now=True), self.config.ready_timeout)
+                await self.wait_ready()
+            finally:
+                self._restarting = False
+        self._send(
+            {
+                "op": protocol.Frame.EVENT,
+                "event": protocol.Event.KERNEL_RESTARTED,
+                "reason": reason,
+            }
+        )
+
+    async def monitor(self) -> None:
+        """Report a kernel that died, and start a new one (retrying with a growing pause)."""
+        failures = 0
+        while True:
+            if self._restarting:
+                await asyncio.sleep(self.config.monitor_interval)
+                continue
+            proc = self._process()
+            if proc is not None:
+                # Wait on the kernel process itself (a thread parked in waitpid) rather than
+                # polling: an idle sandbox then costs no wake-ups here, which matters for many
+                # idle VMs under TCG.
+                code = await asyncio.to_thread(proc.wait)
+                if self._restarting or self._process() is not proc:
+                    continue  # a restart we asked for replaced it
+                log("kernel died, exit code", code)
+                died = {"op": protocol.Frame.EVENT, "event": protocol.Event.KERNEL_DIED, "exit_code": code}
+                self._send(died)
+            # A dead kernel, or none at all (a restart failed): a sandbox needs one.
+            try:
+                await self.restart(reason="died")
+                failures = 0
+            except Exception:
+                failures += 1
+                pause = min(_RESTART_BACKOFF_MAX, 2.0**failures)
+                log_exception(f"starting a new kernel failed (attempt {failures}); next try in {pause}s:")
+                await asyncio.sleep(pause)
+
+    def _process(self) -> Any:
+        """The kernel's Popen, or None (none started, or a restart failed half-way)."""
+        return getattr(self.km.provisioner, "process", None)
+
+    async def stop(self) -> None:
+        """Close the sockets and shut the kernel down (the agent is stopping)."""
+        for sock in self.sockets.values():
+            sock.close(linger=0)
+        self.sockets.clear()
+        try:
+            await asyncio.wait_for(self.km.shutdown_kernel(now=True), self.config.ready_timeout)
+        except Exception:  # stopping anyway: the rest must still be released
+            log_exception("kernel shutdown failed:")
+        self.context.destroy(linger=0)
+
+    # -- requests of the agent's own -----------------------------------------------------------
+
+    async def request(
+        self,
+        channel: str,
+        msg_type: str,
+        content: dict[str, Any],
+        timeout: float,
+        *,
+        iopub_timeout: float | None = None,
+    ) -> dict[str, Any]:
+        """Send a message of the agent's own; its reply is not relayed to the host.
+
+        With ``iopub_timeout``, also wait that long after the reply for an iopub message of the
+        request (TimeoutError if none comes): the proof that the iopub subscription is connected.
+        A zmq subscriber misses whatever was published before it joined, so a kernel answering on
+        shell is not yet a ready one.
+        """
+        msg = self.session.msg(msg_type, content)
+        msg_id: str = msg["header"]["msg_id"]
+        pending = _Pending(asyncio.get_running_loop().create_future(), asyncio.Event())
+        self._internal[msg_id] = pending
+        try:
+            await self.sockets[channel].send_multipart(self.session.serialize(msg))
+            reply = await asyncio.wait_for(pending.reply, timeout)
+            if iopub_timeout is not None:
+                await asyncio.wait_for(pending.iopub.wait(), iopub_timeout)
+            return reply
+        finally:
+            self._internal.pop(msg_id, None)
+            self._finished[msg_id] = None
+            while len(self._finished) > _FINISHED_MAX:
+                self._finished.popitem(last=False)
+
+    def claim(self, channel: str, msg: dict[str, Any]) -> bool:
+        """True if ``msg`` belongs to one of the agent's own requests (it is not relayed)."""
+        parent = msg.get("parent_header")
+        parent_id = parent.get("msg_id") if isinstance(parent, dict) else None
+        if not isinstance(parent_id, str):
+            return False
+        pending = self._internal.get(parent_id)
+        if pending is None:
+            return parent_id in self._finished
+        if channel == "iopub":
+            pending.iopub.set()
+        elif not pending.reply.done():
+            pending.reply.set_result(msg)
+        return True
+
+    async def run_silent(self, code: str, timeout: float = 120.0) -> None:
+        """Run code in the kernel without output, history or execution count (agent's own)."""
+        reply = await self.request("shell", "execute_request", silent_cell(code), timeout=timeout)
+        content = reply.get("content", {})
+        if content.get("status") != "ok":
+            raise RuntimeError(f"{content.get('ename')}: {content.get('evalue')}")
+
+    # -- the process ---------------------------------------------------------------------------
+
+    async def interrupt(self) -> None:
+        """SIGINT to the kernel (the running cell raises KeyboardInterrupt)."""
+        await self.km.interrupt_kernel()
+
+    async def is_alive(self) -> bool:
+        """Whether the kernel process runs."""
+        return bool(await self.km.is_alive())
+
+    def pid(self) -> int | None:
+        """The kernel process's pid, if one runs."""
+        pid = getattr(getattr(self.km, "provisioner", None), "pid", None)
+        return pid if isinstance(pid, int) and not isinstance(pid, bool) else None
+
+
+def silent_cell(code: str, *, silent: bool = True) -> dict[str, Any]:
+    """The content of an execute_request of the agent's own (no history, no stdin)."""
+    return {
+        "code": code,
+        "silent": silent,
+        "store_history": False,
+        "user_expressions": {},
+        "allow_stdin": False,
+        "stop_on_error": False,
+    }

@@ -1,0 +1,216 @@
+"""The virtio-serial port to the host, driven by one reader and one writer thread.
+
+Threads, not the event loop: the port is a character device whose readiness the loop's selector
+cannot be trusted with (it reports POLLHUP while no host is connected, and writes block), and a
+blocking writer is the simplest way to keep output produced meanwhile for the next host.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import glob
+import os
+import queue
+import select
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from .shared import codec, log, log_exception
+
+__all__ = ["Port", "find_port"]
+
+FrameHandler = Callable[[dict[str, Any]], None]
+_READ_SIZE = 1 << 16
+_IDLE_RETRY = 0.1  # seconds between looks at a port with no host behind it
+_JOIN_TIMEOUT = 2.0
+
+
+def find_port(name: str, timeout: float = 30.0) -> str:
+    """Return the device path of the virtio-serial port called ``name`` (there is no udev)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        link = f"/dev/virtio-ports/{name}"
+        if os.path.exists(link):
+            return link
+        for name_file in glob.glob("/sys/class/virtio-ports/*/name"):
+            with open(name_file) as f:
+                if f.read().strip() == name:
+                    return "/dev/" + os.path.basename(os.path.dirname(name_file))
+        if time.monotonic() > deadline:
+            raise RuntimeError(
+                f"virtio-serial port {name!r} did not appear within {timeout}s; check that the "
+                "domain has a virtserialport channel of that name"
+            )
+        time.sleep(0.05)
+
+
+class Port:
+    """Frames to and from the host over one fd.
+
+    While no host is connected the port reports POLLHUP and writes block; the reader then sleeps
+    and retries, and the writer simply waits, so output produced meanwhile reaches the next host.
+    Frames are handed to ``on_frame`` on the event loop's thread, in the order they arrived.
+    """
+
+    def __init__(
+        self,
+        fd: int,
+        loop: asyncio.AbstractEventLoop,
+        on_frame: FrameHandler,
+        *,
+        max_frame_bytes: int = codec.DEFAULT_MAX_FRAME_BYTES,
+        owns_fd: bool = True,
+    ) -> None:
+        self.fd = fd
+        self.loop = loop
+        self.on_frame = on_frame
+        self.max_frame_bytes = max_frame_bytes
+        self._owns_fd = owns_fd
+        self._outbox: queue.Queue[bytes | None] = queue.Queue()
+        self._stopping = threading.Event()
+        self._wake_r, self._wake_w = os.pipe()  # wakes the reader out of poll() at close
+        self._threads = [
+            threading.Thread(target=self._read_loop, name="port-reader", daemon=True),
+            threading.Thread(target=self._write_loop, name="port-writer", daemon=True),
+        ]
+
+    @classmethod
+    def open(
+        cls, path: str, loop: asyncio.AbstractEventLoop, on_frame: FrameHandler, max_frame_bytes: int
+    ) -> Port:
+        """The port device at ``path``, opened (and later closed) by the agent."""
+        return cls(os.open(path, os.O_RDWR), loop, on_frame, max_frame_bytes=max_frame_bytes)
+
+    def start(self) -> None:
+        """Start the reader and the writer thread."""
+        for thread in self._threads:
+            thread.start()
+
+    def send(self, message: dict[str, Any]) -> bool:
+        """Queue one frame for the host; False (and a log line) if it cannot be encoded."""
+        try:
+            frame = codec.encode_frame(message, self.max_frame_bytes)
+        except (codec.FrameError, TypeError, ValueError, OverflowError, RecursionError) as exc:
+            # TypeError/ValueError/OverflowError are msgpack's: an odd type, a string with lone
+            # surrogates (a file name that is not UTF-8), an integer over 64 bits.
+            log(f"dropping an unsendable {message.get('op')!r} frame: {type(exc).__name__}: {exc}")
+            return False
+        self._outbox.put(frame)
+        return True
+
+    def close(self) -> None:
+        """Stop both threads; the fd is closed only if the agent opened it."""
+        self._stopping.set()
+        self._outbox.put(None)
+        os.write(self._wake_w, b"x")
+        alive = False
+        for thread in self._threads:
+            if thread.ident is not None:
+                thread.join(_JOIN_TIMEOUT)
+                alive = alive or thread.is_alive()
+        if alive:  # a thread still uses the fds: leave them open rather than reuse them under it
+            log(f"port threads did not stop within {_JOIN_TIMEOUT}s; leaving their fds open")
+            return
+        os.close(self._wake_r)
+        os.close(self._wake_w)
+        if self._owns_fd:
+            os.close(self.fd)
+
+    # -- reader ------------------------------------------------------------------------------
+
+    def _read_loop(self) -> None:
+        while not self._stopping.is_set():
+            try:
+                self._read_frames()
+                return
+            except Exception:  # the agent is deaf without this thread: log, and read on
+                log_exception("port reader failed; it reads on with a fresh decoder:")
+                self._stopping.wait(_IDLE_RETRY)
+
+    def _read_frames(self) -> None:
+        """Decode frames from the host and hand them to the loop, until close."""
+        decoder = codec.FrameDecoder(self.max_frame_bytes)
+        poller = select.poll()
+        poller.register(self.fd, select.POLLIN)
+        poller.register(self._wake_r, select.POLLIN)
+        connected = False
+        while not self._stopping.is_set():
+            events = dict(poller.poll(None if connected else 1000))
+            if self._wake_r in events or self._stopping.is_set():
+                return
+            revents = events.get(self.fd, 0)
+            if not revents:
+                continue
+            if revents & select.POLLNVAL:
+                log("port fd is no longer open; the reader stops")
+                return
+            hung_up = bool(revents & (select.POLLHUP | select.POLLERR))
+            data = None if hung_up else self._read_once()
+            if hung_up or data is None:
+                if connected:
+                    log("host disconnected")
+                    connected = False
+                decoder = codec.FrameDecoder(self.max_frame_bytes)
+                self._stopping.wait(_IDLE_RETRY)
+                continue
+            if not data:  # nothing after all (a non-blocking fd, or a virtio port's EOF)
+                self._stopping.wait(_IDLE_RETRY)
+                continue
+            if not connected:
+                log("host connected")
+                connected = True
+            try:
+                frames = decoder.feed(data)
+            except codec.FrameError as exc:
+                log("bad frame from host, resetting decoder:", exc)
+                decoder = codec.FrameDecoder(self.max_frame_bytes)
+                continue
+            for frame in frames:
+                if not self._deliver(frame):
+                    return
+
+    def _read_once(self) -> bytes | None:
+        """Bytes from the host; b"" for nothing yet, None when the read failed like a hang-up."""
+        try:
+            return os.read(self.fd, _READ_SIZE)
+        except BlockingIOError:
+            return b""
+        except OSError as exc:  # EIO and friends while the host goes away
+            log("port read failed:", exc)
+            return None
+
+    def _deliver(self, frame: dict[str, Any]) -> bool:
+        try:
+            self.loop.call_soon_threadsafe(self.on_frame, frame)
+        except RuntimeError:  # the loop is closed: the agent is shutting down
+            return False
+        return True
+
+    # -- writer ------------------------------------------------------------------------------
+
+    def _write_loop(self) -> None:
+        """Write queued frames out whole, waiting out a host that is away."""
+        failing = False  # log a failed write once per outage, not ten times a second
+        while True:
+            data = self._outbox.get()
+            if data is None:
+                return
+            view = memoryview(data)
+            while view:
+                if self._stopping.is_set():
+                    return
+                try:
+                    n = os.write(self.fd, view)
+                except BlockingIOError:
+                    self._stopping.wait(0.01)
+                    continue
+                except OSError as exc:  # host gone mid-write: wait for the next one
+                    if not failing:
+                        log("write failed, retrying:", exc)
+                        failing = True
+                    self._stopping.wait(_IDLE_RETRY)
+                    continue
+                failing = False
+                view = view[n:]

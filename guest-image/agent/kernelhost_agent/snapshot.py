@@ -1,0 +1,135 @@
+"""Snapshots, clones and resumes: ops ``prepare_snapshot`` and ``resumed``.
+
+A template VM is warmed up (``prepare_snapshot``) and frozen; sandboxes are copy-on-write clones
+of its RAM. After every restore, clone and resume the host sends ``resumed`` with the wall-clock
+time and fresh entropy: otherwise every clone would share the frozen clock, the kernel RNG's
+state and Python's random streams.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import gc
+import os
+import struct
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from .config import AgentConfig
+from .dispatch import Handler
+from .kernel import Kernel, silent_cell
+from .shared import protocol
+
+__all__ = ["Snapshots", "add_entropy"]
+
+WARM_UP_TIMEOUT = 120.0
+RESEED_TIMEOUT = 30.0
+ENTROPY_MAX = 512
+RNDADDENTROPY = 0x40085203  # _IOW('R', 0x03, int[2])
+RNDRESEEDCRNG = 0x5207  # _IO('R', 0x07)
+WARM_UP_CELLS = ("1 + 1", "print('warm')", "raise ValueError('warm')")
+# ...and no trace of them: `_`, `Out` and `_N` as in a fresh kernel, no sys.last_* error
+WARM_UP_CLEANUP = (
+    "import sys as _kh_s\n"
+    "get_ipython().displayhook.flush()\n"
+    "for _kh_n in [k for k in globals() if k[:1] == '_' and k[1:].isdigit()]:\n"
+    "    del globals()[_kh_n]\n"
+    "for _kh_a in ('last_type', 'last_value', 'last_traceback', 'last_exc'):\n"
+    "    if hasattr(_kh_s, _kh_a):\n"
+    "        delattr(_kh_s, _kh_a)\n"
+    "del _kh_s, _kh_a\n"
+    "if '_kh_n' in globals():\n"
+    "    del _kh_n\n"
+)
+RESEED = (
+    "import random as _kh_r, sys as _kh_s\n"
+    "_kh_r.seed()\n"
+    "if 'numpy' in _kh_s.modules:\n"
+    "    _kh_s.modules['numpy'].random.seed()\n"
+    "del _kh_r, _kh_s"
+)
+
+
+class Snapshots:
+    """The snapshot area."""
+
+    capability = protocol.Capability.SNAPSHOT
+
+    def __init__(self, config: AgentConfig, kernel: Kernel) -> None:
+        self.config = config
+        self.kernel = kernel
+
+    def ops(self) -> Mapping[str, Handler]:
+        """prepare_snapshot and resumed."""
+        return {
+            protocol.Op.PREPARE_SNAPSHOT: self.op_prepare_snapshot,
+            protocol.Op.RESUMED: self.op_resumed,
+        }
+
+    async def op_prepare_snapshot(self, frame: dict[str, Any]) -> dict[str, Any]:
+        """Warm the kernel before its VM is frozen into a template: import the template's heavy
+        modules, collect garbage, and drop the guest's page cache so the RAM file holds less."""
+        preload = frame.get("preload", [])
+        if not isinstance(preload, list):
+            raise ValueError(f"preload must be a list of module names, got {type(preload).__name__}")
+        modules = [m for m in preload if isinstance(m, str) and m]
+        for module in modules:
+            if not all(part.isidentifier() for part in module.split(".")):
+                raise ValueError(f"not a module name: {module!r:.200}")
+        await self.kernel.until_ready()
+        t0 = time.monotonic()
+        for module in modules:
+            await self.kernel.run_silent(f"import {module}", timeout=WARM_UP_TIMEOUT)
+        # One ordinary cell of each kind a user's first call takes (a value, output, an error's
+        # traceback): the modules they import lazily are in RAM before the page cache is dropped,
+        # so a clone's first call is not the slow one. No history, so no execution count moves.
+        for code in WARM_UP_CELLS:
+            await self.kernel.request(
+                "shell", "execute_request", silent_cell(code, silent=False), timeout=WARM_UP_TIMEOUT
+            )
+        await self.kernel.run_silent(WARM_UP_CLEANUP)
+        await self.kernel.run_silent("import gc as _kh_gc; _kh_gc.collect(); del _kh_gc")
+        gc.collect()
+        if self.config.drop_caches:
+            os.sync()
+            _drop_page_cache()
+        return {"preloaded": modules, "seconds": round(time.monotonic() - t0, 3)}
+
+    async def op_resumed(self, frame: dict[str, Any]) -> dict[str, Any]:
+        """After a restore, clone or resume: set the clock from the host, mix fresh entropy into
+        the kernel RNG and reseed it, and reseed Python's ``random`` (and numpy's global RNG) in
+        the kernel, so no two sandboxes share a random stream or a stale clock."""
+        t0 = time.monotonic()
+        time_ns = frame.get("time_ns")
+        if isinstance(time_ns, int) and not isinstance(time_ns, bool):
+            if self.config.set_clock:
+                time.clock_settime_ns(time.CLOCK_REALTIME, time_ns)
+        entropy = frame.get("entropy")
+        if isinstance(entropy, bytes) and entropy:
+            if self.config.add_entropy:
+                add_entropy(entropy)
+        await self.kernel.until_ready()
+        await self.kernel.run_silent(RESEED, timeout=RESEED_TIMEOUT)
+        return {"seconds": round(time.monotonic() - t0, 4)}
+
+
+def _drop_page_cache() -> None:
+    fd = os.open("/proc/sys/vm/drop_caches", os.O_WRONLY)
+    try:
+        os.write(fd, b"3\n")
+    finally:
+        os.close(fd)
+
+
+def add_entropy(data: bytes) -> None:
+    """Credit ``data`` to the kernel's entropy pool and reseed its CRNG (needs CAP_SYS_ADMIN)."""
+    data = data[:ENTROPY_MAX]
+    pad = (-len(data)) % 4
+    info = struct.pack("ii", len(data) * 8, len(data)) + data + b"\0" * pad
+    fd = os.open("/dev/random", os.O_WRONLY)
+    try:
+        fcntl.ioctl(fd, RNDADDENTROPY, info)
+        fcntl.ioctl(fd, RNDRESEEDCRNG)
+    finally:
+        os.close(fd)

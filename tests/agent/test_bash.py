@@ -1,0 +1,141 @@
+"""Shell commands (ops bash, bash_signal, bash_reset) without cgroups, as on a developer's host."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from kernelhost.channel import protocol
+
+from .conftest import Running
+from .host import WAIT, HostEnd
+
+pytestmark = pytest.mark.unit
+
+
+@dataclass
+class BashRun:
+    run_id: str
+    pid: int
+    streams: dict[str, str] = field(default_factory=lambda: {"stdout": "", "stderr": ""})
+    reply: dict[str, Any] = field(default_factory=dict)
+
+
+async def start(host: HostEnd, command: str, **fields: Any) -> BashRun:
+    run_id = uuid.uuid4().hex
+    host.sent_parents.add(run_id)
+    reply = await host.ok(protocol.Op.BASH, run_id=run_id, command=command, **fields)
+    return BashRun(run_id, reply["pid"])
+
+
+async def finish(host: HostEnd, run: BashRun, timeout: float = WAIT) -> BashRun:
+    """Collect the run's stream messages up to its bash_reply."""
+    while not run.reply:
+        channel, msg = await host.next_message(run.run_id, timeout)
+        assert msg["parent_header"] == {"msg_id": run.run_id, "msg_type": "bash_request"}
+        assert msg["header"]["session"] == "bash"
+        assert msg["header"]["version"] == protocol.JUPYTER_PROTOCOL_VERSION
+        if msg["header"]["msg_type"] == "stream":
+            assert channel == "iopub"
+            run.streams[msg["content"]["name"]] += msg["content"]["text"]
+        else:
+            assert (channel, msg["header"]["msg_type"]) == ("shell", "bash_reply")
+            run.reply = msg["content"]
+    return run
+
+
+async def bash(host: HostEnd, command: str, **fields: Any) -> BashRun:
+    return await finish(host, await start(host, command, **fields))
+
+
+async def test_streams_and_exit_code(host: HostEnd) -> None:
+    run = await bash(host, "echo out; echo err >&2; exit 3")
+    assert run.streams == {"stdout": "out\n", "stderr": "err\n"}
+    assert run.reply["exit_code"] == 3
+    assert run.reply["signal"] is None and run.reply["failure"] is None
+    assert run.reply["cpu_ms"] >= 0
+    assert run.reply["peak_memory_bytes"] is None  # no cgroup here
+
+
+async def test_errors_read_like_bash(host: HostEnd) -> None:
+    run = await bash(host, "no-such-command-kh")
+    assert run.reply["exit_code"] == 127
+    assert "no-such-command-kh: command not found" in run.streams["stderr"]
+
+
+async def test_cwd_and_exports_persist_between_calls(host: HostEnd, running: Running) -> None:
+    await bash(host, "mkdir -p sub && cd sub && export KH_FOO=bar && KH_LOCAL=1")
+    run = await bash(host, 'pwd; echo "$KH_FOO|${KH_LOCAL:-unset}"')
+    assert run.streams["stdout"] == f"{running.config.kernel_cwd}/sub\nbar|unset\n"
+
+
+async def test_reset_forgets_cwd_and_exports(host: HostEnd, running: Running) -> None:
+    await bash(host, "cd / && export KH_RESET=1")
+    assert await host.ok(protocol.Op.BASH_RESET)
+    run = await bash(host, 'pwd; echo "${KH_RESET:-gone}"')
+    assert run.streams["stdout"] == f"{running.config.kernel_cwd}\ngone\n"
+
+
+async def test_output_is_capped(host: HostEnd) -> None:
+    run = await bash(host, "head -c 100000 /dev/zero | tr '\\0' x; echo done >&2", max_output_bytes=5)
+    assert run.streams["stdout"] + run.streams["stderr"] == "xxxxxx"  # the cap and one more
+    assert run.reply["exit_code"] == 0
+
+
+async def test_undecodable_output_is_replaced(host: HostEnd) -> None:
+    run = await bash(host, r"printf 'a\377b'")
+    assert run.streams["stdout"] == "a\ufffdb"
+
+
+@pytest.mark.parametrize(("name", "signum"), [("INT", signal.SIGINT), ("KILL", signal.SIGKILL)])
+async def test_signal_ends_a_command(host: HostEnd, name: str, signum: int) -> None:
+    run = await start(host, "echo started; exec sleep 30")
+    _, first = await host.next_message(run.run_id)  # "started": the sleep is next
+    assert first["content"]["text"] == "started\n"
+    reply = await host.ok(protocol.Op.BASH_SIGNAL, run_id=run.run_id, signal=name)
+    assert reply["signalled"] == 1
+    await finish(host, run)
+    assert run.reply["signal"] == signum and run.reply["exit_code"] == 128 + signum
+
+
+async def test_signal_to_every_command_and_to_none(host: HostEnd) -> None:
+    runs = [await start(host, "exec sleep 30") for _ in range(2)]
+    reply = await host.ok(protocol.Op.BASH_SIGNAL, run_id=None, signal="TERM")
+    assert reply["signalled"] == 2
+    for run in runs:
+        assert (await finish(host, run)).reply["signal"] == signal.SIGTERM
+    gone = await host.ok(protocol.Op.BASH_SIGNAL, run_id=runs[0].run_id, signal="TERM")
+    assert gone["signalled"] == 0
+
+
+async def test_reset_kills_running_commands(host: HostEnd) -> None:
+    run = await start(host, "exec sleep 30")
+    await host.ok(protocol.Op.BASH_RESET)
+    assert (await finish(host, run)).reply["signal"] == signal.SIGKILL
+
+
+async def test_a_run_id_cannot_run_twice(host: HostEnd) -> None:
+    run = await start(host, "exec sleep 30")
+    error = await host.refused(protocol.Op.BASH, run_id=run.run_id, command="true")
+    assert "already running" in error
+    await host.ok(protocol.Op.BASH_SIGNAL, run_id=run.run_id, signal="KILL")
+    await finish(host, run)
+
+
+async def test_a_background_job_does_not_hold_the_reply(host: HostEnd) -> None:
+    loop = asyncio.get_running_loop()
+    t0 = loop.time()
+    run = await bash(host, "sleep 2 & echo fg")
+    assert run.streams["stdout"] == "fg\n" and run.reply["exit_code"] == 0
+    assert loop.time() - t0 < 1.5  # the pipes are drained for half a second, not waited on
+
+
+async def test_scripts_and_state_files_are_removed(host: HostEnd, running: Running) -> None:
+    await bash(host, "true")
+    assert os.listdir(running.config.bash_dir) == []

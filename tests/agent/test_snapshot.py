@@ -1,0 +1,54 @@
+"""prepare_snapshot (warm-up before a template is frozen) and resumed (after a restore)."""
+
+from __future__ import annotations
+
+import random
+import time
+
+import pytest
+
+from kernelhost.channel import protocol
+
+from .host import HostEnd
+
+pytestmark = pytest.mark.unit
+
+
+async def test_prepare_snapshot_preloads_and_leaves_no_trace(host: HostEnd) -> None:
+    reply = await host.ok(protocol.Op.PREPARE_SNAPSHOT, preload=["json", "xml.dom", 7, ""], timeout=60.0)
+    assert reply["preloaded"] == ["json", "xml.dom"]  # what is not a name is skipped
+    assert reply["seconds"] >= 0
+    run = await host.execute(
+        "import sys\n"
+        "print('json' in sys.modules, 'xml.dom' in sys.modules, hasattr(sys, 'last_value'),"
+        " [k for k in globals() if k[:1] == '_' and k[1:].isdigit()])"
+    )
+    assert run.stream() == "True True False []\n"
+    # the warm-up cells stored no history: the first cell of a user is still number 1
+    assert run.reply["content"]["execution_count"] == 1
+
+
+async def test_prepare_snapshot_refuses_what_is_not_a_module_name(host: HostEnd) -> None:
+    error = await host.refused(protocol.Op.PREPARE_SNAPSHOT, preload=["os; import sys"])
+    assert error.startswith("ValueError: not a module name")
+    error = await host.refused(protocol.Op.PREPARE_SNAPSHOT, preload="json")
+    assert "preload must be a list" in error
+
+
+async def test_resumed_reseeds_the_kernels_random(host: HostEnd) -> None:
+    await host.execute("import random; random.seed(1234)")
+    before = time.time()
+    reply = await host.ok(protocol.Op.RESUMED, time_ns=1, entropy=b"\x01" * 600)
+    assert reply["seconds"] >= 0
+    assert time.time() >= before  # clock setting is off in this config: time did not go to 1970
+    run = await host.execute("print(random.random())")
+    assert float(run.stream()) != random.Random(1234).random()
+
+
+async def test_resumed_ignores_fields_of_the_wrong_type(host: HostEnd) -> None:
+    await host.ok(protocol.Op.RESUMED, time_ns="soon", entropy="not bytes")
+    await host.ok(protocol.Op.RESUMED, time_ns=True, entropy=b"")
+
+
+async def test_warm_up_output_never_reaches_the_host(host: HostEnd) -> None:
+    assert host.strays() == []
