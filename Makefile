@@ -15,7 +15,8 @@ help:
 	@echo "make serve   install, build the guest image, start libvirt and the service"
 	@echo "make test    install, build, start libvirt, run unit + vm + clients tests"
 	@echo "make image   build (or reuse) the guest images in $(IMAGE_DIR)"
-	@echo "make lint    ruff + mypy;  make bench: benchmarks under bench/"
+	@echo "make lint    ruff check + ruff format --check + mypy;  make fmt: format"
+	@echo "make bench   benchmarks under bench/"
 
 deps:
 	@scripts/install-deps.sh
@@ -51,12 +52,16 @@ test-unit: deps
 test-vm: image libvirt
 	@KERNELHOST_IMAGE_DIR=$(IMAGE_DIR) $(PY) -m pytest -m vm $(PYTEST_ARGS)
 
+# ruff (lint and format) and mypy strict over the whole Python tree; CI runs it (.ci/run)
+PY_TREE := kernelhost hypervisor guest-image tests bench
 lint: deps
-	@$(VENV)/bin/ruff check kernelhost hypervisor guest-image tests bench
+	@$(VENV)/bin/ruff check $(PY_TREE)
+	@$(VENV)/bin/ruff format --check $(PY_TREE)
 	@$(VENV)/bin/mypy
 
 fmt: deps
-	@$(VENV)/bin/ruff check --fix kernelhost hypervisor guest-image tests bench
+	@$(VENV)/bin/ruff format $(PY_TREE)
+	@$(VENV)/bin/ruff check --fix $(PY_TREE)
 
 # The suite of bench/run.py (kernelhost, a local ipykernel, jupyter-kernel-gateway; ~10 min):
 # writes bench/results/bench.{json,md} and rewrites README's Performance block.

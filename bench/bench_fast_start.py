@@ -92,8 +92,7 @@ async def bench_snapshots(tmp: Path, args: argparse.Namespace) -> dict[str, Any]
         report(out, "fork5_100MB", summary(f5))
         # wake after hibernation: first call's latency, against a warm call
         wake, warm = [], []
-        async with aiohttp.ClientSession(
-                headers={"Authorization": f"Bearer {svc.api_key}"}) as http:
+        async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {svc.api_key}"}) as http:
             for _ in range(3):
                 t0 = time.perf_counter()
                 await first.run_code("1+1")
@@ -118,13 +117,19 @@ async def bench_snapshots(tmp: Path, args: argparse.Namespace) -> dict[str, Any]
                 break
             alive.append(sbx)
         out["density_create_all_s"] = time.perf_counter() - t0
-        answers = await asyncio.gather(*[s.run_code("1+1") for s in alive],
-                                       return_exceptions=True)
+        answers = await asyncio.gather(*[s.run_code("1+1") for s in alive], return_exceptions=True)
         ok = sum(1 for a in answers if not isinstance(a, BaseException) and a.text == "2")
         pss = [qemu_pss_mib(d) for d in domains_of(svc)]
-        report(out, "density", {"started": len(alive), "answered": ok,
-                          "host_mem_used_mib": round(before - mem_available_mib()),
-                          "pss_per_sandbox_mib": summary(pss) if pss else None})
+        report(
+            out,
+            "density",
+            {
+                "started": len(alive),
+                "answered": ok,
+                "host_mem_used_mib": round(before - mem_available_mib()),
+                "pss_per_sandbox_mib": summary(pss) if pss else None,
+            },
+        )
         for sbx in alive:
             await sbx.close()
     async with service(tmp, "pool", KERNELHOST_POOL_SIZE="3") as svc:
@@ -151,16 +156,27 @@ async def main() -> None:
         res = await bench_snapshots(tmp, args)
     res["create_cold_boot"] = cold
     print(f"{'figure':34} {'median':>12} {'p95':>12}")
-    for key in ("create_cold_boot", "create_pool_miss", "create_pool_hit", "fork1_100MB",
-                "fork5_100MB", "warm_call", "wake_first_call_100MB"):
+    for key in (
+        "create_cold_boot",
+        "create_pool_miss",
+        "create_pool_hit",
+        "fork1_100MB",
+        "fork5_100MB",
+        "warm_call",
+        "wake_first_call_100MB",
+    ):
         print(f"{key:34} {ms(res[key])}")
-    print(f"cold boot / pool miss: {cold['median'] / res['create_pool_miss']['median']:.0f}x; "
-          f"cold boot / pool hit: {cold['median'] / res['create_pool_hit']['median']:.0f}x")
+    print(
+        f"cold boot / pool miss: {cold['median'] / res['create_pool_miss']['median']:.0f}x; "
+        f"cold boot / pool hit: {cold['median'] / res['create_pool_hit']['median']:.0f}x"
+    )
     d = res["density"]
     pss = d["pss_per_sandbox_mib"]
-    print(f"density: {d['started']} started, {d['answered']} answered 1+1; host memory used "
-          f"{d['host_mem_used_mib']} MiB; PSS per sandbox median "
-          f"{pss['median'] if pss else float('nan'):.1f} MiB")
+    print(
+        f"density: {d['started']} started, {d['answered']} answered 1+1; host memory used "
+        f"{d['host_mem_used_mib']} MiB; PSS per sandbox median "
+        f"{pss['median'] if pss else float('nan'):.1f} MiB"
+    )
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "fast_start.json").write_text(json.dumps(res, indent=1))
 

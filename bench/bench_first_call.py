@@ -32,8 +32,7 @@ async def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sandboxes", type=int, default=10)
     args = ap.parse_args()
-    times: dict[str, list[float]] = {"first 1+1": [], "second 1+1": [], "first error": [],
-                                     "second error": []}
+    times: dict[str, list[float]] = {"first 1+1": [], "second 1+1": [], "first error": [], "second error": []}
     out: dict = {"when": now_utc(), "machine": machine_facts()}
     with tempfile.TemporaryDirectory(prefix="kh-bench-first-") as tmp:
         async with service(Path(tmp), "first-call", KERNELHOST_POOL_SIZE="2") as svc:
@@ -41,8 +40,12 @@ async def main() -> None:
                 await wait_pool(svc, 2)  # every sandbox is a pool hand-over
                 sbx = await AsyncSandbox.create(url=svc.url, api_key=svc.api_key)
                 try:
-                    for label, code in (("first 1+1", "1+1"), ("second 1+1", "1+1"),
-                                        ("first error", "1/0"), ("second error", "1/0")):
+                    for label, code in (
+                        ("first 1+1", "1+1"),
+                        ("second 1+1", "1+1"),
+                        ("first error", "1/0"),
+                        ("second error", "1/0"),
+                    ):
                         t0 = time.perf_counter()
                         ex = await sbx.run_code(code, timeout=120)
                         times[label].append(time.perf_counter() - t0)

@@ -42,21 +42,26 @@ TIMEOUT = 2.0  # seconds given to each runaway call of the ladder figures
 LADDER = {
     "interrupted (python)": ("python", "while True:\n    pass"),
     "kernel_restarted (python ignores SIGINT)": (
-        "python", "import signal\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\nwhile True:\n    pass"),
+        "python",
+        "import signal\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\nwhile True:\n    pass",
+    ),
     "vm_replaced (agent frozen)": (
-        "python", "import os, signal\nos.kill(os.getppid(), signal.SIGSTOP)\nwhile True:\n    pass"),
+        "python",
+        "import os, signal\nos.kill(os.getppid(), signal.SIGSTOP)\nwhile True:\n    pass",
+    ),
     "interrupted (bash)": ("bash", "sleep 1000"),
     "killed (bash ignores SIGINT)": ("bash", "trap '' INT; while :; do :; done"),
 }
-EXPECTED_RUNG = {"interrupted (python)": "interrupted",
-                 "kernel_restarted (python ignores SIGINT)": "kernel_restarted",
-                 "vm_replaced (agent frozen)": "vm_replaced",
-                 "interrupted (bash)": "interrupted",
-                 "killed (bash ignores SIGINT)": "killed"}
+EXPECTED_RUNG = {
+    "interrupted (python)": "interrupted",
+    "kernel_restarted (python ignores SIGINT)": "kernel_restarted",
+    "vm_replaced (agent frozen)": "vm_replaced",
+    "interrupted (bash)": "interrupted",
+    "killed (bash ignores SIGINT)": "killed",
+}
 
 
-async def service_throughput(sbx: AsyncSandbox, language: str, code: str,
-                             rounds: int) -> list[float]:
+async def service_throughput(sbx: AsyncSandbox, language: str, code: str, rounds: int) -> list[float]:
     rates = []
     for _ in range(rounds + 1):  # the first run warms up
         t0 = time.perf_counter()
@@ -100,8 +105,11 @@ async def ladder(svc: Service, rounds: int) -> dict[str, list[float]]:
                 t0 = time.perf_counter()
                 execution = await sbx.run_code(code, language=language, timeout=TIMEOUT)
                 assert execution.status == "timeout", (label, execution)
-                assert execution.recovery == EXPECTED_RUNG[label], (label, execution.recovery,
-                                                                   execution.error)
+                assert execution.recovery == EXPECTED_RUNG[label], (
+                    label,
+                    execution.recovery,
+                    execution.error,
+                )
                 after = await sbx.run_code("6 * 7", timeout=120)
                 assert after.text == "42", after
                 samples.append(time.perf_counter() - t0 - TIMEOUT)
@@ -119,23 +127,31 @@ async def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="kh-bench-stream-") as tmp:
-        async with service(Path(tmp), "stream",
-                           KERNELHOST_MAX_OUTPUT_BYTES=str((args.mib + 8) << 20),
-                           KERNELHOST_POOL_SIZE="1") as svc:
+        async with service(
+            Path(tmp),
+            "stream",
+            KERNELHOST_MAX_OUTPUT_BYTES=str((args.mib + 8) << 20),
+            KERNELHOST_POOL_SIZE="1",
+        ) as svc:
             async with AsyncSandbox(url=svc.url, api_key=svc.api_key) as sbx:
                 ours = await service_throughput(sbx, "python", print_code(args.mib), args.rounds)
-                ours_bash = await service_throughput(sbx, "bash", bash_code(args.mib),
-                                                     args.rounds)
+                ours_bash = await service_throughput(sbx, "bash", bash_code(args.mib), args.rounds)
                 accel = (await sbx.info()).accel
             rungs = await ladder(svc, args.rounds)
     local = await local_throughput(print_code(args.mib), args.rounds)
     local_bash = local_bash_throughput(bash_code(args.mib), args.rounds)
 
-    print(f"acceleration: {accel}   host: {platform.node()} {platform.machine()}   "
-          f"{args.mib} MiB per run, median of {args.rounds}")
+    print(
+        f"acceleration: {accel}   host: {platform.node()} {platform.machine()}   "
+        f"{args.mib} MiB per run, median of {args.rounds}"
+    )
     print(f"{'stdout throughput':44} {'MB/s':>9}")
-    for label, samples in [("python print, kernelhost", ours), ("python print, local ipykernel", local),
-                           ("bash, kernelhost", ours_bash), ("bash, local subprocess", local_bash)]:
+    for label, samples in [
+        ("python print, kernelhost", ours),
+        ("python print, local ipykernel", local),
+        ("bash, kernelhost", ours_bash),
+        ("bash, local subprocess", local_bash),
+    ]:
         print(f"{label:44} {med(samples):9.1f}")
     print(f"ratio kernelhost / local ipykernel (python): {med(ours) / med(local):.2f}x")
     print(f"ratio kernelhost / local bash: {med(ours_bash) / med(local_bash):.3f}x")
@@ -143,13 +159,24 @@ async def main() -> None:
     for label, samples in rungs.items():
         print(f"{label:44} {med(samples):9.2f} {max(samples):7.2f}")
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "stream.json").write_text(json.dumps({
-        "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "accel": accel,
-        "mib": args.mib, "rounds": args.rounds,
-        "throughput_mb_s": {"service_python": ours, "local_python": local,
-                            "service_bash": ours_bash, "local_bash": local_bash},
-        "timeout_to_usable_s": rungs,
-    }, indent=1))
+    (RESULTS / "stream.json").write_text(
+        json.dumps(
+            {
+                "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                "accel": accel,
+                "mib": args.mib,
+                "rounds": args.rounds,
+                "throughput_mb_s": {
+                    "service_python": ours,
+                    "local_python": local,
+                    "service_bash": ours_bash,
+                    "local_bash": local_bash,
+                },
+                "timeout_to_usable_s": rungs,
+            },
+            indent=1,
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -39,8 +39,13 @@ from tests.harness import Service  # noqa: E402
 def summary(samples: list[float]) -> dict[str, float]:
     """Median, p95 (nearest rank), min, max and count of some samples."""
     s = sorted(samples)
-    return {"median": statistics.median(s), "p95": s[min(len(s) - 1, round(0.95 * (len(s) - 1)))],
-            "min": s[0], "max": s[-1], "n": len(s)}
+    return {
+        "median": statistics.median(s),
+        "p95": s[min(len(s) - 1, round(0.95 * (len(s) - 1)))],
+        "min": s[0],
+        "max": s[-1],
+        "n": len(s),
+    }
 
 
 def ms(fig: dict[str, float]) -> str:
@@ -84,11 +89,15 @@ def machine_facts() -> dict[str, Any]:
                 model = line.split(":", 1)[1].strip()
                 break
     return {
-        "host": platform.node(), "arch": platform.machine(), "cpu_model": model,
-        "cores": os.cpu_count(), "mem_total_mib": round(_meminfo("MemTotal")),
+        "host": platform.node(),
+        "arch": platform.machine(),
+        "cpu_model": model,
+        "cores": os.cpu_count(),
+        "mem_total_mib": round(_meminfo("MemTotal")),
         "mem_available_mib_at_start": round(mem_available_mib()),
         "load_avg_at_start": [round(x, 2) for x in os.getloadavg()],
-        "kernel": platform.release(), "python": platform.python_version(),
+        "kernel": platform.release(),
+        "python": platform.python_version(),
     }
 
 
@@ -176,8 +185,7 @@ async def pool_ready(svc: Service, template: str = "python") -> int:
     return int((await healthz(svc))["pool"].get(template, 0))
 
 
-async def wait_pool(svc: Service, want: int, template: str = "python",
-                    timeout: float = 300) -> None:
+async def wait_pool(svc: Service, want: int, template: str = "python", timeout: float = 300) -> None:
     deadline = time.monotonic() + timeout
     while await pool_ready(svc, template) < want:
         if time.monotonic() > deadline:
@@ -190,11 +198,13 @@ async def wait_pool(svc: Service, want: int, template: str = "python",
 
 def print_code(mib: int) -> str:
     """A cell writing ``mib`` MiB to stdout as fast as it can, in 1 KiB lines."""
-    return ("import sys\n"
-            "line = 'x' * 1023 + '\\n'\n"
-            f"for _ in range({mib} * 1024):\n"
-            "    sys.stdout.write(line)\n"
-            "sys.stdout.flush()\n")
+    return (
+        "import sys\n"
+        "line = 'x' * 1023 + '\\n'\n"
+        f"for _ in range({mib} * 1024):\n"
+        "    sys.stdout.write(line)\n"
+        "sys.stdout.flush()\n"
+    )
 
 
 def bash_code(mib: int) -> str:
@@ -217,7 +227,8 @@ def make_csv(path: Path, target_mb: float = 50.0, seed: int = 7) -> int:
         while size < target:
             rows = "".join(
                 f"{i + k},cat_{rng.randrange(200):03d},{rng.random() * 1000:.6f},{rng.randrange(100)}\n"
-                for k in range(10_000))
+                for k in range(10_000)
+            )
             i += 10_000
             f.write(rows)
             size += len(rows)
@@ -228,13 +239,15 @@ def pandas_code(path: str) -> str:
     """Load the CSV and group by category; the value is a checksum comparable across systems."""
     # in a function, so a run's frame is freed before the next one reads the file again (two
     # 50 MB frames at once do not fit a 512 MiB sandbox next to the file itself)
-    return ("import pandas as pd\n"
-            "def _bench_pandas():\n"
-            f"    df = pd.read_csv({path!r}, dtype={{'category': 'category'}})\n"
-            "    g = df.groupby('category', observed=True).agg(v=('value', 'mean'), "
-            "q=('qty', 'sum'))\n"
-            "    return (len(df), len(g), int(g['q'].sum()))\n"
-            "_bench_pandas()\n")
+    return (
+        "import pandas as pd\n"
+        "def _bench_pandas():\n"
+        f"    df = pd.read_csv({path!r}, dtype={{'category': 'category'}})\n"
+        "    g = df.groupby('category', observed=True).agg(v=('value', 'mean'), "
+        "q=('qty', 'sum'))\n"
+        "    return (len(df), len(g), int(g['q'].sum()))\n"
+        "_bench_pandas()\n"
+    )
 
 
 # -- a kernel as every system offers it ----------------------------------------------------------

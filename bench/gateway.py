@@ -18,7 +18,7 @@ import subprocess
 import sys
 import time
 import uuid
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import aiohttp
@@ -44,16 +44,25 @@ class Gateway:
     def _spawn(self) -> subprocess.Popen[bytes]:
         with self.log_path.open("ab") as log:
             return subprocess.Popen(
-                [sys.executable, "-m", "kernel_gateway",
-                 "--KernelGatewayApp.ip=127.0.0.1", f"--KernelGatewayApp.port={self.port}",
-                 "--KernelGatewayApp.port_retries=0",
-                 f"--KernelGatewayApp.auth_token={self.token}",
-                 "--KernelGatewayApp.default_kernel_name=python3",
-                 # jupyter_server drops stream output over 1 MB/s by default: off, so the
-                 # throughput figure counts every byte, as for the other systems
-                 "--ZMQChannelsWebsocketConnection.limit_rate=False"],
-                stdout=log, stderr=log, stdin=subprocess.DEVNULL, start_new_session=True,
-                env={**os.environ, "JUPYTER_PLATFORM_DIRS": "1"})
+                [
+                    sys.executable,
+                    "-m",
+                    "kernel_gateway",
+                    "--KernelGatewayApp.ip=127.0.0.1",
+                    f"--KernelGatewayApp.port={self.port}",
+                    "--KernelGatewayApp.port_retries=0",
+                    f"--KernelGatewayApp.auth_token={self.token}",
+                    "--KernelGatewayApp.default_kernel_name=python3",
+                    # jupyter_server drops stream output over 1 MB/s by default: off, so the
+                    # throughput figure counts every byte, as for the other systems
+                    "--ZMQChannelsWebsocketConnection.limit_rate=False",
+                ],
+                stdout=log,
+                stderr=log,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                env={**os.environ, "JUPYTER_PLATFORM_DIRS": "1"},
+            )
 
     async def start(self, timeout: float = 60.0) -> None:
         self.proc = await asyncio.to_thread(self._spawn)
@@ -78,8 +87,7 @@ class Gateway:
             kid = (await r.json())["id"]
         k = GatewayKernel(self, kid)
         try:
-            k.ws = await self.http.ws_connect(f"{self.url}/api/kernels/{kid}/channels",
-                                              max_msg_size=0)
+            k.ws = await self.http.ws_connect(f"{self.url}/api/kernels/{kid}/channels", max_msg_size=0)
         except BaseException:
             await k.close()
             raise
@@ -117,14 +125,32 @@ class GatewayKernel(Kernel):
     async def execute(self, code: str, timeout: float = 600) -> Answer:
         assert self.ws is not None
         msg_id = uuid.uuid4().hex
-        await self.ws.send_str(json.dumps({
-            "header": {"msg_id": msg_id, "msg_type": "execute_request", "session": self.session,
-                       "username": "bench", "version": "5.3",
-                       "date": datetime.now(timezone.utc).isoformat()},
-            "parent_header": {}, "metadata": {}, "channel": "shell", "buffers": [],
-            "content": {"code": code, "silent": False, "store_history": True,
-                        "user_expressions": {}, "allow_stdin": False, "stop_on_error": True},
-        }))
+        await self.ws.send_str(
+            json.dumps(
+                {
+                    "header": {
+                        "msg_id": msg_id,
+                        "msg_type": "execute_request",
+                        "session": self.session,
+                        "username": "bench",
+                        "version": "5.3",
+                        "date": datetime.now(UTC).isoformat(),
+                    },
+                    "parent_header": {},
+                    "metadata": {},
+                    "channel": "shell",
+                    "buffers": [],
+                    "content": {
+                        "code": code,
+                        "silent": False,
+                        "store_history": True,
+                        "user_expressions": {},
+                        "allow_stdin": False,
+                        "stop_on_error": True,
+                    },
+                }
+            )
+        )
         chars, text, status = 0, None, None
         idle = False
         deadline = time.monotonic() + timeout

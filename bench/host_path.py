@@ -70,11 +70,16 @@ async def main() -> None:
             peers.add(tuple(request.transport.get_extra_info("peername")))
         return await handler(request)  # type: ignore[no-any-return]
 
-    with tempfile.TemporaryDirectory(prefix="kh-hostpath-") as tmpdir, \
-            short_socket_dir() as sockdir:
+    with tempfile.TemporaryDirectory(prefix="kh-hostpath-") as tmpdir, short_socket_dir() as sockdir:
         tmp = Path(tmpdir)
-        settings = offline_settings(tmp, image_dir=fake_image_dir(tmp), snapshots="off",
-                                    pool_size=0, api_keys=(KEY,), log_level="warning")
+        settings = offline_settings(
+            tmp,
+            image_dir=fake_image_dir(tmp),
+            snapshots="off",
+            pool_size=0,
+            api_keys=(KEY,),
+            log_level="warning",
+        )
         app = init_app(settings)
         app.middlewares.insert(0, count_peers)
         runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
@@ -86,8 +91,20 @@ async def main() -> None:
         try:
             manager = app[RUNTIME].manager
             now = time.time()
-            rec = SandboxRecord("sbx_hostpath", key_id(KEY), "python", "khunit-hostpath",
-                                SandboxState.RUNNING, now, now, 600, 512, 1, "tcg", "k1")
+            rec = SandboxRecord(
+                "sbx_hostpath",
+                key_id(KEY),
+                "python",
+                "khunit-hostpath",
+                SandboxState.RUNNING,
+                now,
+                now,
+                600,
+                512,
+                1,
+                "tcg",
+                "k1",
+            )
             sbx = Sandbox(rec)
             agent = AgentClient(f"{sockdir}/agent.sock")
             await agent.connect(5)
@@ -113,26 +130,34 @@ async def main() -> None:
             out["sdk"] = summary(walls)
             out["sdk_cpu_s"] = cpu
             out["sdk_connections"] = len(peers)
-            print(f"1+1 via the SDK, fake agent: median {summary(walls)['median'] * 1e3:.3f} ms, "
-                  f"p95 {summary(walls)['p95'] * 1e3:.3f} ms, CPU {cpu * 1e3:.3f} ms/call, "
-                  f"{len(peers)} TCP connections for {n} calls", flush=True)
+            print(
+                f"1+1 via the SDK, fake agent: median {summary(walls)['median'] * 1e3:.3f} ms, "
+                f"p95 {summary(walls)['p95'] * 1e3:.3f} ms, CPU {cpu * 1e3:.3f} ms/call, "
+                f"{len(peers)} TCP connections for {n} calls",
+                flush=True,
+            )
             async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {KEY}"}) as http:
                 walls, cpu = await raw_calls(http, f"{url}/v1/sandboxes/{rec.id}/execute", n)
             out["raw"] = summary(walls)
             out["raw_cpu_s"] = cpu
-            print(f"1+1 via bare aiohttp, fake agent: median {summary(walls)['median'] * 1e3:.3f} "
-                  f"ms, p95 {summary(walls)['p95'] * 1e3:.3f} ms, CPU {cpu * 1e3:.3f} ms/call",
-                  flush=True)
+            print(
+                f"1+1 via bare aiohttp, fake agent: median {summary(walls)['median'] * 1e3:.3f} "
+                f"ms, p95 {summary(walls)['p95'] * 1e3:.3f} ms, CPU {cpu * 1e3:.3f} ms/call",
+                flush=True,
+            )
             # what a client pays when its connection is not reused: a new one for every call
             async with aiohttp.ClientSession(
-                    headers={"Authorization": f"Bearer {KEY}"},
-                    connector=aiohttp.TCPConnector(force_close=True)) as http:
+                headers={"Authorization": f"Bearer {KEY}"}, connector=aiohttp.TCPConnector(force_close=True)
+            ) as http:
                 walls, cpu = await raw_calls(http, f"{url}/v1/sandboxes/{rec.id}/execute", n)
             out["raw_new_connection"] = summary(walls)
             out["raw_new_connection_cpu_s"] = cpu
-            print(f"same, a new TCP connection per call: median "
-                  f"{summary(walls)['median'] * 1e3:.3f} ms, p95 {summary(walls)['p95'] * 1e3:.3f} "
-                  f"ms, CPU {cpu * 1e3:.3f} ms/call", flush=True)
+            print(
+                f"same, a new TCP connection per call: median "
+                f"{summary(walls)['median'] * 1e3:.3f} ms, p95 {summary(walls)['p95'] * 1e3:.3f} "
+                f"ms, CPU {cpu * 1e3:.3f} ms/call",
+                flush=True,
+            )
             await client._http.aclose()
             await agent.close()
         finally:

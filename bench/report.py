@@ -17,8 +17,11 @@ REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
 START, END = "<!-- bench:start -->", "<!-- bench:end -->"
 SYSTEMS = ("kernelhost", "local", "gateway")
-HEADERS = {"kernelhost": "kernelhost", "local": "local ipykernel (jupyter_client)",
-           "gateway": "jupyter-kernel-gateway"}
+HEADERS = {
+    "kernelhost": "kernelhost",
+    "local": "local ipykernel (jupyter_client)",
+    "gateway": "jupyter-kernel-gateway",
+}
 
 
 def _dur(s: float) -> str:
@@ -85,15 +88,29 @@ def render(res: dict[str, Any]) -> str:
         extra = f", request answered in {_dur(req['median'])}" if isinstance(req, dict) else ""
         return f"{cell}: {what}{extra}"
 
-    row("usable kernel, cold boot (to `1+1` answered)",
-        {"kernelhost": start(kh, "start_boot_s", "VM boot, snapshots off")})
-    row("usable kernel, cold (to `1+1` answered)",
-        {c: start(s[c], "start_cold_s", {"kernelhost": "snapshot restore (pool miss)",
-                                          "local": "new kernel process",
-                                          "gateway": "POST /api/kernels"}[c]) for c in cols})
-    row("usable kernel, warm (to `1+1` answered)",
-        {"kernelhost": start(kh, "start_warm_s", "pool hit"), "local": "no pool",
-         "gateway": "no pool"})
+    row(
+        "usable kernel, cold boot (to `1+1` answered)",
+        {"kernelhost": start(kh, "start_boot_s", "VM boot, snapshots off")},
+    )
+    row(
+        "usable kernel, cold (to `1+1` answered)",
+        {
+            c: start(
+                s[c],
+                "start_cold_s",
+                {
+                    "kernelhost": "snapshot restore (pool miss)",
+                    "local": "new kernel process",
+                    "gateway": "POST /api/kernels",
+                }[c],
+            )
+            for c in cols
+        },
+    )
+    row(
+        "usable kernel, warm (to `1+1` answered)",
+        {"kernelhost": start(kh, "start_warm_s", "pool hit"), "local": "no pool", "gateway": "no pool"},
+    )
     row("`1+1` round trip", {c: _time_cell(s[c], "roundtrip_s", local) for c in cols})
 
     def mbs(c: str) -> str:
@@ -116,11 +133,18 @@ def render(res: dict[str, Any]) -> str:
 
     row(f"pandas: read a {mb:.0f} MB CSV + group-by", {c: pandas(c) for c in cols})
     if "csv_upload_s" in kh:
-        row(f"upload the {mb:.0f} MB CSV (files API)",
-            {"kernelhost": f"{kh['csv_upload_s']:.1f} s", "local": "— (local file)",
-             "gateway": "— (local file)"})
-    row("fork(1), to `1+1` in the child", {"kernelhost": _time_cell(kh, "fork1_s", None),
-                                           "local": "not supported", "gateway": "not supported"})
+        row(
+            f"upload the {mb:.0f} MB CSV (files API)",
+            {
+                "kernelhost": f"{kh['csv_upload_s']:.1f} s",
+                "local": "— (local file)",
+                "gateway": "— (local file)",
+            },
+        )
+    row(
+        "fork(1), to `1+1` in the child",
+        {"kernelhost": _time_cell(kh, "fork1_s", None), "local": "not supported", "gateway": "not supported"},
+    )
 
     def mem(c: str) -> str:
         m_ = s[c].get("idle_memory")
@@ -140,22 +164,26 @@ def render(res: dict[str, Any]) -> str:
         cell = f"~{m_['fit_estimate']} (estimate: {m_['mem_available_mib'] / 1024:.1f} GiB available / PSS)"
         d = s[c].get("density_measured")
         if d:
-            cell += (f"; measured earlier: {d['answered']} answering in "
-                     f"{d['host_mem_used_mib'] / 1024:.1f} GiB")
+            cell += (
+                f"; measured earlier: {d['answered']} answering in {d['host_mem_used_mib'] / 1024:.1f} GiB"
+            )
         return cell
 
     row("idle kernels that fit in this machine", {c: fit(c) for c in cols})
     if "gateway" in s and "version" in s["gateway"]:
-        lines += ["", f"jupyter-kernel-gateway {s['gateway']['version']}: local kernels, driven over "
-                  "REST and the kernel WebSocket with aiohttp, its IOPub rate limit off (by "
-                  "default it drops stream output over 1 MB/s). About 40 ms of its `1+1` is a "
-                  "stall on that WebSocket: status busy arrives after ~6 ms, everything else "
-                  "~40 ms later, the mark of Nagle's algorithm meeting delayed ACKs (jupyter_server "
-                  "never sets TCP_NODELAY on it). The pandas CSV is written on the host "
-                  "once and read by every system (kernelhost: uploaded into a `python-datasci` "
-                  "sandbox through the files API). Memory: PSS of each idle kernel's process "
-                  "(kernelhost: its QEMU), with several idle side by side; \"fit\" divides "
-                  "MemAvailable by it."]
+        lines += [
+            "",
+            f"jupyter-kernel-gateway {s['gateway']['version']}: local kernels, driven over "
+            "REST and the kernel WebSocket with aiohttp, its IOPub rate limit off (by "
+            "default it drops stream output over 1 MB/s). About 40 ms of its `1+1` is a "
+            "stall on that WebSocket: status busy arrives after ~6 ms, everything else "
+            "~40 ms later, the mark of Nagle's algorithm meeting delayed ACKs (jupyter_server "
+            "never sets TCP_NODELAY on it). The pandas CSV is written on the host "
+            "once and read by every system (kernelhost: uploaded into a `python-datasci` "
+            "sandbox through the files API). Memory: PSS of each idle kernel's process "
+            '(kernelhost: its QEMU), with several idle side by side; "fit" divides '
+            "MemAvailable by it.",
+        ]
     return "\n".join(lines) + "\n"
 
 
@@ -163,8 +191,7 @@ def update_readme(md: str, readme: Path = README) -> None:
     text = readme.read_text()
     block = f"{START}\n{md}{END}"
     if START in text and END in text:
-        text = re.sub(re.escape(START) + r".*?" + re.escape(END), lambda _: block, text,
-                      flags=re.S)
+        text = re.sub(re.escape(START) + r".*?" + re.escape(END), lambda _: block, text, flags=re.S)
     else:
         raise SystemExit(f"{readme} has no {START} ... {END} block in its Performance section")
     readme.write_text(text)

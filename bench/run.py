@@ -83,8 +83,7 @@ class Rounds:
     csv_mb: float = 50.0
 
 
-QUICK = Rounds(start=3, cold_boot=1, roundtrip=10, stream_mib=8, stream=1, pandas=1, fork=2,
-               idle=3)
+QUICK = Rounds(start=3, cold_boot=1, roundtrip=10, stream_mib=8, stream=1, pandas=1, fork=2, idle=3)
 
 
 class Sbx(Kernel):
@@ -97,8 +96,9 @@ class Sbx(Kernel):
 
     @classmethod
     async def create(cls, svc: Any, template: str = "python") -> Sbx:
-        return cls(await AsyncSandbox.create(template=template, url=svc.url,
-                                             api_key=svc.api_key, timeout=600))
+        return cls(
+            await AsyncSandbox.create(template=template, url=svc.url, api_key=svc.api_key, timeout=600)
+        )
 
     async def execute(self, code: str, timeout: float = 600) -> Answer:
         e = await self.sbx.run_code(code, timeout=timeout)
@@ -129,9 +129,14 @@ async def to_usable(start: Callable[[], Awaitable[Kernel]]) -> tuple[float, floa
     return started, took, k
 
 
-async def start_figure(out: dict[str, Any], key: str, label: str, n: int,
-                       start: Callable[[], Awaitable[Kernel]],
-                       before_each: Callable[[], Awaitable[None]] | None = None) -> None:
+async def start_figure(
+    out: dict[str, Any],
+    key: str,
+    label: str,
+    n: int,
+    start: Callable[[], Awaitable[Kernel]],
+    before_each: Callable[[], Awaitable[None]] | None = None,
+) -> None:
     samples, requests = [], []
     for _ in range(n):
         if before_each is not None:
@@ -165,12 +170,15 @@ async def roundtrip_and_stream(out: dict[str, Any], k: Kernel, r: Rounds) -> Non
             rates.append(a.stdout_chars / took / 1e6)
     fig = summary(rates)
     out["stdout_mb_s"] = fig
-    print(f"  {'stdout throughput':44} {fig['median']:9.1f} MB/s (worst {fig['min']:.1f}) "
-          f"n={fig['n']}", flush=True)
+    print(
+        f"  {'stdout throughput':44} {fig['median']:9.1f} MB/s (worst {fig['min']:.1f}) n={fig['n']}",
+        flush=True,
+    )
 
 
-async def pandas_figure(out: dict[str, Any], k: Kernel, path: str, r: Rounds,
-                        expect: str | None) -> str | None:
+async def pandas_figure(
+    out: dict[str, Any], k: Kernel, path: str, r: Rounds, expect: str | None
+) -> str | None:
     a = await k.execute("import pandas as pd\npd.__version__")
     out["pandas_version"] = (a.text or "").strip("'")
     samples, text = [], None
@@ -189,13 +197,24 @@ def memory_figure(out: dict[str, Any], pids: list[int], what: str) -> None:
     uss = [smaps_mib(p, "Private_Clean") + smaps_mib(p, "Private_Dirty") for p in pids]
     avail = mem_available_mib()
     m = summary(pss)
-    out["idle_memory"] = {"what": what, "kernels": len(pids), "pss_mib": m,
-                          "private_mib": summary(uss), "mem_available_mib": round(avail),
-                          "fit_estimate": int(avail // m["median"])}
-    print(f"  {'memory per idle kernel (PSS)':44} {m['median']:9.1f} MiB (private "
-          f"{summary(uss)['median']:.1f} MiB), {len(pids)} idle side by side; {what}", flush=True)
-    print(f"  {'idle kernels that fit (estimate)':44} {int(avail // m['median']):9d}  "
-          f"(MemAvailable {avail:.0f} MiB / PSS)", flush=True)
+    out["idle_memory"] = {
+        "what": what,
+        "kernels": len(pids),
+        "pss_mib": m,
+        "private_mib": summary(uss),
+        "mem_available_mib": round(avail),
+        "fit_estimate": int(avail // m["median"]),
+    }
+    print(
+        f"  {'memory per idle kernel (PSS)':44} {m['median']:9.1f} MiB (private "
+        f"{summary(uss)['median']:.1f} MiB), {len(pids)} idle side by side; {what}",
+        flush=True,
+    )
+    print(
+        f"  {'idle kernels that fit (estimate)':44} {int(avail // m['median']):9d}  "
+        f"(MemAvailable {avail:.0f} MiB / PSS)",
+        flush=True,
+    )
 
 
 # -- the three systems ---------------------------------------------------------------------------
@@ -204,8 +223,7 @@ def memory_figure(out: dict[str, Any], pids: list[int], what: str) -> None:
 async def bench_local(r: Rounds, csv: Path) -> dict[str, Any]:
     out: dict[str, Any] = {}
     print("local ipykernel (jupyter_client)", flush=True)
-    await start_figure(out, "start_cold_s", "start a kernel, to 1+1 answered", r.start,
-                       LocalKernel.start)
+    await start_figure(out, "start_cold_s", "start a kernel, to 1+1 answered", r.start, LocalKernel.start)
     async with contextlib.AsyncExitStack() as stack:
         k = await LocalKernel.start()
         stack.push_async_callback(k.close)
@@ -232,8 +250,9 @@ async def bench_gateway(r: Rounds, csv: Path, tmp: Path, expect: str | None) -> 
         out["version"] = gw.version
         print(f"jupyter-kernel-gateway {gw.version} (local kernels, REST + WebSocket)", flush=True)
         report(out, "server_start_s", round(time.perf_counter() - t0, 2), "gateway server start")
-        await start_figure(out, "start_cold_s", "POST /api/kernels, to 1+1 answered", r.start,
-                           gw.start_kernel)
+        await start_figure(
+            out, "start_cold_s", "POST /api/kernels, to 1+1 answered", r.start, gw.start_kernel
+        )
         k = await gw.start_kernel()
         stack.push_async_callback(k.close)
         await roundtrip_and_stream(out, k, r)
@@ -247,16 +266,18 @@ async def bench_gateway(r: Rounds, csv: Path, tmp: Path, expect: str | None) -> 
         assert gw.proc is not None
         out["server_pss_mib"] = round(smaps_mib(gw.proc.pid), 1)
         # the kernel kept busy above is one of them; the idle ones are the r.idle newest
-        memory_figure(out, sorted(kernels)[-r.idle:], "each kernel process; the gateway "
-                      f"server itself adds {out['server_pss_mib']} MiB once")
+        memory_figure(
+            out,
+            sorted(kernels)[-r.idle :],
+            f"each kernel process; the gateway server itself adds {out['server_pss_mib']} MiB once",
+        )
     return out
 
 
 def sandbox_domains(svc: Any, ids: list[str]) -> list[str]:
     db = sqlite3.connect(f"file:{svc.state_dir / 'kernelhost.sqlite3'}?mode=ro", uri=True)
     try:
-        return [row[0] for i in ids
-                for row in db.execute("SELECT domain FROM sandboxes WHERE id = ?", (i,))]
+        return [row[0] for i in ids for row in db.execute("SELECT domain FROM sandboxes WHERE id = ?", (i,))]
     finally:
         db.close()
 
@@ -264,9 +285,12 @@ def sandbox_domains(svc: Any, ids: list[str]) -> list[str]:
 async def bench_kernelhost(r: Rounds, csv: Path, tmp: Path, expect: str | None) -> dict[str, Any]:
     out: dict[str, Any] = {}
     print("kernelhost (QEMU/libvirt sandboxes, through the SDK and HTTP)", flush=True)
-    env = {"KERNELHOST_POOL_SIZE": "0", "KERNELHOST_IDLE_ACTION": "delete",
-           "KERNELHOST_MAX_OUTPUT_BYTES": str((r.stream_mib + 8) << 20),
-           "KERNELHOST_MAX_CONCURRENT_BOOTS": "2"}
+    env = {
+        "KERNELHOST_POOL_SIZE": "0",
+        "KERNELHOST_IDLE_ACTION": "delete",
+        "KERNELHOST_MAX_OUTPUT_BYTES": str((r.stream_mib + 8) << 20),
+        "KERNELHOST_MAX_CONCURRENT_BOOTS": "2",
+    }
     async with service(tmp, "kh-main", **env) as svc:
         h = await healthz(svc)
         out["accel"], out["accel_reason"] = h["accel"], h.get("accel_reason")
@@ -277,10 +301,15 @@ async def bench_kernelhost(r: Rounds, csv: Path, tmp: Path, expect: str | None) 
             for template in ("python", "python-datasci"):
                 _, took, k = await to_usable(lambda t=template: Sbx.create(svc, t))  # type: ignore[misc]
                 await k.close()
-                report(out, f"first_create_{template}_s", round(took, 2),
-                       f"first create, {template} (snapshot build if needed)")
-            await start_figure(out, "start_cold_s", "snapshot restore (pool miss), to 1+1",
-                               r.start, lambda: Sbx.create(svc))
+                report(
+                    out,
+                    f"first_create_{template}_s",
+                    round(took, 2),
+                    f"first create, {template} (snapshot build if needed)",
+                )
+            await start_figure(
+                out, "start_cold_s", "snapshot restore (pool miss), to 1+1", r.start, lambda: Sbx.create(svc)
+            )
             k = await Sbx.create(svc)
             stack.push_async_callback(k.close)
             await roundtrip_and_stream(out, k, r)
@@ -304,8 +333,11 @@ async def bench_kernelhost(r: Rounds, csv: Path, tmp: Path, expect: str | None) 
             await asyncio.sleep(3)
             domains = sandbox_domains(svc, [ik.sbx.id for ik in idle])
             assert len(domains) == r.idle and set(domains) <= set(domains_of(svc)), domains
-            memory_figure(out, [qemu_pid(d) for d in domains],
-                          "each sandbox's QEMU process (guest RAM and device model)")
+            memory_figure(
+                out,
+                [qemu_pid(d) for d in domains],
+                "each sandbox's QEMU process (guest RAM and device model)",
+            )
             for ik in idle:
                 await ik.close()
             # pandas in the python-datasci template, the CSV uploaded through the files API
@@ -313,27 +345,42 @@ async def bench_kernelhost(r: Rounds, csv: Path, tmp: Path, expect: str | None) 
             stack.push_async_callback(ds.close)
             t0 = time.perf_counter()
             await ds.sbx.files.write("data.csv", csv.read_bytes(), timeout=600)
-            report(out, "csv_upload_s", round(time.perf_counter() - t0, 2),
-                   f"upload the {csv.stat().st_size / 1e6:.0f} MB CSV (files API)")
+            report(
+                out,
+                "csv_upload_s",
+                round(time.perf_counter() - t0, 2),
+                f"upload the {csv.stat().st_size / 1e6:.0f} MB CSV (files API)",
+            )
             out["pandas_result"] = await pandas_figure(out, ds, "data.csv", r, expect)
     env_pool = {**env, "KERNELHOST_POOL_SIZE": "2"}
     async with service(tmp, "kh-pool", **env_pool) as svc:
-        await start_figure(out, "start_warm_s", "pool hit, to 1+1 answered", r.start,
-                           lambda: Sbx.create(svc),
-                           before_each=lambda: wait_pool(svc, 2))
+        await start_figure(
+            out,
+            "start_warm_s",
+            "pool hit, to 1+1 answered",
+            r.start,
+            lambda: Sbx.create(svc),
+            before_each=lambda: wait_pool(svc, 2),
+        )
     env_cold = {**env, "KERNELHOST_SNAPSHOTS": "off"}
     async with service(tmp, "kh-cold", **env_cold) as svc:
-        await start_figure(out, "start_boot_s", "cold boot (snapshots off), to 1+1",
-                           r.cold_boot, lambda: Sbx.create(svc))
+        await start_figure(
+            out, "start_boot_s", "cold boot (snapshots off), to 1+1", r.cold_boot, lambda: Sbx.create(svc)
+        )
     prev = RESULTS / "fast_start.json"
     with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
         d = json.loads(prev.read_text())["density"]
-        out["density_measured"] = {"started": d["started"], "answered": d["answered"],
-                                   "host_mem_used_mib": d["host_mem_used_mib"],
-                                   "source": "bench/results/fast_start.json (previous "
-                                             "bench_fast_start.py run)"}
-        print(f"  {'density, measured earlier':44} {d['answered']} idle sandboxes answering "
-              f"in {d['host_mem_used_mib']} MiB (bench_fast_start.py)", flush=True)
+        out["density_measured"] = {
+            "started": d["started"],
+            "answered": d["answered"],
+            "host_mem_used_mib": d["host_mem_used_mib"],
+            "source": "bench/results/fast_start.json (previous bench_fast_start.py run)",
+        }
+        print(
+            f"  {'density, measured earlier':44} {d['answered']} idle sandboxes answering "
+            f"in {d['host_mem_used_mib']} MiB (bench_fast_start.py)",
+            flush=True,
+        )
     return out
 
 
@@ -348,19 +395,29 @@ def save(res: dict[str, Any], out_dir: Path) -> None:
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="few rounds: a smoke run")
-    parser.add_argument("--update-readme", action="store_true",
-                        help="rewrite the README's Performance block from this run")
-    parser.add_argument("--only", default="local,gateway,kernelhost",
-                        help="comma-separated subset of systems")
+    parser.add_argument(
+        "--update-readme", action="store_true", help="rewrite the README's Performance block from this run"
+    )
+    parser.add_argument(
+        "--only", default="local,gateway,kernelhost", help="comma-separated subset of systems"
+    )
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
     r = QUICK if args.quick else Rounds()
     systems = [s.strip() for s in args.only.split(",") if s.strip()]
-    res: dict[str, Any] = {"when": now_utc(), "mode": "quick" if args.quick else "full",
-                           "machine": machine_facts(), "rounds": asdict(r), "systems": {}}
+    res: dict[str, Any] = {
+        "when": now_utc(),
+        "mode": "quick" if args.quick else "full",
+        "machine": machine_facts(),
+        "rounds": asdict(r),
+        "systems": {},
+    }
     m = res["machine"]
-    print(f"machine: {m['cores']} cores, {m['mem_total_mib'] / 1024:.1f} GiB RAM, {m['cpu_model']}, "
-          f"load {m['load_avg_at_start']}; mode {res['mode']}", flush=True)
+    print(
+        f"machine: {m['cores']} cores, {m['mem_total_mib'] / 1024:.1f} GiB RAM, {m['cpu_model']}, "
+        f"load {m['load_avg_at_start']}; mode {res['mode']}",
+        flush=True,
+    )
     began = time.perf_counter()
     task = asyncio.current_task()
     assert task is not None
@@ -398,8 +455,7 @@ async def main() -> None:
     if args.update_readme:
         update_readme(md)
         print("README.md: Performance block rewritten", flush=True)
-    print(f"whole run: {res['took_s']:.0f} s; wrote {args.out / 'bench.json'} and bench.md",
-          flush=True)
+    print(f"whole run: {res['took_s']:.0f} s; wrote {args.out / 'bench.json'} and bench.md", flush=True)
 
 
 if __name__ == "__main__":

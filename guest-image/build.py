@@ -25,7 +25,6 @@ import argparse
 import hashlib
 import importlib.util
 import json
-import lzma
 import os
 import platform
 import shutil
@@ -36,23 +35,33 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+if str(HERE) not in sys.path:  # loaded by path (the tests do): its sibling modules still import
+    sys.path.insert(0, str(HERE))
+
+from initramfs import build_initramfs  # noqa: E402  (guest-image/initramfs.py)
+
 REPO = HERE.parent
 CODEC = REPO / "kernelhost" / "channel" / "codec.py"
 PROTOCOL = REPO / "kernelhost" / "channel" / "protocol.py"
 DEFAULT_IMAGE_DIR = "/var/cache/kernelhost/images"
 
 BASE_PACKAGES = [
-    "python3", "python3-ipykernel", "python3-jupyter-client", "python3-zmq", "python3-msgpack",
-    "busybox", "tini",
+    "python3",
+    "python3-ipykernel",
+    "python3-jupyter-client",
+    "python3-zmq",
+    "python3-msgpack",
+    "busybox",
+    "tini",
 ]
 KERNEL_PACKAGE = "linux-image-cloud-amd64"
-# Loaded by the initramfs; their dependencies are added and ordered from modules.dep.
-INITRAMFS_MODULES = [
-    "virtio_pci", "virtio_mmio", "virtio_blk", "virtio_console", "virtio_rng", "erofs", "overlay",
-]
 EXCLUDED_PATHS = [
-    "/usr/share/man/*", "/usr/share/doc/*", "/usr/share/info/*", "/usr/share/locale/*",
-    "/usr/share/lintian/*", "/usr/share/bug/*",
+    "/usr/share/man/*",
+    "/usr/share/doc/*",
+    "/usr/share/info/*",
+    "/usr/share/locale/*",
+    "/usr/share/lintian/*",
+    "/usr/share/bug/*",
 ]
 
 
@@ -119,8 +128,11 @@ def host_sources(suite: str) -> tuple[str, str]:
     for path in sorted(sources_d.glob("*.sources")) if sources_d.is_dir() else []:
         for stanza in path.read_text().split("\n\n"):
             body = [ln for ln in stanza.splitlines() if ln.strip() and not ln.startswith("#")]
-            fields = {ln.split(":", 1)[0].strip().lower(): ln.split(":", 1)[1].strip()
-                      for ln in body if ":" in ln and not ln.startswith((" ", "\t"))}
+            fields = {
+                ln.split(":", 1)[0].strip().lower(): ln.split(":", 1)[1].strip()
+                for ln in body
+                if ":" in ln and not ln.startswith((" ", "\t"))
+            }
             if "deb" not in fields.get("types", "").split():
                 continue
             if fields.get("enabled", "yes").lower() == "no":
@@ -163,24 +175,33 @@ def stub_repo(stubs: dict[str, str], work: Path) -> str | None:
     for name, reason in sorted(stubs.items()):
         tree = work / "stub-trees" / name
         (tree / "DEBIAN").mkdir(parents=True)
-        control = (f"Package: {name}\nVersion: 99:0-kernelhost.stub\nArchitecture: all\n"
-                   f"Maintainer: kernelhost <kernelhost@localhost>\nPriority: optional\n"
-                   f"Description: empty stand-in for {name} (kernelhost guest image)\n"
-                   f" {reason}\n")
+        control = (
+            f"Package: {name}\nVersion: 99:0-kernelhost.stub\nArchitecture: all\n"
+            f"Maintainer: kernelhost <kernelhost@localhost>\nPriority: optional\n"
+            f"Description: empty stand-in for {name} (kernelhost guest image)\n"
+            f" {reason}\n"
+        )
         (tree / "DEBIAN" / "control").write_text(control)
         repo.mkdir(exist_ok=True)
         deb = repo / f"{name}.deb"
-        run(["dpkg-deb", "--root-owner-group", "--build", str(tree), str(deb)],
-            stdout=subprocess.DEVNULL)
+        run(["dpkg-deb", "--root-owner-group", "--build", str(tree), str(deb)], stdout=subprocess.DEVNULL)
         data = deb.read_bytes()
-        stanzas.append(control.rstrip("\n") + f"\nFilename: ./{deb.name}\nSize: {len(data)}\n"
-                       f"SHA256: {hashlib.sha256(data).hexdigest()}\n")
+        stanzas.append(
+            control.rstrip("\n") + f"\nFilename: ./{deb.name}\nSize: {len(data)}\n"
+            f"SHA256: {hashlib.sha256(data).hexdigest()}\n"
+        )
     (repo / "Packages").write_text("\n".join(stanzas))
     return f"deb [trusted=yes] copy://{repo} ./"
 
 
-def build_rootfs(root: Path, packages: list[str], suite: str, sources: tuple[str, str],
-                 work: Path, stubs: str | None = None) -> None:
+def build_rootfs(
+    root: Path,
+    packages: list[str],
+    suite: str,
+    sources: tuple[str, str],
+    work: Path,
+    stubs: str | None = None,
+) -> None:
     mirrors = []
     if sources[0]:
         (work / "host.sources").write_text(sources[0])
@@ -189,12 +210,18 @@ def build_rootfs(root: Path, packages: list[str], suite: str, sources: tuple[str
         (work / "host.list").write_text(sources[1])
         mirrors.append(str(work / "host.list"))
     cmd = [
-        "mmdebstrap", "--variant=essential", "--mode=root", "--format=directory",
-        "--aptopt=APT::Install-Recommends \"false\"",
+        "mmdebstrap",
+        "--variant=essential",
+        "--mode=root",
+        "--format=directory",
+        '--aptopt=APT::Install-Recommends "false"',
         "--include=" + ",".join([*BASE_PACKAGES, KERNEL_PACKAGE, *packages]),
         *[f"--dpkgopt=path-exclude={p}" for p in EXCLUDED_PATHS],
         "--dpkgopt=path-include=/usr/share/doc/*/copyright",
-        suite, str(root), *mirrors, *([stubs] if stubs else []),
+        suite,
+        str(root),
+        *mirrors,
+        *([stubs] if stubs else []),
     ]
     stage("rootfs", "mmdebstrap " + ", ".join([*BASE_PACKAGES, KERNEL_PACKAGE, *packages]))
     run(cmd, stdout=subprocess.DEVNULL)
@@ -224,22 +251,35 @@ def install_overlay(root: Path) -> None:
     package = opt / "kernelhost_agent"
     if package.exists():
         shutil.rmtree(package)
-    shutil.copytree(HERE / "agent" / "kernelhost_agent", package,
-                    ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    shutil.copytree(
+        HERE / "agent" / "kernelhost_agent", package, ignore=shutil.ignore_patterns("__pycache__", "*.pyc")
+    )
     shutil.copy2(HERE / "agent" / "launch_kernel.py", opt / "launch_kernel.py")
     shutil.copy2(HERE / "agent" / "kernel_limits.py", opt / "kernel_limits.py")
     shutil.copy2(CODEC, opt / "codec.py")
     shutil.copy2(PROTOCOL, opt / "protocol.py")
     spec_dir = root / "usr" / "local" / "share" / "jupyter" / "kernels" / "kernelhost"
     spec_dir.mkdir(parents=True, exist_ok=True)
-    (spec_dir / "kernel.json").write_text(json.dumps({
-        # No IPython history database: clones of one snapshot would share its session number
-        # ("Session/line number was not unique in database"), and nothing reads it back.
-        "argv": ["/usr/bin/python3", "/opt/kernelhost/launch_kernel.py", "-f", "{connection_file}",
-                 "--HistoryManager.enabled=False"],
-        "display_name": "Python 3 (kernelhost)", "language": "python",
-        "interrupt_mode": "signal", "metadata": {"debugger": False},
-    }, indent=1))
+    (spec_dir / "kernel.json").write_text(
+        json.dumps(
+            {
+                # No IPython history database: clones of one snapshot would share its session number
+                # ("Session/line number was not unique in database"), and nothing reads it back.
+                "argv": [
+                    "/usr/bin/python3",
+                    "/opt/kernelhost/launch_kernel.py",
+                    "-f",
+                    "{connection_file}",
+                    "--HistoryManager.enabled=False",
+                ],
+                "display_name": "Python 3 (kernelhost)",
+                "language": "python",
+                "interrupt_mode": "signal",
+                "metadata": {"debugger": False},
+            },
+            indent=1,
+        )
+    )
     init = root / "sbin" / "kernelhost-init"
     shutil.copy2(HERE / "rootfs-init", init)
     init.chmod(0o755)
@@ -259,65 +299,19 @@ def warm_up(root: Path, preload: list[str]) -> None:
             raise SystemExit(f"templates.json: preload entry {module!r} is not a module name")
     stage("warm-up", "import " + ", ".join(preload))
     env = ["HOME=/root", "PATH=/usr/bin:/bin", "LANG=C.UTF-8", "MPLBACKEND=Agg"]
-    run(["chroot", str(root), "/usr/bin/env", "-i", *env, "python3", "-c",
-         "; ".join(f"import {m}" for m in preload)], stdout=subprocess.DEVNULL)
-
-
-def module_order(modules: Path, wanted: list[str]) -> list[str]:
-    """Module files (relative to ``modules``) for ``wanted`` and their deps, deps first."""
-    deps: dict[str, list[str]] = {}
-    by_name: dict[str, str] = {}
-    for line in (modules / "modules.dep").read_text().splitlines():
-        mod, _, rest = line.partition(":")
-        deps[mod] = rest.split()
-        name = Path(mod).name.split(".ko")[0].replace("-", "_")
-        by_name[name] = mod
-    builtin = (modules / "modules.builtin").read_text() if (modules / "modules.builtin").exists() else ""
-    builtin_names = {Path(ln).name.split(".ko")[0].replace("-", "_") for ln in builtin.split()}
-    order: list[str] = []
-
-    def visit(mod: str) -> None:
-        if mod in order:
-            return
-        for dep in deps.get(mod, []):
-            visit(dep)
-        order.append(mod)
-
-    for name in wanted:
-        if name in by_name:
-            visit(by_name[name])
-        elif name not in builtin_names:
-            raise SystemExit(f"kernel module {name!r} is neither a module nor built in")
-    return order
-
-
-def build_initramfs(modules: Path, out: Path, work: Path) -> list[str]:
-    tree = work / "initramfs"
-    (tree / "bin").mkdir(parents=True)
-    (tree / "modules").mkdir()
-    busybox = shutil.which("busybox") or "/bin/busybox"
-    shutil.copy2(busybox, tree / "bin" / "busybox")
-    shutil.copy2(HERE / "init", tree / "init")
-    (tree / "init").chmod(0o755)
-    names = []
-    for mod in module_order(modules, INITRAMFS_MODULES):
-        src = modules / mod
-        name = Path(mod).name
-        data = src.read_bytes()
-        if name.endswith(".xz"):
-            data, name = lzma.decompress(data), name[:-3]
-        elif name.endswith(".zst"):
-            data = run(["zstd", "-dc", str(src)], capture_output=True).stdout
-            name = name[:-4]
-        (tree / "modules" / name).write_bytes(data)
-        names.append(name)
-    (tree / "modules.order").write_text("\n".join(names) + "\n")
-    files = run(["find", ".", "-mindepth", "1"], cwd=tree, capture_output=True, text=True).stdout
-    cpio = run(["cpio", "-o", "-H", "newc", "--quiet"], cwd=tree, input=files.encode(),
-               capture_output=True).stdout
-    run(["gzip", "-9"], input=cpio, stdout=open(out / "initrd.img", "wb"))
-    log(f"initramfs: busybox + {len(names)} modules")
-    return names
+    run(
+        [
+            "chroot",
+            str(root),
+            "/usr/bin/env",
+            "-i",
+            *env,
+            "python3",
+            "-c",
+            "; ".join(f"import {m}" for m in preload),
+        ],
+        stdout=subprocess.DEVNULL,
+    )
 
 
 def build(template: str, spec: dict, image_dir: Path, force: bool) -> Path:
@@ -335,9 +329,12 @@ def build(template: str, spec: dict, image_dir: Path, force: bool) -> Path:
     if progress is None:
         return _build(template, spec, image_dir, suite, sources, key, final, link)
     # plain lines keep the "[image HH:MM:SS]" prefix of the rest of the log
-    _BAR = progress.Stages(f"image {template}", STAGES, stream=sys.stdout,
-                           on_line=lambda line: print(
-                               f"[image {time.strftime('%H:%M:%S')}] {line}", flush=True))
+    _BAR = progress.Stages(
+        f"image {template}",
+        STAGES,
+        stream=sys.stdout,
+        on_line=lambda line: print(f"[image {time.strftime('%H:%M:%S')}] {line}", flush=True),
+    )
     try:
         with _BAR:
             return _build(template, spec, image_dir, suite, sources, key, final, link)
@@ -345,8 +342,16 @@ def build(template: str, spec: dict, image_dir: Path, force: bool) -> Path:
         _BAR = None
 
 
-def _build(template: str, spec: dict, image_dir: Path, suite: str, sources: tuple[str, str],
-           key: str, final: Path, link: Path) -> Path:
+def _build(
+    template: str,
+    spec: dict,
+    image_dir: Path,
+    suite: str,
+    sources: tuple[str, str],
+    key: str,
+    final: Path,
+    link: Path,
+) -> Path:
     image_dir.mkdir(parents=True, exist_ok=True)
     os.chmod(image_dir, 0o755)
     t0 = time.monotonic()
@@ -363,16 +368,26 @@ def _build(template: str, spec: dict, image_dir: Path, suite: str, sources: tupl
         install_overlay(root)
         warm_up(root, list(spec.get("preload", [])))
         stage("erofs", "packing the root (lz4hc)")
-        run(["mkfs.erofs", "-zlz4hc", "--quiet", str(out / "rootfs.erofs"), str(root)],
-            stdout=subprocess.DEVNULL)
+        run(
+            ["mkfs.erofs", "-zlz4hc", "--quiet", str(out / "rootfs.erofs"), str(root)],
+            stdout=subprocess.DEVNULL,
+        )
         stage("initramfs")
-        build_initramfs(modules, out, work)
-        packages = run(["chroot", str(root), "dpkg-query", "-W", "-f=${Package} ${Version}\\n"],
-                       capture_output=True, text=True).stdout.split("\n")
+        names = build_initramfs(modules, out, work)
+        log(f"initramfs: busybox + {len(names)} modules")
+        packages = run(
+            ["chroot", str(root), "dpkg-query", "-W", "-f=${Package} ${Version}\\n"],
+            capture_output=True,
+            text=True,
+        ).stdout.split("\n")
         manifest = {
-            "template": template, "key": key, "description": spec.get("description", ""),
+            "template": template,
+            "key": key,
+            "description": spec.get("description", ""),
             "preload": list(spec.get("preload", [])),
-            "kernel_version": kernel_version, "suite": suite, "arch": platform.machine(),
+            "kernel_version": kernel_version,
+            "suite": suite,
+            "arch": platform.machine(),
             "built_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "build_seconds": round(time.monotonic() - t0, 1),
             "sizes": {p.name: p.stat().st_size for p in out.iterdir()},

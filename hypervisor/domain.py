@@ -47,8 +47,9 @@ class DomainSpec:
         if not 1 <= self.vcpus <= 64:
             raise ValueError(f"vcpus must be between 1 and 64, got {self.vcpus}")
         if not 0 <= self.cpu_quota_percent <= 100:
-            raise ValueError("cpu_quota_percent must be between 0 (no cap) and 100, "
-                             f"got {self.cpu_quota_percent}")
+            raise ValueError(
+                f"cpu_quota_percent must be between 0 (no cap) and 100, got {self.cpu_quota_percent}"
+            )
         if len(str(self.channel_socket)) > 100:
             raise ValueError(
                 f"channel socket path {self.channel_socket} is longer than a UNIX socket allows; "
@@ -58,7 +59,11 @@ class DomainSpec:
     @property
     def cmdline(self) -> str:
         parts = [
-            "console=ttyS0", "quiet", "loglevel=3", "panic=-1", "mitigations=off",
+            "console=ttyS0",
+            "quiet",
+            "loglevel=3",
+            "panic=-1",
+            "mitigations=off",
             f"kh.upper_size={self.writable_size}",
         ]
         if self.cmdline_extra:
@@ -120,7 +125,7 @@ class DomainSpec:
             return ""
         period = 100_000  # microseconds; the quota is per vCPU thread
         quota = period * self.cpu_quota_percent // 100
-        return (f"\n  <cputune><period>{period}</period><quota>{quota}</quota></cputune>")
+        return f"\n  <cputune><period>{period}</period><quota>{quota}</quota></cputune>"
 
     def _qemu_args(self) -> str:
         args: list[str] = []
@@ -130,7 +135,8 @@ class DomainSpec:
                 "-object",
                 f"memory-backend-file,id={MEM_ID},size={self.memory_mib}M,"
                 f"mem-path={self.mem_path},share={share}",
-                "-machine", f"memory-backend={MEM_ID}",
+                "-machine",
+                f"memory-backend={MEM_ID}",
             ]
         if self.incoming:
             args += ["-incoming", "defer"]
@@ -140,7 +146,13 @@ class DomainSpec:
 def device_model() -> str:
     """A digest of the guest-visible machine every DomainSpec renders (devices, their order and
     options) for snapshot keys: a saved device state only loads into the same machine."""
-    probe = DomainSpec(name="x", uuid="00000000-0000-0000-0000-000000000000",
-                       kernel=Path("k"), initrd=Path("i"), rootfs=Path("r"),
-                       channel_socket=Path("s"), console_log=Path("c"))
+    probe = DomainSpec(
+        name="x",
+        uuid="00000000-0000-0000-0000-000000000000",
+        kernel=Path("k"),
+        initrd=Path("i"),
+        rootfs=Path("r"),
+        channel_socket=Path("s"),
+        console_log=Path("c"),
+    )
     return hashlib.sha256(probe.to_xml().encode()).hexdigest()[:16]

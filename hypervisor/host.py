@@ -162,8 +162,9 @@ class Hypervisor:
             self.cleanup_files(spec.name)
             raise DomainStartFailed(spec.name, str(exc)) from exc
 
-    def start_from_state(self, spec: DomainSpec, state: Path, *, ignore_shared: bool,
-                         timeout: float = 120.0) -> None:
+    def start_from_state(
+        self, spec: DomainSpec, state: Path, *, ignore_shared: bool, timeout: float = 120.0
+    ) -> None:
         """Start a domain paused, load a saved state into it, and resume it.
 
         With ``ignore_shared`` the state holds no RAM: ``spec.mem_path`` must be the RAM file of
@@ -185,8 +186,7 @@ class Hypervisor:
             self.destroy(spec.name)
             raise DomainStartFailed(spec.name, f"loading {state}: {exc}") from exc
 
-    def fork_into(self, parent: str, spec: DomainSpec, state: Path,
-                  timeout: float = 120.0) -> int:
+    def fork_into(self, parent: str, spec: DomainSpec, state: Path, timeout: float = 120.0) -> int:
         """Copy the running ``parent`` into a new paused domain whose RAM is a shared file
         (``spec.mem_path``, ``spec.mem_share``), then save that domain's device state without
         RAM to ``state``, as for a template: clones of (RAM file, state) are copies of the
@@ -213,8 +213,9 @@ class Hypervisor:
         except libvirt.libvirtError as exc:
             raise HypervisorError(f"cannot copy domain {parent!r}: {exc}") from exc
 
-    def freeze(self, name: str, state: Path, *, ignore_shared: bool, resume: bool = False,
-               timeout: float = 120.0) -> int:
+    def freeze(
+        self, name: str, state: Path, *, ignore_shared: bool, resume: bool = False, timeout: float = 120.0
+    ) -> int:
         """Pause the domain and save its state to ``state``; resume it afterwards if asked.
 
         Returns the size of the state file.
@@ -234,8 +235,12 @@ class Hypervisor:
         attrs = "".join(f" {k}={quoteattr(str(v))}" for k, v in sorted(metadata.items()))
         try:
             self._lookup(name).setMetadata(
-                libvirt.VIR_DOMAIN_METADATA_ELEMENT, f"<vm{attrs}/>", "kh", METADATA_NS,
-                libvirt.VIR_DOMAIN_AFFECT_LIVE)
+                libvirt.VIR_DOMAIN_METADATA_ELEMENT,
+                f"<vm{attrs}/>",
+                "kh",
+                METADATA_NS,
+                libvirt.VIR_DOMAIN_AFFECT_LIVE,
+            )
         except libvirt.libvirtError as exc:
             raise HypervisorError(f"cannot set metadata of domain {name!r}: {exc}") from exc
 

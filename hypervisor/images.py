@@ -43,8 +43,7 @@ class ImageStore:
         if not self.image_dir.is_dir():
             return []
         return sorted(
-            p.name for p in self.image_dir.iterdir()
-            if p.is_symlink() and (p / "manifest.json").is_file()
+            p.name for p in self.image_dir.iterdir() if p.is_symlink() and (p / "manifest.json").is_file()
         )
 
     def get_by_key(self, template: str, key: str) -> GuestImage:

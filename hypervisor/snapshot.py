@@ -29,8 +29,13 @@ class MigrationFailed(HypervisorError):
         self.name = name
 
 
-def qmp(dom: libvirt.virDomain, command: str, files: list[int] | None = None,
-        args: dict[str, Any] | None = None, **arguments: Any) -> Any:
+def qmp(
+    dom: libvirt.virDomain,
+    command: str,
+    files: list[int] | None = None,
+    args: dict[str, Any] | None = None,
+    **arguments: Any,
+) -> Any:
     """Run one QMP command on the domain's monitor; returns its ``return`` value.
 
     Arguments come as keywords, or in ``args`` for names that are not identifiers."""
@@ -50,8 +55,7 @@ def qmp(dom: libvirt.virDomain, command: str, files: list[int] | None = None,
 
 
 def _set_ignore_shared(dom: libvirt.virDomain, on: bool) -> None:
-    qmp(dom, "migrate-set-capabilities",
-        capabilities=[{"capability": "x-ignore-shared", "state": on}])
+    qmp(dom, "migrate-set-capabilities", capabilities=[{"capability": "x-ignore-shared", "state": on}])
 
 
 def _hand_fd(dom: libvirt.virDomain, fd: int, fdname: str) -> None:
@@ -74,8 +78,7 @@ def _wait_migration(dom: libvirt.virDomain, timeout: float) -> dict[str, Any]:
         delay = min(delay * 2, 0.05)
 
 
-def save_state(dom: libvirt.virDomain, path: Path, *, ignore_shared: bool,
-               timeout: float = 120.0) -> int:
+def save_state(dom: libvirt.virDomain, path: Path, *, ignore_shared: bool, timeout: float = 120.0) -> int:
     """Write the paused domain's state to ``path``; returns its size in bytes."""
     if dom.info()[0] != libvirt.VIR_DOMAIN_PAUSED:
         raise MigrationFailed(dom.name(), "the domain must be paused before its state is saved")
@@ -94,8 +97,7 @@ def save_state(dom: libvirt.virDomain, path: Path, *, ignore_shared: bool,
     return path.stat().st_size
 
 
-def load_state(dom: libvirt.virDomain, path: Path, *, ignore_shared: bool,
-               timeout: float = 120.0) -> None:
+def load_state(dom: libvirt.virDomain, path: Path, *, ignore_shared: bool, timeout: float = 120.0) -> None:
     """Load ``path`` into a domain started paused with ``-incoming defer``; it stays paused."""
     _set_ignore_shared(dom, ignore_shared)
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)

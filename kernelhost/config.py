@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-
-import tomllib
 
 DEFAULT_CONFIG_FILE = Path("/etc/kernelhost/config.toml")
 
@@ -118,15 +117,23 @@ class Settings:
 
     @property
     def timeouts(self) -> Timeouts:
-        return Timeouts(boot=self.boot_timeout, agent=self.agent_timeout,
-                        restart=self.restart_timeout, interrupt_grace=self.interrupt_grace,
-                        net_config=max(30.0, self.agent_timeout))
+        return Timeouts(
+            boot=self.boot_timeout,
+            agent=self.agent_timeout,
+            restart=self.restart_timeout,
+            interrupt_grace=self.interrupt_grace,
+            net_config=max(30.0, self.agent_timeout),
+        )
 
     @property
     def limits(self) -> Limits:
-        return Limits(max_code_bytes=self.max_code_bytes, max_output_bytes=self.max_output_bytes,
-                      max_result_bytes=self.max_result_bytes, max_file_bytes=self.max_file_bytes,
-                      max_frame_bytes=self.max_frame_bytes)
+        return Limits(
+            max_code_bytes=self.max_code_bytes,
+            max_output_bytes=self.max_output_bytes,
+            max_result_bytes=self.max_result_bytes,
+            max_file_bytes=self.max_file_bytes,
+            max_frame_bytes=self.max_frame_bytes,
+        )
 
     @property
     def url(self) -> str:
@@ -192,21 +199,26 @@ class Settings:
         if self.vm_memory_mib < 256:
             raise ConfigError(f"vm_memory_mib has value {self.vm_memory_mib}; ipykernel needs >= 256")
         if not 0 <= self.vm_cpu_quota_percent <= 100:
-            raise ConfigError(f"vm_cpu_quota_percent has value {self.vm_cpu_quota_percent}; use "
-                              "1-100 (percent of one host CPU per vCPU), or 0 for no cap")
+            raise ConfigError(
+                f"vm_cpu_quota_percent has value {self.vm_cpu_quota_percent}; use "
+                "1-100 (percent of one host CPU per vCPU), or 0 for no cap"
+            )
         for name in ("max_output_bytes", "max_result_bytes", "max_file_bytes"):
             if getattr(self, name) < 1024:
                 raise ConfigError(f"{name} has value {getattr(self, name)}; use at least 1024")
         if self.max_result_bytes > self.max_frame_bytes:
-            raise ConfigError(f"max_result_bytes ({self.max_result_bytes}) cannot exceed "
-                              f"max_frame_bytes ({self.max_frame_bytes}); a result is one frame")
+            raise ConfigError(
+                f"max_result_bytes ({self.max_result_bytes}) cannot exceed "
+                f"max_frame_bytes ({self.max_frame_bytes}); a result is one frame"
+            )
         if self.default_execution_timeout < 0:
-            raise ConfigError(f"default_execution_timeout has value "
-                              f"{self.default_execution_timeout}; use seconds, or 0 for none")
+            raise ConfigError(
+                f"default_execution_timeout has value "
+                f"{self.default_execution_timeout}; use seconds, or 0 for none"
+            )
         for name in ("restart_timeout", "agent_timeout", "interrupt_grace"):
             if not getattr(self, name) > 0:
-                raise ConfigError(f"{name} has value {getattr(self, name)}; use a positive "
-                                  "number of seconds")
+                raise ConfigError(f"{name} has value {getattr(self, name)}; use a positive number of seconds")
         for key in self.api_keys:
             if len(key) < 16:
                 raise ConfigError("every API key must be at least 16 characters long")

@@ -44,32 +44,62 @@ def run_checks(settings: Settings, probe_timeout: float = 20.0) -> list[Check]:
     try:
         try:
             v = hv.versions()
-            checks.append(Check("libvirt", True, f"{settings.libvirt_uri} answers (libvirt "
-                                f"{v['libvirt']}, hypervisor {v['hypervisor']})"))
+            checks.append(
+                Check(
+                    "libvirt",
+                    True,
+                    f"{settings.libvirt_uri} answers (libvirt {v['libvirt']}, hypervisor {v['hypervisor']})",
+                )
+            )
             reachable = True
         except LibvirtUnavailable as exc:
-            checks.append(Check(
-                "libvirt", False, str(exc),
-                "start libvirt's daemons ('make serve' does; or systemctl start libvirtd "
-                "virtqemud), or point KERNELHOST_LIBVIRT_URI at a running one"))
+            checks.append(
+                Check(
+                    "libvirt",
+                    False,
+                    str(exc),
+                    "start libvirt's daemons ('make serve' does; or systemctl start libvirtd "
+                    "virtqemud), or point KERNELHOST_LIBVIRT_URI at a running one",
+                )
+            )
             reachable = False
         images = ImageStore(settings.image_dir)
         templates = images.templates()
         if templates:
             checks.append(Check("images", True, f"{', '.join(templates)} in {settings.image_dir}"))
         else:
-            checks.append(Check("images", False, f"no guest image in {settings.image_dir}",
-                                "run 'make image' (about a minute the first time)"))
+            checks.append(
+                Check(
+                    "images",
+                    False,
+                    f"no guest image in {settings.image_dir}",
+                    "run 'make image' (about a minute the first time)",
+                )
+            )
         if templates:
             checks.append(_snapshots(settings, images, templates))
         checks.append(_stale(settings, images, v if reachable else None))
         if not reachable or not templates:
-            checks.append(Check("acceleration", False, "not probed: needs libvirt and an image",
-                                "fix the checks above first"))
+            checks.append(
+                Check(
+                    "acceleration",
+                    False,
+                    "not probed: needs libvirt and an image",
+                    "fix the checks above first",
+                )
+            )
         else:
-            checks.append(_accel(lambda: choose_accel(
-                hv, images.get(templates[0]), settings.accel, settings.state_dir / "accel.json",
-                timeout=probe_timeout)))
+            checks.append(
+                _accel(
+                    lambda: choose_accel(
+                        hv,
+                        images.get(templates[0]),
+                        settings.accel,
+                        settings.state_dir / "accel.json",
+                        timeout=probe_timeout,
+                    )
+                )
+            )
     finally:
         hv.close()
     checks.append(_shm(settings.ram_dir, settings.vm_memory_mib))
@@ -92,14 +122,17 @@ def _snapshots(settings: Settings, images: Any, templates: list[str]) -> Check:
                 continue
             if meta.get("template") == template and meta.get("image_key") == key:
                 shapes.append(f"{meta.get('memory_mib')} MiB {meta.get('accel')}")
-        (built if shapes else missing).append(
-            f"{template} ({', '.join(shapes)})" if shapes else template)
+        (built if shapes else missing).append(f"{template} ({', '.join(shapes)})" if shapes else template)
     if not missing:
         return Check("snapshots", True, "built: " + "; ".join(built))
-    return Check("snapshots", False, f"not built yet for {', '.join(missing)}"
-                 + (f"; built: {'; '.join(built)}" if built else ""),
-                 "nothing to do: the service builds them at start-up (about 10 s each under "
-                 "TCG, shown as a progress bar on a terminal)", warning=True)
+    return Check(
+        "snapshots",
+        False,
+        f"not built yet for {', '.join(missing)}" + (f"; built: {'; '.join(built)}" if built else ""),
+        "nothing to do: the service builds them at start-up (about 10 s each under "
+        "TCG, shown as a progress bar on a terminal)",
+        warning=True,
+    )
 
 
 def _stale(settings: Settings, images: Any, versions: dict[str, str] | None) -> Check:
@@ -113,11 +146,15 @@ def _stale(settings: Settings, images: Any, versions: dict[str, str] | None) -> 
     builds = stale_images(images, referenced, in_use)
     if not snaps.remove and not builds.remove:
         return Check("stale builds", True, "none")
-    return Check("stale builds", False,
-                 f"{len(builds.remove)} old image builds ({format_bytes(builds.bytes)} of disk), "
-                 f"{len(snaps.remove)} stale template snapshots ({format_bytes(snaps.bytes)} in "
-                 f"{settings.ram_dir}, RAM)", "run 'kernelhost prune' (--dry-run lists them)",
-                 warning=True)
+    return Check(
+        "stale builds",
+        False,
+        f"{len(builds.remove)} old image builds ({format_bytes(builds.bytes)} of disk), "
+        f"{len(snaps.remove)} stale template snapshots ({format_bytes(snaps.bytes)} in "
+        f"{settings.ram_dir}, RAM)",
+        "run 'kernelhost prune' (--dry-run lists them)",
+        warning=True,
+    )
 
 
 def _service(url: str) -> Check:
@@ -127,39 +164,54 @@ def _service(url: str) -> Check:
         with urllib.request.urlopen(url + "/healthz", timeout=5) as r:
             health = json.loads(r.read())
     except (OSError, ValueError) as exc:
-        return Check("service", False, f"nothing answers at {url} ({exc})",
-                     "start it with 'kernelhost serve' (or 'make serve')", warning=True)
-    return Check("service", True, f"{url} answers: accel {health.get('accel')}, "
-                 f"{health.get('sandboxes')} sandboxes, pool {health.get('pool')}")
+        return Check(
+            "service",
+            False,
+            f"nothing answers at {url} ({exc})",
+            "start it with 'kernelhost serve' (or 'make serve')",
+            warning=True,
+        )
+    return Check(
+        "service",
+        True,
+        f"{url} answers: accel {health.get('accel')}, "
+        f"{health.get('sandboxes')} sandboxes, pool {health.get('pool')}",
+    )
 
 
 def _qemu() -> Check:
-    arch = {"amd64": "x86_64", "arm64": "aarch64"}.get(platform.machine().lower(),
-                                                        platform.machine())
+    arch = {"amd64": "x86_64", "arm64": "aarch64"}.get(platform.machine().lower(), platform.machine())
     binary = f"qemu-system-{arch}"
     path = shutil.which(binary) or next(
-        (p for p in (f"/usr/bin/{binary}", f"/usr/libexec/{binary}") if Path(p).exists()), None)
+        (p for p in (f"/usr/bin/{binary}", f"/usr/libexec/{binary}") if Path(p).exists()), None
+    )
     if path:
         return Check("qemu", True, path)
     package = "qemu-system-x86" if arch == "x86_64" else "qemu-system-arm"
-    return Check("qemu", False, f"{binary} not found",
-                 f"apt-get install {package} (or run 'make deps')")
+    return Check("qemu", False, f"{binary} not found", f"apt-get install {package} (or run 'make deps')")
 
 
 def _accel(probe: Callable[[], tuple[str, str]]) -> Check:
     try:
         accel, reason = probe()
     except RuntimeError as exc:  # accel=kvm configured, and KVM cannot boot a guest
-        return Check("acceleration", False, str(exc),
-                     "set KERNELHOST_ACCEL=auto (falls back to TCG) or repair KVM on this host")
+        return Check(
+            "acceleration",
+            False,
+            str(exc),
+            "set KERNELHOST_ACCEL=auto (falls back to TCG) or repair KVM on this host",
+        )
     reason = " ".join(reason.split())  # QEMU's error output spans lines
     reason = reason if len(reason) <= 300 else reason[:297] + "..."
     if accel == "kvm":
         return Check("acceleration", True, f"kvm ({reason})")
-    return Check("acceleration", False, f"tcg, software emulation ({reason}); sandboxes work "
-                 "but run several times slower",
-                 "use a host where KVM can boot a guest (bare metal, or nested virtualization "
-                 "enabled)", warning=True)
+    return Check(
+        "acceleration",
+        False,
+        f"tcg, software emulation ({reason}); sandboxes work but run several times slower",
+        "use a host where KVM can boot a guest (bare metal, or nested virtualization enabled)",
+        warning=True,
+    )
 
 
 def _shm(ram_dir: Path, vm_memory_mib: int) -> Check:
@@ -167,13 +219,20 @@ def _shm(ram_dir: Path, vm_memory_mib: int) -> Check:
     try:
         usage = shutil.disk_usage(where)
     except OSError as exc:
-        return Check("vm memory tmpfs", False, f"{where}: {exc}",
-                     f"mount a tmpfs at {ram_dir.parent} or set KERNELHOST_RAM_DIR")
+        return Check(
+            "vm memory tmpfs",
+            False,
+            f"{where}: {exc}",
+            f"mount a tmpfs at {ram_dir.parent} or set KERNELHOST_RAM_DIR",
+        )
     free_mib = usage.free // (1024 * 1024)
     need = max(MIN_SHM_FREE_MIB, 2 * vm_memory_mib)
     detail = f"{free_mib} MiB free of {usage.total // (1024 * 1024)} MiB in {where}"
     if free_mib >= need:
         return Check("vm memory tmpfs", True, detail)
-    return Check("vm memory tmpfs", False, detail + f"; need at least {need} MiB",
-                 f"grow it (mount -o remount,size=4G {where}) or remove stale files in "
-                 f"{ram_dir}")
+    return Check(
+        "vm memory tmpfs",
+        False,
+        detail + f"; need at least {need} MiB",
+        f"grow it (mount -o remount,size=4G {where}) or remove stale files in {ram_dir}",
+    )

@@ -42,8 +42,8 @@ def configure(fmt: str = "auto", level: str = "info") -> None:
         wrapper_class=structlog.make_filtering_bound_logger(lvl),
         # through TerminalAware, log lines on a terminal go above a progress bar, not into it
         logger_factory=structlog.PrintLoggerFactory(
-            file=cast(TextIO, TerminalAware(sys.stderr)) if _console else sys.stderr),
+            file=cast(TextIO, TerminalAware(sys.stderr)) if _console else sys.stderr
+        ),
         cache_logger_on_first_use=True,
     )
     logging.basicConfig(level=max(lvl, logging.WARNING), stream=sys.stderr, format="%(name)s: %(message)s")
-

@@ -35,44 +35,77 @@ class Metrics:
         self.create_seconds = Histogram(
             "kernelhost_sandbox_create_seconds",
             "Time to create a sandbox, by how its VM came (pool, clone, boot)",
-            ["template", "how"], buckets=LIFECYCLE_BUCKETS, registry=r)
+            ["template", "how"],
+            buckets=LIFECYCLE_BUCKETS,
+            registry=r,
+        )
         self.create_failures = Counter(
-            "kernelhost_sandbox_create_failures", "Creates that failed (the VM did not boot)",
-            ["template"], registry=r)
+            "kernelhost_sandbox_create_failures",
+            "Creates that failed (the VM did not boot)",
+            ["template"],
+            registry=r,
+        )
         self.fork_seconds = Histogram(
-            "kernelhost_sandbox_fork_seconds", "Time to fork a sandbox into its children",
-            ["template"], buckets=LIFECYCLE_BUCKETS, registry=r)
-        self.forked = Counter("kernelhost_sandbox_forked_children",
-                              "Sandboxes made by fork", ["template"], registry=r)
+            "kernelhost_sandbox_fork_seconds",
+            "Time to fork a sandbox into its children",
+            ["template"],
+            buckets=LIFECYCLE_BUCKETS,
+            registry=r,
+        )
+        self.forked = Counter(
+            "kernelhost_sandbox_forked_children", "Sandboxes made by fork", ["template"], registry=r
+        )
         self.wake_seconds = Histogram(
-            "kernelhost_sandbox_wake_seconds", "Time to wake a hibernated sandbox",
-            ["template"], buckets=LIFECYCLE_BUCKETS, registry=r)
-        self.hibernations = Counter("kernelhost_sandbox_hibernations",
-                                    "Sandboxes saved to disk", ["template"], registry=r)
+            "kernelhost_sandbox_wake_seconds",
+            "Time to wake a hibernated sandbox",
+            ["template"],
+            buckets=LIFECYCLE_BUCKETS,
+            registry=r,
+        )
+        self.hibernations = Counter(
+            "kernelhost_sandbox_hibernations", "Sandboxes saved to disk", ["template"], registry=r
+        )
         self.execute_seconds = Histogram(
             "kernelhost_execute_seconds",
             "Wall time of one execution, from its start in the sandbox to its end event",
-            ["language"], buckets=EXECUTE_BUCKETS, registry=r)
+            ["language"],
+            buckets=EXECUTE_BUCKETS,
+            registry=r,
+        )
         self.executions = Counter(
-            "kernelhost_executions", "Executions by language and end status "
-            "(ok, error, timeout, interrupted, restarted, kernel_died)",
-            ["language", "status"], registry=r)
+            "kernelhost_executions",
+            "Executions by language and end status (ok, error, timeout, interrupted, restarted, kernel_died)",
+            ["language", "status"],
+            registry=r,
+        )
         self.timeouts = Counter(
             "kernelhost_execution_timeouts",
             "Executions that hit their deadline, by the rung of the timeout ladder that stopped "
-            "them (interrupted, kernel_restarted, vm_replaced, failed)", ["rung"], registry=r)
+            "them (interrupted, kernel_restarted, vm_replaced, failed)",
+            ["rung"],
+            registry=r,
+        )
         self.kernel_deaths = Counter(
             "kernelhost_kernel_deaths",
             "Kernels that died (cause=kernel: the process in the guest; cause=vm: the VM or its "
-            "channel was lost)", ["cause"], registry=r)
+            "channel was lost)",
+            ["cause"],
+            registry=r,
+        )
         self.connections = Counter(
             "kernelhost_network_connections",
             "Connections sandboxes asked the host to open through their network tunnels, by "
-            "result (opened, refused)", ["result"], registry=r)
+            "result (opened, refused)",
+            ["result"],
+            registry=r,
+        )
         self.relayed = Counter(
             "kernelhost_relayed_bytes",
             "Bytes relayed between clients and sandboxes (kind: execute, files; direction: "
-            "in = to the sandbox, out = to the client)", ["kind", "direction"], registry=r)
+            "in = to the sandbox, out = to the client)",
+            ["kind", "direction"],
+            registry=r,
+        )
 
     # -- hooks ---------------------------------------------------------------------------------
 
@@ -92,8 +125,7 @@ class Metrics:
     def count_hibernation(self, template: str) -> None:
         self.hibernations.labels(template).inc()
 
-    def observe_end(self, language: str, status: str, recovery: str | None,
-                    seconds: float) -> None:
+    def observe_end(self, language: str, status: str, recovery: str | None, seconds: float) -> None:
         """Account one execution by how it ended (and, on a timeout, the rung that stopped it)."""
         self.execute_seconds.labels(language).observe(seconds)
         self.executions.labels(language, status).inc()
@@ -163,24 +195,25 @@ class StateCollector(Collector):
             by_state[(str(rec.state), rec.template)] += 1
             if rec.state in ("running", "replacing"):
                 vms[rec.accel] += 1
-        sandboxes = GaugeMetricFamily("kernelhost_sandboxes", "Sandboxes by state and template",
-                                      labels=["state", "template"])
+        sandboxes = GaugeMetricFamily(
+            "kernelhost_sandboxes", "Sandboxes by state and template", labels=["state", "template"]
+        )
         for (state, template), n in sorted(by_state.items()):
             sandboxes.add_metric([state, template], n)
         yield sandboxes
         yield from self._pool(pool, templates, vms)
-        family = GaugeMetricFamily("kernelhost_vms",
-                                   "Running VMs (sandboxes and pooled clones) by acceleration",
-                                   labels=["accel"])
+        family = GaugeMetricFamily(
+            "kernelhost_vms", "Running VMs (sandboxes and pooled clones) by acceleration", labels=["accel"]
+        )
         for accel in sorted(vms.keys() | {m.accel}):
             family.add_metric([accel], vms[accel])
         yield family
 
     def _pool(self, pool: _Pool, templates: list[str], vms: Tally[str]) -> Iterator[Metric]:
-        size = GaugeMetricFamily("kernelhost_pool_ready",
-                                 "Ready clones in the warm pool, by template", labels=["template"])
-        target = GaugeMetricFamily("kernelhost_pool_target",
-                                   "Clones the warm pool keeps ready per template")
+        size = GaugeMetricFamily(
+            "kernelhost_pool_ready", "Ready clones in the warm pool, by template", labels=["template"]
+        )
+        target = GaugeMetricFamily("kernelhost_pool_target", "Clones the warm pool keeps ready per template")
         target.add_metric([], pool.size)
         pooled = 0
         for template in templates:
@@ -192,8 +225,7 @@ class StateCollector(Collector):
         hits = CounterMetricFamily("kernelhost_pool_hits", "Creates served from the warm pool")
         hits.add_metric([], pool.hits)
         yield hits
-        misses = CounterMetricFamily("kernelhost_pool_misses",
-                                     "Creates that found the warm pool empty")
+        misses = CounterMetricFamily("kernelhost_pool_misses", "Creates that found the warm pool empty")
         misses.add_metric([], pool.misses)
         yield misses
         vms[self.manager.accel] += pooled

@@ -56,10 +56,19 @@ def _is_tty(stream: IO[str]) -> bool:
 class Stages:
     """A build's progress through ``stages`` (names, in order)."""
 
-    def __init__(self, title: str, stages: list[str], *, stream: IO[str] | None = None,
-                 tty: bool | None = None, on_line: Callable[[str], None] | None = None,
-                 on_stage: OnStage | None = None, width: int = 24, tick: float = 0.5,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        title: str,
+        stages: list[str],
+        *,
+        stream: IO[str] | None = None,
+        tty: bool | None = None,
+        on_line: Callable[[str], None] | None = None,
+        on_stage: OnStage | None = None,
+        width: int = 24,
+        tick: float = 0.5,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         if not stages:
             raise ValueError("Stages needs at least one stage")
         self.title = title
@@ -83,8 +92,7 @@ class Stages:
 
     def stage(self, name: str, detail: str = "") -> None:
         """Enter stage ``name`` (one of ``stages``; the count follows its position)."""
-        self.n = self.stages.index(name) + 1 if name in self.stages else min(
-            self.n + 1, len(self.stages))
+        self.n = self.stages.index(name) + 1 if name in self.stages else min(self.n + 1, len(self.stages))
         self.name, self.detail = name, detail
         self._report(name, detail)
         self._redraw()
@@ -125,8 +133,9 @@ class Stages:
     def __enter__(self) -> Stages:
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         if exc is not None:
             self.finish(f"{type(exc).__name__}: {exc}", failed=True)
         else:

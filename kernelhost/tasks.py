@@ -29,8 +29,12 @@ class TaskSet:
     def __len__(self) -> int:
         return len(self._tasks)
 
-    def spawn(self, coro: Coroutine[Any, Any, T], name: str | None = None,
-              expected: tuple[type[BaseException], ...] = ()) -> asyncio.Task[T]:
+    def spawn(
+        self,
+        coro: Coroutine[Any, Any, T],
+        name: str | None = None,
+        expected: tuple[type[BaseException], ...] = (),
+    ) -> asyncio.Task[T]:
         """Run ``coro`` as a task of this owner. A failure is logged with its traceback, unless
         it is one of ``expected`` (errors the awaiting caller reports itself)."""
         task = asyncio.get_running_loop().create_task(coro, name=name)
@@ -44,8 +48,12 @@ class TaskSet:
             return
         exc = task.exception()
         if exc is not None and not isinstance(exc, expected):
-            log.error("task.failed", owner=self.owner, task=task.get_name(),
-                      exc_info=(type(exc), exc, exc.__traceback__))
+            log.error(
+                "task.failed",
+                owner=self.owner,
+                task=task.get_name(),
+                exc_info=(type(exc), exc, exc.__traceback__),
+            )
 
     def cancel(self) -> list[asyncio.Task[Any]]:
         """Cancel every task; the ones cancelled (to await, if the caller can)."""
@@ -69,5 +77,4 @@ class TaskSet:
             with contextlib.suppress(asyncio.CancelledError):
                 task.exception()  # retrieved (and already logged by _done)
         for task in pending:
-            log.error("task.did_not_stop", owner=self.owner, task=task.get_name(),
-                      timeout=timeout)
+            log.error("task.did_not_stop", owner=self.owner, task=task.get_name(), timeout=timeout)

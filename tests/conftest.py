@@ -18,8 +18,9 @@ from .harness import LIVE, REPO
 
 
 @pytest.hookimpl(wrapper=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[Any]
-                              ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[Any]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
     report = yield
     if report.failed and report.when in ("setup", "call") and LIVE:
         name = re.sub(r"[^A-Za-z0-9_.-]+", "_", item.nodeid)[-150:]

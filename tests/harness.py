@@ -43,8 +43,13 @@ class Service:
 
     def start(self, timeout: float = 60.0) -> None:
         with self.log_path.open("ab") as log:  # the child keeps its own copy of the descriptor
-            self.proc = subprocess.Popen([sys.executable, "-m", "kernelhost.cli", "serve"],
-                                         env=self.env, stdout=log, stderr=log, cwd=REPO)
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "kernelhost.cli", "serve"],
+                env=self.env,
+                stdout=log,
+                stderr=log,
+                cwd=REPO,
+            )
         if self not in LIVE:
             LIVE.append(self)
         deadline = time.monotonic() + timeout
@@ -89,8 +94,7 @@ class Service:
             hv.close()
 
     def hypervisor(self) -> Hypervisor:
-        return Hypervisor(self.env.get("KERNELHOST_LIBVIRT_URI", "qemu:///system"), self.prefix,
-                          self.run_dir)
+        return Hypervisor(self.env.get("KERNELHOST_LIBVIRT_URI", "qemu:///system"), self.prefix, self.run_dir)
 
     @classmethod
     def make(cls, state_dir: Path, **env_overrides: str) -> Service:
@@ -109,8 +113,9 @@ class Service:
             "KERNELHOST_LOG_FORMAT": "json",
             **env_overrides,
         }
-        return cls(f"http://127.0.0.1:{port}", key, other, prefix, state_dir, run_dir,
-                   state_dir / "service.log", env)
+        return cls(
+            f"http://127.0.0.1:{port}", key, other, prefix, state_dir, run_dir, state_dir / "service.log", env
+        )
 
     def cleanup(self) -> tuple[list[str], list[str]]:
         """Stop, destroy whatever of our prefix is left; return (leaked domains, leaked dirs)."""
@@ -137,8 +142,9 @@ def _free_port() -> int:
 
 
 @contextlib.contextmanager
-def running_service(state_dir: Path, name: str, start_timeout: float = 120.0,
-                    **env: str) -> Iterator[Service]:
+def running_service(
+    state_dir: Path, name: str, start_timeout: float = 120.0, **env: str
+) -> Iterator[Service]:
     """A started service for one test tier; on exit it is stopped, its log kept as
     ``results/<name>-service.log``, and no domain or VM directory of its prefix may be left."""
     svc = Service.make(state_dir, **env)

@@ -44,13 +44,16 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
     scheme, _, presented = header.partition(" ")
     if scheme.lower() not in ("bearer", "token") or not presented.strip():
         return error_response(
-            401, "unauthorized",
+            401,
+            "unauthorized",
             "missing API key: send 'Authorization: Bearer <key>' (the key is printed by "
-            "'kernelhost serve' at first start, or set in KERNELHOST_API_KEYS)")
+            "'kernelhost serve' at first start, or set in KERNELHOST_API_KEYS)",
+        )
     kid = request.app[KEYS].identify(presented.strip())
     if kid is None:
-        return error_response(401, "unauthorized",
-                              "invalid API key; check KERNELHOST_API_KEY on the client side")
+        return error_response(
+            401, "unauthorized", "invalid API key; check KERNELHOST_API_KEY on the client side"
+        )
     request[KEY_ID] = kid
     structlog.contextvars.bind_contextvars(key_id=kid)
     return await handler(request)
@@ -73,8 +76,8 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
     if templates:
         try:
             accel, reason = await asyncio.to_thread(
-                choose_accel, hv, images.get(templates[0]), settings.accel,
-                settings.state_dir / "accel.json")
+                choose_accel, hv, images.get(templates[0]), settings.accel, settings.state_dir / "accel.json"
+            )
         except ImageNotFound:
             accel, reason = "tcg", "no image to probe with"
     else:
@@ -87,13 +90,12 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
             roots = manager.host_network.file_roots
             if roots:  # the host's file:// package indexes, for sandboxes with a network
                 manager.host_network.index_endpoint = await stack.enter_async_context(
-                    serving_pip_index(roots))
+                    serving_pip_index(roots)
+                )
             await manager.start()
             manager.metrics.registry.register(StateCollector(manager))
-            app[RUNTIME] = Runtime(settings, app[KEYS], store, hv, manager, accel, reason,
-                                   time.time())
-            log.info("service.ready", url=settings.url, sandboxes=len(manager.all()),
-                     templates=templates)
+            app[RUNTIME] = Runtime(settings, app[KEYS], store, hv, manager, accel, reason, time.time())
+            log.info("service.ready", url=settings.url, sandboxes=len(manager.all()), templates=templates)
             yield
     finally:
         await manager.close()
@@ -102,8 +104,9 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
 
 
 def init_app(settings: Settings, keys: KeyRing | None = None) -> web.Application:
-    app = web.Application(middlewares=[error_middleware, auth_middleware],
-                          client_max_size=settings.max_code_bytes + 1024 * 1024)
+    app = web.Application(
+        middlewares=[error_middleware, auth_middleware], client_max_size=settings.max_code_bytes + 1024 * 1024
+    )
     app[SETTINGS] = settings
     app[KEYS] = keys or KeyRing.from_settings(settings)
     app.cleanup_ctx.append(_resources)

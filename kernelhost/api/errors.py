@@ -60,28 +60,30 @@ def rest_hint(exc: SandboxError) -> str | None:
     """The error's remedy as a user of this REST API acts on it."""
     sid = exc.sandbox_id or "{id}"
     path = exc.details.get("path")
-    return {
-        Remedy.RESTART: f"POST /v1/sandboxes/{sid}/restart restarts the kernel, or gives the "
-                        "sandbox a fresh VM if its agent stays silent (state lost)",
-        Remedy.RECREATE: f"DELETE /v1/sandboxes/{sid} and create a new sandbox",
-        Remedy.LIST_SANDBOXES: "list yours with GET /v1/sandboxes",
-        Remedy.LIST_DIRECTORY: f"list it with GET /v1/sandboxes/{sid}/files/list"
-                               + (f"?path={path}" if isinstance(path, str) else ""),
-    }.get(exc.remedy) if exc.remedy is not None else None
+    return (
+        {
+            Remedy.RESTART: f"POST /v1/sandboxes/{sid}/restart restarts the kernel, or gives the "
+            "sandbox a fresh VM if its agent stays silent (state lost)",
+            Remedy.RECREATE: f"DELETE /v1/sandboxes/{sid} and create a new sandbox",
+            Remedy.LIST_SANDBOXES: "list yours with GET /v1/sandboxes",
+            Remedy.LIST_DIRECTORY: f"list it with GET /v1/sandboxes/{sid}/files/list"
+            + (f"?path={path}" if isinstance(path, str) else ""),
+        }.get(exc.remedy)
+        if exc.remedy is not None
+        else None
+    )
 
 
 def error_body(exc: SandboxError) -> dict[str, Any]:
     body: dict[str, Any] = {"code": exc.code, "message": exc.message, **exc.details}
     hint = rest_hint(exc)
     if exc.remedy is not None and hint is not None:
-        body.update(message=f"{exc.message}; {hint}", reason=exc.message, hint=hint,
-                    remedy=exc.remedy.value)
+        body.update(message=f"{exc.message}; {hint}", reason=exc.message, hint=hint, remedy=exc.remedy.value)
     return body
 
 
 def error_response(status: int, code: str, message: str, **details: Any) -> web.Response:
-    return web.json_response({"error": {"code": code, "message": message, **details}},
-                             status=status)
+    return web.json_response({"error": {"code": code, "message": message, **details}}, status=status)
 
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -97,12 +99,12 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
         if exc.status < 400 or exc.content_type == "application/json":
             raise
         code = {404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}.get(
-            exc.status, "http_error")
+            exc.status, "http_error"
+        )
         message = exc.text or exc.reason
         if exc.status == 404:
             message = f"no route {request.method} {request.path}; see the README's API section"
         return error_response(exc.status, code, message)
     except Exception:
         log.exception("request.failed", method=request.method, path=request.path)
-        return error_response(500, "internal_error",
-                              "internal error; the service log has the details")
+        return error_response(500, "internal_error", "internal error; the service log has the details")

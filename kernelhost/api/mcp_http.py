@@ -32,8 +32,10 @@ MANAGER_TIMEOUT = 10.0
 BODY_CHUNK = 64 * 1024
 
 Message = MutableMapping[str, Any]
-ASGIApp = Callable[[dict[str, Any], Callable[[], Awaitable[Message]],
-                    Callable[[Message], Awaitable[None]]], Awaitable[None]]
+ASGIApp = Callable[
+    [dict[str, Any], Callable[[], Awaitable[Message]], Callable[[Message], Awaitable[None]]], Awaitable[None]
+]
+
 
 def loopback_url(settings: Settings) -> str:
     """The URL at which the service reaches itself (a wildcard listen address is not one)."""
@@ -59,9 +61,12 @@ def setup_mcp(app: web.Application, settings: Settings) -> None:
         reason = str(exc)
 
         async def missing(request: web.Request) -> web.Response:
-            return error_response(501, "mcp_not_installed",
-                                  f"this server has no MCP support ({reason}); install it with "
-                                  "pip install 'kernelhost[mcp]' and restart the service")
+            return error_response(
+                501,
+                "mcp_not_installed",
+                f"this server has no MCP support ({reason}); install it with "
+                "pip install 'kernelhost[mcp]' and restart the service",
+            )
 
         for method in ("GET", "POST", "DELETE"):
             app.router.add_route(method, MCP_PATH, missing)
@@ -101,8 +106,7 @@ def setup_mcp(app: web.Application, settings: Settings) -> None:
 
         task = asyncio.create_task(serve(), name="kernelhost-mcp")
         ready = asyncio.create_task(started.wait())
-        await asyncio.wait({task, ready}, timeout=MANAGER_TIMEOUT,
-                           return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait({task, ready}, timeout=MANAGER_TIMEOUT, return_when=asyncio.FIRST_COMPLETED)
         if not started.is_set():
             ready.cancel()
             task.cancel()
@@ -116,14 +120,13 @@ def setup_mcp(app: web.Application, settings: Settings) -> None:
             stop.set()
             try:
                 await asyncio.wait_for(task, MANAGER_TIMEOUT)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 log.warning("mcp.stop_timeout", seconds=MANAGER_TIMEOUT)
 
     app.cleanup_ctx.append(run_manager)
 
 
-async def _asgi_call(asgi: ASGIApp, request: web.Request, extra_scope: dict[str, Any]
-                     ) -> web.StreamResponse:
+async def _asgi_call(asgi: ASGIApp, request: web.Request, extra_scope: dict[str, Any]) -> web.StreamResponse:
     """Serve one aiohttp request with an ASGI app; stream its answer back as it is sent."""
     scope: dict[str, Any] = {
         "type": "http",

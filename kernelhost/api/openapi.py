@@ -13,16 +13,27 @@ from aiohttp import web
 
 from ..sandboxes import Remedy, SandboxState
 
-ID = {"name": "sandbox_id", "in": "path", "required": True,
-      "schema": {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,64}$"},
-      "description": "a sandbox id, `sbx_...`"}
-PATH_Q = {"name": "path", "in": "query", "required": True, "schema": {"type": "string"},
-          "description": "file path in the sandbox; relative paths are under /home/user"}
+ID = {
+    "name": "sandbox_id",
+    "in": "path",
+    "required": True,
+    "schema": {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,64}$"},
+    "description": "a sandbox id, `sbx_...`",
+}
+PATH_Q = {
+    "name": "path",
+    "in": "query",
+    "required": True,
+    "schema": {"type": "string"},
+    "description": "file path in the sandbox; relative paths are under /home/user",
+}
 
 
 def _err(description: str) -> dict[str, Any]:
-    return {"description": description,
-            "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}
+    return {
+        "description": description,
+        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}},
+    }
 
 
 ERRORS = {
@@ -38,27 +49,42 @@ ERRORS = {
 NETWORK_MODES = ["none", "allowlist", "outbound"]
 NETWORK_REQUEST: dict[str, Any] = {
     "description": "the sandbox's network (docs/network.md): a mode, or a mode with extra "
-                   "allowlist entries 'host[:port]' ('*.example.org' for subdomains; no port: 80 "
-                   "and 443); default none",
+    "allowlist entries 'host[:port]' ('*.example.org' for subdomains; no port: 80 "
+    "and 443); default none",
     "oneOf": [
         {"type": "string", "enum": NETWORK_MODES},
-        {"type": "object", "additionalProperties": False, "properties": {
-            "mode": {"type": "string", "enum": NETWORK_MODES, "default": "none"},
-            "allow": {"type": "array", "maxItems": 64, "items": {"type": "string"}}}},
+        {
+            "type": "object",
+            "additionalProperties": False,
+            "properties": {
+                "mode": {"type": "string", "enum": NETWORK_MODES, "default": "none"},
+                "allow": {"type": "array", "maxItems": 64, "items": {"type": "string"}},
+            },
+        },
     ],
 }
 
 
 def _json(schema_ref: str, description: str) -> dict[str, Any]:
-    return {"description": description, "content": {
-        "application/json": {"schema": {"$ref": f"#/components/schemas/{schema_ref}"}}}}
+    return {
+        "description": description,
+        "content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{schema_ref}"}}},
+    }
 
 
-def _op(summary: str, responses: dict[str, Any], *, params: list[dict[str, Any]] | None = None,
-        body: dict[str, Any] | None = None, errors: tuple[str, ...] = ("400", "401", "404"),
-        secured: bool = True) -> dict[str, Any]:
-    op: dict[str, Any] = {"summary": summary, "responses": {
-        **responses, **{code: ERRORS[code] for code in errors}}}
+def _op(
+    summary: str,
+    responses: dict[str, Any],
+    *,
+    params: list[dict[str, Any]] | None = None,
+    body: dict[str, Any] | None = None,
+    errors: tuple[str, ...] = ("400", "401", "404"),
+    secured: bool = True,
+) -> dict[str, Any]:
+    op: dict[str, Any] = {
+        "summary": summary,
+        "responses": {**responses, **{code: ERRORS[code] for code in errors}},
+    }
     if params:
         op["parameters"] = params
     if body:
@@ -70,73 +96,162 @@ def _op(summary: str, responses: dict[str, Any], *, params: list[dict[str, Any]]
 
 def _schemas() -> dict[str, Any]:
     return {
-        "Error": {"type": "object", "required": ["error"], "properties": {
-            "error": {"type": "object", "required": ["code", "message"], "properties": {
-                "code": {"type": "string"}, "message": {"type": "string"},
-                "remedy": {"type": "string", "enum": [r.value for r in Remedy]},
-                "reason": {"type": "string"}, "hint": {"type": "string"}}}}},
-        "Sandbox": {"type": "object", "required": ["id", "template", "state"], "properties": {
-            "id": {"type": "string"}, "template": {"type": "string"},
-            "state": {"type": "string", "enum": [s.value for s in SandboxState]},
-            "created_at": {"type": "string"}, "last_active_at": {"type": "string"},
-            "idle_timeout_seconds": {"type": "integer"}, "accel": {"type": "string"},
-            "memory_mib": {"type": "integer"}, "vcpus": {"type": "integer"},
-            "metadata": {"type": "object", "additionalProperties": {"type": "string"}},
-            "network": {"type": "object", "properties": {
-                "mode": {"type": "string", "enum": NETWORK_MODES},
-                "allow": {"type": "array", "items": {"type": "string"}}}}}},
-        "SandboxList": {"type": "object", "required": ["sandboxes"], "properties": {
-            "sandboxes": {"type": "array", "items": {"$ref": "#/components/schemas/Sandbox"}}}},
-        "Event": {"type": "object", "required": ["type"], "description": (
-            "one line of the execute stream: stdout, stderr, result (MIME bundle), error, "
-            "clear_output, and a final end"), "properties": {"type": {"type": "string"}}},
+        "Error": {
+            "type": "object",
+            "required": ["error"],
+            "properties": {
+                "error": {
+                    "type": "object",
+                    "required": ["code", "message"],
+                    "properties": {
+                        "code": {"type": "string"},
+                        "message": {"type": "string"},
+                        "remedy": {"type": "string", "enum": [r.value for r in Remedy]},
+                        "reason": {"type": "string"},
+                        "hint": {"type": "string"},
+                    },
+                }
+            },
+        },
+        "Sandbox": {
+            "type": "object",
+            "required": ["id", "template", "state"],
+            "properties": {
+                "id": {"type": "string"},
+                "template": {"type": "string"},
+                "state": {"type": "string", "enum": [s.value for s in SandboxState]},
+                "created_at": {"type": "string"},
+                "last_active_at": {"type": "string"},
+                "idle_timeout_seconds": {"type": "integer"},
+                "accel": {"type": "string"},
+                "memory_mib": {"type": "integer"},
+                "vcpus": {"type": "integer"},
+                "metadata": {"type": "object", "additionalProperties": {"type": "string"}},
+                "network": {
+                    "type": "object",
+                    "properties": {
+                        "mode": {"type": "string", "enum": NETWORK_MODES},
+                        "allow": {"type": "array", "items": {"type": "string"}},
+                    },
+                },
+            },
+        },
+        "SandboxList": {
+            "type": "object",
+            "required": ["sandboxes"],
+            "properties": {"sandboxes": {"type": "array", "items": {"$ref": "#/components/schemas/Sandbox"}}},
+        },
+        "Event": {
+            "type": "object",
+            "required": ["type"],
+            "description": (
+                "one line of the execute stream: stdout, stderr, result (MIME bundle), error, "
+                "clear_output, and a final end"
+            ),
+            "properties": {"type": {"type": "string"}},
+        },
     }
 
 
 def _sandbox_paths() -> dict[str, Any]:
     sandbox = _json("Sandbox", "the sandbox")
     return {
-        "/healthz": {"get": _op("Service health, acceleration, templates, pool",
-                                {"200": {"description": "healthy"}}, errors=(), secured=False)},
+        "/healthz": {
+            "get": _op(
+                "Service health, acceleration, templates, pool",
+                {"200": {"description": "healthy"}},
+                errors=(),
+                secured=False,
+            )
+        },
         "/v1/sandboxes": {
-            "post": _op("Create a sandbox", {"201": sandbox}, body={
-                "type": "object", "properties": {
-                    "template": {"type": "string", "default": "python"},
-                    "idle_timeout_seconds": {"type": "integer", "minimum": 1},
-                    "metadata": {"type": "object", "additionalProperties": {"type": "string"}},
-                    "network": NETWORK_REQUEST}},
-                errors=("400", "401", "429", "503")),
-            "get": _op("List your sandboxes", {"200": _json("SandboxList", "yours")},
-                       errors=("401",)),
+            "post": _op(
+                "Create a sandbox",
+                {"201": sandbox},
+                body={
+                    "type": "object",
+                    "properties": {
+                        "template": {"type": "string", "default": "python"},
+                        "idle_timeout_seconds": {"type": "integer", "minimum": 1},
+                        "metadata": {"type": "object", "additionalProperties": {"type": "string"}},
+                        "network": NETWORK_REQUEST,
+                    },
+                },
+                errors=("400", "401", "429", "503"),
+            ),
+            "get": _op("List your sandboxes", {"200": _json("SandboxList", "yours")}, errors=("401",)),
         },
         "/v1/sandboxes/{sandbox_id}": {
             "get": _op("Get a sandbox", {"200": sandbox}, params=[ID]),
-            "delete": _op("Delete a sandbox, its VM and every file",
-                          {"204": {"description": "deleted"}}, params=[ID]),
+            "delete": _op(
+                "Delete a sandbox, its VM and every file", {"204": {"description": "deleted"}}, params=[ID]
+            ),
         },
-        "/v1/sandboxes/{sandbox_id}/execute": {"post": _op(
-            "Run code; the answer streams newline-delimited JSON events as they happen",
-            {"200": {"description": "event stream", "content": {
-                "application/x-ndjson": {"schema": {"$ref": "#/components/schemas/Event"}}}}},
-            params=[ID], errors=("400", "401", "404", "409"), body={
-                "type": "object", "required": ["code"], "properties": {
-                    "code": {"type": "string"},
-                    "language": {"type": "string", "enum": ["python", "bash"]},
-                    "timeout": {"type": ["number", "null"], "exclusiveMinimum": 0}}})},
-        "/v1/sandboxes/{sandbox_id}/fork": {"post": _op(
-            "Copy a live sandbox into n new ones", {"201": _json("SandboxList", "children")},
-            params=[ID], errors=("400", "401", "404", "409", "429", "503"), body={
-                "type": "object", "properties": {
-                    "n": {"type": "integer", "minimum": 1, "maximum": 32}}})},
-        "/v1/sandboxes/{sandbox_id}/hibernate": {"post": _op(
-            "Save the sandbox to disk and stop its VM; its next call wakes it",
-            {"200": sandbox}, params=[ID])},
-        "/v1/sandboxes/{sandbox_id}/interrupt": {"post": _op(
-            "Interrupt the running call", {"200": {"description": "whether one ran"}},
-            params=[ID], errors=("401", "404", "409"))},
-        "/v1/sandboxes/{sandbox_id}/restart": {"post": _op(
-            "Restart the kernel (or replace a dead VM)", {"200": {"description": "recovery"}},
-            params=[ID], errors=("401", "404", "409", "503"))},
+    }
+
+
+def _call_paths() -> dict[str, Any]:
+    sandbox = _json("Sandbox", "the sandbox")
+    return {
+        "/v1/sandboxes/{sandbox_id}/execute": {
+            "post": _op(
+                "Run code; the answer streams newline-delimited JSON events as they happen",
+                {
+                    "200": {
+                        "description": "event stream",
+                        "content": {
+                            "application/x-ndjson": {"schema": {"$ref": "#/components/schemas/Event"}}
+                        },
+                    }
+                },
+                params=[ID],
+                errors=("400", "401", "404", "409"),
+                body={
+                    "type": "object",
+                    "required": ["code"],
+                    "properties": {
+                        "code": {"type": "string"},
+                        "language": {"type": "string", "enum": ["python", "bash"]},
+                        "timeout": {"type": ["number", "null"], "exclusiveMinimum": 0},
+                    },
+                },
+            )
+        },
+        "/v1/sandboxes/{sandbox_id}/fork": {
+            "post": _op(
+                "Copy a live sandbox into n new ones",
+                {"201": _json("SandboxList", "children")},
+                params=[ID],
+                errors=("400", "401", "404", "409", "429", "503"),
+                body={
+                    "type": "object",
+                    "properties": {"n": {"type": "integer", "minimum": 1, "maximum": 32}},
+                },
+            )
+        },
+        "/v1/sandboxes/{sandbox_id}/hibernate": {
+            "post": _op(
+                "Save the sandbox to disk and stop its VM; its next call wakes it",
+                {"200": sandbox},
+                params=[ID],
+            )
+        },
+        "/v1/sandboxes/{sandbox_id}/interrupt": {
+            "post": _op(
+                "Interrupt the running call",
+                {"200": {"description": "whether one ran"}},
+                params=[ID],
+                errors=("401", "404", "409"),
+            )
+        },
+        "/v1/sandboxes/{sandbox_id}/restart": {
+            "post": _op(
+                "Restart the kernel (or replace a dead VM)",
+                {"200": {"description": "recovery"}},
+                params=[ID],
+                errors=("401", "404", "409", "503"),
+            )
+        },
     }
 
 
@@ -145,34 +260,54 @@ def _file_paths() -> dict[str, Any]:
     file_errors = ("400", "401", "404", "409")
     return {
         "/v1/sandboxes/{sandbox_id}/files": {
-            "put": {**_op("Write a file (raw body, streamed)", {"201": {"description": "written"}},
-                          params=[ID, PATH_Q], errors=file_errors),
-                    "requestBody": {"required": True,
-                                    "content": {"application/octet-stream": binary}}},
-            "get": _op("Read a file (streamed bytes)", {"200": {
-                "description": "the bytes", "content": {"application/octet-stream": binary}}},
-                params=[ID, PATH_Q], errors=file_errors),
-            "delete": _op("Remove a file or directory", {"204": {"description": "gone"}},
-                          params=[ID, PATH_Q, {"name": "recursive", "in": "query",
-                                               "schema": {"type": "boolean"}}],
-                          errors=file_errors),
+            "put": {
+                **_op(
+                    "Write a file (raw body, streamed)",
+                    {"201": {"description": "written"}},
+                    params=[ID, PATH_Q],
+                    errors=file_errors,
+                ),
+                "requestBody": {"required": True, "content": {"application/octet-stream": binary}},
+            },
+            "get": _op(
+                "Read a file (streamed bytes)",
+                {"200": {"description": "the bytes", "content": {"application/octet-stream": binary}}},
+                params=[ID, PATH_Q],
+                errors=file_errors,
+            ),
+            "delete": _op(
+                "Remove a file or directory",
+                {"204": {"description": "gone"}},
+                params=[ID, PATH_Q, {"name": "recursive", "in": "query", "schema": {"type": "boolean"}}],
+                errors=file_errors,
+            ),
         },
-        "/v1/sandboxes/{sandbox_id}/files/list": {"get": _op(
-            "List a directory", {"200": {"description": "entries"}},
-            params=[ID, {**PATH_Q, "required": False}], errors=file_errors)},
+        "/v1/sandboxes/{sandbox_id}/files/list": {
+            "get": _op(
+                "List a directory",
+                {"200": {"description": "entries"}},
+                params=[ID, {**PATH_Q, "required": False}],
+                errors=file_errors,
+            )
+        },
     }
 
 
 def document() -> dict[str, Any]:
     return {
         "openapi": "3.1.0",
-        "info": {"title": "kernelhost", "version": "1",
-                 "description": "Sandboxed Jupyter kernels in QEMU VMs. Every /v1 call needs "
-                                "`Authorization: Bearer <key>`."},
-        "components": {"securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
-                       "schemas": _schemas()},
+        "info": {
+            "title": "kernelhost",
+            "version": "1",
+            "description": "Sandboxed Jupyter kernels in QEMU VMs. Every /v1 call needs "
+            "`Authorization: Bearer <key>`.",
+        },
+        "components": {
+            "securitySchemes": {"bearer": {"type": "http", "scheme": "bearer"}},
+            "schemas": _schemas(),
+        },
         "security": [{"bearer": []}],
-        "paths": {**_sandbox_paths(), **_file_paths()},
+        "paths": {**_sandbox_paths(), **_call_paths(), **_file_paths()},
     }
 
 

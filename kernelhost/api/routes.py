@@ -21,8 +21,13 @@ def _runtime(request: web.Request) -> Runtime:
     return request.app[RUNTIME]
 
 
-def _field(body: dict[str, Any], name: str, kind: type | tuple[type, ...], default: Any = None,
-           required: bool = False) -> Any:
+def _field(
+    body: dict[str, Any],
+    name: str,
+    kind: type | tuple[type, ...],
+    default: Any = None,
+    required: bool = False,
+) -> Any:
     if name not in body or body[name] is None:
         if required:
             raise InvalidRequest(f"field {name!r} is required", field=name)
@@ -45,11 +50,16 @@ def _sandbox(request: web.Request) -> Sandbox:
 @routes.get("/healthz")
 async def healthz(request: web.Request) -> web.Response:
     rt = _runtime(request)
-    return web.json_response({
-        "status": "ok", "accel": rt.accel, "accel_reason": rt.accel_reason,
-        "templates": rt.manager.templates(), "sandboxes": len(rt.manager.all()),
-        "pool": {t: rt.manager.pool.ready(t) for t in rt.manager.templates()},
-    })
+    return web.json_response(
+        {
+            "status": "ok",
+            "accel": rt.accel,
+            "accel_reason": rt.accel_reason,
+            "templates": rt.manager.templates(),
+            "sandboxes": len(rt.manager.all()),
+            "pool": {t: rt.manager.pool.ready(t) for t in rt.manager.templates()},
+        }
+    )
 
 
 @routes.get("/metrics")
@@ -68,8 +78,7 @@ async def create_sandbox(request: web.Request) -> web.Response:
     if not all(isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()):
         raise InvalidRequest("field 'metadata' must map strings to strings", field="metadata")
     network = body.get("network")  # "none" | "allowlist" | "outbound" | {"mode", "allow"}
-    sbx = await _runtime(request).manager.create(request[KEY_ID], template, idle, metadata,
-                                                 network)
+    sbx = await _runtime(request).manager.create(request[KEY_ID], template, idle, metadata, network)
     return web.json_response(sbx.to_dict(), status=201)
 
 
@@ -87,8 +96,7 @@ async def get_sandbox(request: web.Request) -> web.Response:
 @routes.delete("/v1/sandboxes/{sandbox_id}")
 async def delete_sandbox(request: web.Request) -> web.Response:
     # shielded: a client hanging up mid-delete must not leave a half-removed sandbox behind
-    await asyncio.shield(
-        _runtime(request).manager.delete(request[KEY_ID], request.match_info["sandbox_id"]))
+    await asyncio.shield(_runtime(request).manager.delete(request[KEY_ID], request.match_info["sandbox_id"]))
     return web.Response(status=204)
 
 
@@ -107,10 +115,13 @@ async def execute(request: web.Request) -> web.StreamResponse:
     manager = _runtime(request).manager
     events = await manager.execute(sbx, code, language, timeout)
     manager.metrics.count_relayed("execute", "in", len(code.encode()))
-    resp = web.StreamResponse(headers={
-        "Content-Type": "application/x-ndjson", "Cache-Control": "no-store",
-        "X-Accel-Buffering": "no",
-    })
+    resp = web.StreamResponse(
+        headers={
+            "Content-Type": "application/x-ndjson",
+            "Cache-Control": "no-store",
+            "X-Accel-Buffering": "no",
+        }
+    )
     await resp.prepare(request)
     last = b""
     async with contextlib.aclosing(events):
@@ -174,8 +185,11 @@ async def restart_sandbox(request: web.Request) -> web.Response:
 def _query_path(request: web.Request, default: str | None = None) -> str:
     path = request.query.get("path", default)
     if path is None:
-        raise InvalidRequest("query parameter 'path' is required, e.g. ?path=data/input.csv "
-                             "(relative paths are under /home/user)", field="path")
+        raise InvalidRequest(
+            "query parameter 'path' is required, e.g. ?path=data/input.csv "
+            "(relative paths are under /home/user)",
+            field="path",
+        )
     return path
 
 
@@ -200,8 +214,7 @@ async def write_file(request: web.Request) -> web.Response:
             metrics.count_relayed("files", "in", len(chunk))
             yield chunk
 
-    result = await _runtime(request).manager.files.write_file(sbx, path, body(),
-                                                              request.content_length)
+    result = await _runtime(request).manager.files.write_file(sbx, path, body(), request.content_length)
     return web.json_response(result, status=201)
 
 
@@ -211,9 +224,13 @@ async def read_file(request: web.Request) -> web.StreamResponse:
     sbx = _sandbox(request)
     path = _query_path(request)
     size, chunks = await _runtime(request).manager.files.read_file(sbx, path)
-    resp = web.StreamResponse(headers={
-        "Content-Type": "application/octet-stream", "Content-Length": str(size),
-        "Cache-Control": "no-store"})
+    resp = web.StreamResponse(
+        headers={
+            "Content-Type": "application/octet-stream",
+            "Content-Length": str(size),
+            "Cache-Control": "no-store",
+        }
+    )
     await resp.prepare(request)
     # An error past this point cannot become a JSON error any more: the connection is cut, and
     # the client sees fewer bytes than Content-Length promised.
@@ -237,6 +254,7 @@ async def list_files(request: web.Request) -> web.Response:
 async def remove_file(request: web.Request) -> web.Response:
     """Remove the file or empty directory ``?path=`` (``&recursive=true``: with contents)."""
     sbx = _sandbox(request)
-    await _runtime(request).manager.files.remove_file(sbx, _query_path(request),
-                                                      _query_bool(request, "recursive"))
+    await _runtime(request).manager.files.remove_file(
+        sbx, _query_path(request), _query_bool(request, "recursive")
+    )
     return web.Response(status=204)

@@ -35,7 +35,6 @@ KEY_ID: Any = web.RequestKey("key_id", str) if hasattr(web, "RequestKey") else "
 RUNTIME = web.AppKey("runtime", Runtime)
 
 
-
 async def json_object(request: web.Request, *, null_is_empty: bool = False) -> dict[str, Any]:
     """The request's JSON body, which must be an object; no body is an empty one (and so is
     ``null`` where ``null_is_empty``: Kernel Gateway clients send it)."""

@@ -95,8 +95,13 @@ class ChannelListener:
 class AgentClient:
     """Connects to the channel socket, sends requests and Jupyter messages, routes replies."""
 
-    def __init__(self, socket_path: Path | str, *, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
-                 queue_size: int = 1024) -> None:
+    def __init__(
+        self,
+        socket_path: Path | str,
+        *,
+        max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+        queue_size: int = 1024,
+    ) -> None:
         self.socket_path = Path(socket_path)
         self.max_frame_bytes = max_frame_bytes
         self.queue_size = queue_size
@@ -133,8 +138,12 @@ class AgentClient:
             try:
                 hook(listener)
             except Exception:
-                log.exception("channel.listener_failed", listener=type(listener).__name__,
-                              hook=what, socket=str(self.socket_path))
+                log.exception(
+                    "channel.listener_failed",
+                    listener=type(listener).__name__,
+                    hook=what,
+                    socket=str(self.socket_path),
+                )
 
     # -- connecting ------------------------------------------------------------------------------
 
@@ -146,16 +155,16 @@ class AgentClient:
             try:
                 self._reader, self._writer = await asyncio.wait_for(
                     asyncio.open_unix_connection(str(self.socket_path), limit=READ_CHUNK),
-                    max(0.01, deadline - loop.time()))
+                    max(0.01, deadline - loop.time()),
+                )
                 break
             except (FileNotFoundError, ConnectionRefusedError, TimeoutError):
                 if loop.time() >= deadline:
                     raise ChannelTimeout(
-                        f"channel socket {self.socket_path} did not accept a connection "
-                        f"within {timeout:.0f}s") from None
+                        f"channel socket {self.socket_path} did not accept a connection within {timeout:.0f}s"
+                    ) from None
                 await asyncio.sleep(0.02)
-        self._task = asyncio.create_task(self._read_loop(),
-                                         name=f"channel-reader:{self.socket_path}")
+        self._task = asyncio.create_task(self._read_loop(), name=f"channel-reader:{self.socket_path}")
 
     async def hello(self, timeout: float) -> AgentInfo:
         """Ask the agent who it is; answered once its kernel is ready."""
@@ -188,11 +197,9 @@ class AgentClient:
             try:
                 reply = await asyncio.wait_for(fut, max(0.0, deadline - loop.time()))
             except TimeoutError:
-                raise ChannelTimeout(f"the agent did not answer {str(op)!r} within "
-                                     f"{timeout:g}s") from None
+                raise ChannelTimeout(f"the agent did not answer {str(op)!r} within {timeout:g}s") from None
         finally:
-            if self._pending.pop(req_id, None) is not None and (not fut.done()
-                                                                 or fut.cancelled()):
+            if self._pending.pop(req_id, None) is not None and (not fut.done() or fut.cancelled()):
                 self._expire(req_id)  # given up on (a timeout cancels the future)
         if not reply.get("ok"):
             raise AgentError(f"agent refused {str(op)!r}: {reply.get('error')}")
@@ -212,12 +219,10 @@ class AgentClient:
         if self._subs.get(sub.msg_id) is sub:
             del self._subs[sub.msg_id]
 
-    async def send_jupyter(self, channel: str, msg: dict[str, Any],
-                           timeout: float | None = None) -> None:
+    async def send_jupyter(self, channel: str, msg: dict[str, Any], timeout: float | None = None) -> None:
         if channel not in ("shell", "control", "stdin"):
             raise ValueError(f"cannot send on Jupyter channel {channel!r}")
-        await self._send({"op": Frame.JUPYTER.value, "channel": channel, "msg": msg},
-                         self._deadline(timeout))
+        await self._send({"op": Frame.JUPYTER.value, "channel": channel, "msg": msg}, self._deadline(timeout))
 
     async def send_net(self, frame: dict[str, Any], timeout: float | None = None) -> None:
         """Send one ``{"op": "net", ...}`` frame of a network tunnel."""
@@ -240,8 +245,9 @@ class AgentClient:
         try:
             await asyncio.wait_for(self._send_lock.acquire(), left)
         except TimeoutError:
-            raise ChannelTimeout("the guest is not reading its channel: an earlier frame is "
-                                 "still being sent") from None
+            raise ChannelTimeout(
+                "the guest is not reading its channel: an earlier frame is still being sent"
+            ) from None
         try:
             writer = self._writer
             if writer is None or not self.connected:
@@ -251,8 +257,9 @@ class AgentClient:
             try:
                 await asyncio.wait_for(writer.drain(), left)
             except TimeoutError:
-                raise ChannelTimeout(f"the guest did not take a {len(data)}-byte frame in time; "
-                                     "it is not reading its channel") from None
+                raise ChannelTimeout(
+                    f"the guest did not take a {len(data)}-byte frame in time; it is not reading its channel"
+                ) from None
             except (ConnectionError, OSError) as exc:
                 await self._shutdown(f"write failed: {exc}", violation=False)
                 raise ChannelClosed(self.closed_reason or str(exc)) from exc
@@ -293,8 +300,9 @@ class AgentClient:
         except ProtocolViolation:
             raise
         except Exception:
-            log.exception("channel.dispatch_failed", socket=str(self.socket_path),
-                          op=str(frame.get("op"))[:40])
+            log.exception(
+                "channel.dispatch_failed", socket=str(self.socket_path), op=str(frame.get("op"))[:40]
+            )
 
     async def _dispatch(self, frame: dict[str, Any], size: int = 0) -> None:
         op = frame["op"]
@@ -317,8 +325,7 @@ class AgentClient:
 
     def _on_reply(self, frame: dict[str, Any]) -> None:
         req_id = frame.get("id")
-        if not isinstance(req_id, int) or isinstance(req_id, bool) or not 0 < req_id <= \
-                self._last_id:
+        if not isinstance(req_id, int) or isinstance(req_id, bool) or not 0 < req_id <= self._last_id:
             raise ProtocolViolation(f"guest replied to request {req_id!r:.40}, never made")
         fut = self._pending.get(req_id)
         if fut is not None and not fut.done():

@@ -1,11 +1,11 @@
 """Errors of the channel to a guest agent.
 
-    ChannelError
-    ├── ChannelClosed           the channel is closed (VM gone, agent exited, closed by us)
-    ├── ChannelTimeout          a deadline passed (also a TimeoutError)
-    ├── AgentError              the agent answered ``ok: false``
-    ├── NotSupportedByAgent     the agent did not announce the capability an op needs
-    └── ProtocolViolation       the guest broke the protocol (the channel is then closed)
+ChannelError
+├── ChannelClosed           the channel is closed (VM gone, agent exited, closed by us)
+├── ChannelTimeout          a deadline passed (also a TimeoutError)
+├── AgentError              the agent answered ``ok: false``
+├── NotSupportedByAgent     the agent did not announce the capability an op needs
+└── ProtocolViolation       the guest broke the protocol (the channel is then closed)
 """
 
 from __future__ import annotations

@@ -39,7 +39,8 @@ class AgentInfo:
 
     version: int = 1
     capabilities: frozenset[str] = field(
-        default_factory=lambda: frozenset(str(c) for c in LEGACY_CAPABILITIES))
+        default_factory=lambda: frozenset(str(c) for c in LEGACY_CAPABILITIES)
+    )
     kernel_info: dict[str, Any] = field(default_factory=dict)
     boot_id: str = ""
 
@@ -54,9 +55,12 @@ class AgentInfo:
             capabilities = frozenset(str(c) for c in LEGACY_CAPABILITIES)
         info = reply.get("kernel_info")
         boot = reply.get("boot_id")
-        return cls(version, capabilities, info if isinstance(info, dict) else {},
-                   boot if isinstance(boot, str) else "")
-
+        return cls(
+            version,
+            capabilities,
+            info if isinstance(info, dict) else {},
+            boot if isinstance(boot, str) else "",
+        )
 
 
 class _Owner(Protocol):
@@ -71,8 +75,7 @@ class _Owner(Protocol):
 class Subscription:
     """Messages whose parent is one request, in arrival order, with backpressure."""
 
-    def __init__(self, client: _Owner, msg_id: str, maxsize: int,
-                 max_bytes: int = 16 * 1024 * 1024) -> None:
+    def __init__(self, client: _Owner, msg_id: str, maxsize: int, max_bytes: int = 16 * 1024 * 1024) -> None:
         self._client = client
         self.msg_id = msg_id
         self.queue: asyncio.Queue[JupyterMessage | None] = asyncio.Queue(maxsize)
@@ -85,8 +88,7 @@ class Subscription:
 
     async def put(self, message: JupyterMessage) -> None:
         """Queue a message, waiting (backpressure on the channel) while the queue is full."""
-        while (not self.closed and self.queued_bytes > 0
-               and self.queued_bytes + message.size > self.max_bytes):
+        while not self.closed and self.queued_bytes > 0 and self.queued_bytes + message.size > self.max_bytes:
             self._room.clear()
             await self._room.wait()
         if self.closed:

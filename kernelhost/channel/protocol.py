@@ -135,9 +135,7 @@ CAPABILITY_OF: dict[Op, Capability] = {
 }
 
 #: What an agent of protocol 1 (which announced no capabilities) could do.
-LEGACY_CAPABILITIES = frozenset(
-    {Capability.BASH, Capability.FILES, Capability.NETWORK, Capability.SNAPSHOT}
-)
+LEGACY_CAPABILITIES = frozenset({Capability.BASH, Capability.FILES, Capability.NETWORK, Capability.SNAPSHOT})
 
 # -- network tunnels ---------------------------------------------------------------------------
 
@@ -171,7 +169,7 @@ def jupyter_header(
         "msg_type": msg_type,
         "session": session,
         "username": username,
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+        "date": datetime.datetime.now(datetime.UTC).isoformat(),
         "version": JUPYTER_PROTOCOL_VERSION,
     }
 

@@ -65,8 +65,13 @@ class AsyncFiles:
         _check_path(path)
         body: Any
         if isinstance(data, (str, bytes, bytearray, memoryview)):
-            raw = (data.encode("utf-8") if isinstance(data, str)
-                   else data if isinstance(data, bytes) else bytes(data))
+            raw = (
+                data.encode("utf-8")
+                if isinstance(data, str)
+                else data
+                if isinstance(data, bytes)
+                else bytes(data)
+            )
             # a file object, so aiohttp streams it instead of warning about a large raw body
             body = io.BytesIO(raw) if len(raw) > BYTES_IN_ONE_WRITE else raw
         elif hasattr(data, "read") or hasattr(data, "__aiter__"):
@@ -82,37 +87,38 @@ class AsyncFiles:
         if not isinstance(reply, dict) or not isinstance(reply.get("path"), str):
             raise TransportError(f"PUT {url} answered without the written path: {reply!r:.300}")
         written = str(reply["path"])
-        return FileInfo(name=written.rsplit("/", 1)[-1], path=written, type="file",
-                        size=int(reply.get("size") or 0))
+        return FileInfo(
+            name=written.rsplit("/", 1)[-1], path=written, type="file", size=int(reply.get("size") or 0)
+        )
 
     async def read(self, path: str, timeout: float = FILE_TIMEOUT) -> bytes:
         """The bytes of the file at ``path``; ``NotFoundError`` (naming the path) if none."""
         url = self._path()
         chunks: builtins.list[bytes] = []
-        await self._sandbox._http.download(url, params={"path": _check_path(path)},
-                                           sink=chunks.append, timeout=timeout)
+        await self._sandbox._http.download(
+            url, params={"path": _check_path(path)}, sink=chunks.append, timeout=timeout
+        )
         return b"".join(chunks)
 
-    async def read_text(self, path: str, encoding: str = "utf-8",
-                        timeout: float = FILE_TIMEOUT) -> str:
+    async def read_text(self, path: str, encoding: str = "utf-8", timeout: float = FILE_TIMEOUT) -> str:
         """The file at ``path`` decoded as text (UTF-8 unless ``encoding`` says otherwise)."""
         return (await self.read(path, timeout=timeout)).decode(encoding)
 
-    async def download(self, path: str, destination: str | os.PathLike[str] | IO[bytes],
-                       timeout: float = FILE_TIMEOUT) -> int:
+    async def download(
+        self, path: str, destination: str | os.PathLike[str] | IO[bytes], timeout: float = FILE_TIMEOUT
+    ) -> int:
         """Stream the file at ``path`` into a local file (a path, or a binary file object)
         without holding it in memory; returns its size in bytes."""
         url = self._path()
         params = {"path": _check_path(path)}
         if hasattr(destination, "write"):
             out: IO[bytes] = destination  # type: ignore[assignment]
-            return await self._sandbox._http.download(url, params=params, sink=out.write,
-                                                      timeout=timeout)
+            return await self._sandbox._http.download(url, params=params, sink=out.write, timeout=timeout)
         f = await asyncio.to_thread(open, destination, "wb")
         try:
             return await self._sandbox._http.download(
-                url, params=params, sink=lambda chunk: asyncio.to_thread(f.write, chunk),
-                timeout=timeout)
+                url, params=params, sink=lambda chunk: asyncio.to_thread(f.write, chunk), timeout=timeout
+            )
         finally:
             await asyncio.to_thread(f.close)
 
@@ -127,13 +133,13 @@ class AsyncFiles:
             raise TransportError(f"GET {url} answered without an 'entries' list: {reply!r:.300}")
         return [FileInfo.from_wire(entry) for entry in entries]
 
-    async def remove(self, path: str, recursive: bool = False,
-                     timeout: float = REQUEST_TIMEOUT) -> None:
+    async def remove(self, path: str, recursive: bool = False, timeout: float = REQUEST_TIMEOUT) -> None:
         """Remove the file (or empty directory; with ``recursive=True``, any directory) at
         ``path``; ``NotFoundError`` if there is nothing there."""
         url = self._path()
         await self._sandbox._http.request(
-            "DELETE", url, params={"path": _check_path(path),
-                                   "recursive": "true" if recursive else "false"},
+            "DELETE",
+            url,
+            params={"path": _check_path(path), "recursive": "true" if recursive else "false"},
             timeout=timeout,
         )

@@ -59,8 +59,7 @@ def resolve_config(url: str | None, api_key: str | None) -> Config:
     if not base.startswith(("http://", "https://")):
         source = "url=" if url else URL_ENV
         raise ValueError(
-            f"{source} is {base!r}, which is not an http(s) URL; "
-            f"use the form 'http://127.0.0.1:8999'"
+            f"{source} is {base!r}, which is not an http(s) URL; use the form 'http://127.0.0.1:8999'"
         )
     key = api_key or os.environ.get(API_KEY_ENV)
     if not key:
@@ -105,8 +104,7 @@ class HTTPClient:
             )
         return self._session
 
-    async def _send(self, method: str, url: str, replayable: bool,
-                    **kwargs: Any) -> aiohttp.ClientResponse:
+    async def _send(self, method: str, url: str, replayable: bool, **kwargs: Any) -> aiohttp.ClientResponse:
         """Send a request; a kept-alive connection the server had closed meanwhile (it restarted)
         fails before any response, so a ``replayable`` request is sent once more on a new one."""
         try:
@@ -146,8 +144,14 @@ class HTTPClient:
         replayable = data is None or isinstance(data, bytes)
         with self._translate_errors(what, timeout):
             async with await self._send(
-                method, self.config.url + path, replayable and method != "POST",
-                json=json_body, timeout=deadline, params=params, data=data, headers=headers,
+                method,
+                self.config.url + path,
+                replayable and method != "POST",
+                json=json_body,
+                timeout=deadline,
+                params=params,
+                data=data,
+                headers=headers,
             ) as resp:
                 body = await resp.read()
                 if resp.status >= 400:
@@ -201,9 +205,7 @@ class HTTPClient:
         is bounded.
         """
         what = f"{method} {path}"
-        deadline = aiohttp.ClientTimeout(
-            total=timeout, connect=CONNECT_TIMEOUT, sock_connect=CONNECT_TIMEOUT
-        )
+        deadline = aiohttp.ClientTimeout(total=timeout, connect=CONNECT_TIMEOUT, sock_connect=CONNECT_TIMEOUT)
         # an execute runs nothing before its response starts: a connection that failed before
         # any response never reached the code, so it is sent once more
         with self._translate_errors(what, timeout):
@@ -233,7 +235,7 @@ class HTTPClient:
                 f"check that the server is up (`make serve`) and that {URL_ENV} / url= is right"
             ) from exc
         # asyncio.TimeoutError, not the builtin: the two differ on Python 3.10.
-        except asyncio.TimeoutError as exc:
+        except TimeoutError as exc:
             within = f" within {timeout:g} s" if timeout is not None else ""
             raise KernelHostTimeout(
                 f"{what} to {url} got no complete answer{within}; "
@@ -308,9 +310,7 @@ async def _iter_ndjson(resp: aiohttp.ClientResponse, what: str) -> AsyncIterator
                 yield _decode_event(line, what)
         scanned = len(buf)
         if len(buf) > MAX_EVENT_BYTES:
-            raise TransportError(
-                f"an event in the response to {what} exceeds {MAX_EVENT_BYTES} bytes"
-            )
+            raise TransportError(f"an event in the response to {what} exceeds {MAX_EVENT_BYTES} bytes")
     if bytes(buf).strip():
         yield _decode_event(bytes(buf), what)
 

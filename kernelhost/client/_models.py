@@ -14,8 +14,16 @@ from typing import Any
 
 from kernelhost.client._exceptions import TransportError
 
-__all__ = ["Execution", "ExecutionError", "ExecutionStatus", "FileInfo", "Recovery", "Result",
-           "SandboxInfo", "SandboxState"]
+__all__ = [
+    "Execution",
+    "ExecutionError",
+    "ExecutionStatus",
+    "FileInfo",
+    "Recovery",
+    "Result",
+    "SandboxInfo",
+    "SandboxState",
+]
 
 
 class SandboxState(enum.StrEnum):
@@ -79,9 +87,7 @@ def _parse_time(value: Any, key: str) -> datetime | None:
         # Python 3.10's fromisoformat does not accept a trailing "Z".
         return datetime.fromisoformat(text[:-1] + "+00:00" if text.endswith("Z") else text)
     except ValueError:
-        raise TransportError(
-            f"the server sent {key}={text!r}, which is not an ISO 8601 time"
-        ) from None
+        raise TransportError(f"the server sent {key}={text!r}, which is not an ISO 8601 time") from None
 
 
 @dataclass

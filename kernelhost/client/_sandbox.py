@@ -160,14 +160,10 @@ class AsyncSandbox:
         returned handle deletes the sandbox.
         """
         if not isinstance(sandbox_id, str) or not sandbox_id:
-            raise ValueError(
-                f"sandbox_id must be a sandbox's id such as 'sbx_...', got {sandbox_id!r}"
-            )
+            raise ValueError(f"sandbox_id must be a sandbox's id such as 'sbx_...', got {sandbox_id!r}")
         sbx = cls(url=url, api_key=api_key)
         try:
-            sbx._info = SandboxInfo.from_wire(
-                await sbx._http.request("GET", _sandbox_path(sandbox_id))
-            )
+            sbx._info = SandboxInfo.from_wire(await sbx._http.request("GET", _sandbox_path(sandbox_id)))
         except BaseException:
             await sbx._discard()
             raise
@@ -374,14 +370,12 @@ class AsyncSandbox:
         ``"vm_replaced"``.
         """
         self._ensure_open()
-        reply = await self._http.request("POST", _sandbox_path(self.id, "restart"),
-                                         timeout=RESTART_TIMEOUT)
+        reply = await self._http.request("POST", _sandbox_path(self.id, "restart"), timeout=RESTART_TIMEOUT)
         recovery = reply.get("recovery") if isinstance(reply, dict) else None
         try:
             return Recovery(str(recovery or Recovery.KERNEL_RESTARTED))
         except ValueError:
-            raise TransportError(f"restart answered with an unknown recovery {recovery!r}") \
-                from None
+            raise TransportError(f"restart answered with an unknown recovery {recovery!r}") from None
 
     async def fork(self, n: int = 1, timeout: float = CREATE_TIMEOUT) -> builtins.list[AsyncSandbox]:
         """Copy this sandbox, live, into ``n`` new sandboxes (1 to 32).
@@ -416,9 +410,7 @@ class AsyncSandbox:
 
     # Defined last: inside the class body, the name ``list`` refers to this method afterwards.
     @classmethod
-    async def list(
-        cls, url: str | None = None, api_key: str | None = None
-    ) -> builtins.list[SandboxInfo]:
+    async def list(cls, url: str | None = None, api_key: str | None = None) -> builtins.list[SandboxInfo]:
         """List the sandboxes that belong to the API key."""
         http = HTTPClient(resolve_config(url, api_key))
         try:
@@ -427,7 +419,5 @@ class AsyncSandbox:
             await http.aclose()
         items = payload.get("sandboxes") if isinstance(payload, dict) else None
         if not isinstance(items, builtins.list):
-            raise TransportError(
-                f"GET /v1/sandboxes answered without a 'sandboxes' list: {payload!r:.300}"
-            )
+            raise TransportError(f"GET /v1/sandboxes answered without a 'sandboxes' list: {payload!r:.300}")
         return [SandboxInfo.from_wire(item) for item in items]

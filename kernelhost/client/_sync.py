@@ -227,9 +227,7 @@ class Sandbox:
 
     @classmethod
     @_doc_from(AsyncSandbox.connect)
-    def connect(
-        cls, sandbox_id: str, url: str | None = None, api_key: str | None = None
-    ) -> Sandbox:
+    def connect(cls, sandbox_id: str, url: str | None = None, api_key: str | None = None) -> Sandbox:
         loop_thread = _LoopThread()
         try:
             sbx = loop_thread.call(AsyncSandbox.connect(sandbox_id, url=url, api_key=api_key))

@@ -55,13 +55,21 @@ class Handles:
             await oldest.detach()
         return self._open[key]
 
-    async def create(self, creds: Credentials, template: str | None,
-                     idle_timeout_seconds: int | None,
-                     network: str | dict[str, Any] | None = None) -> AsyncSandbox:
+    async def create(
+        self,
+        creds: Credentials,
+        template: str | None,
+        idle_timeout_seconds: int | None,
+        network: str | dict[str, Any] | None = None,
+    ) -> AsyncSandbox:
         sbx = await AsyncSandbox.create(
-            template=template or self.template, url=creds.url, api_key=creds.api_key,
+            template=template or self.template,
+            url=creds.url,
+            api_key=creds.api_key,
             idle_timeout_seconds=idle_timeout_seconds or self.idle_timeout_seconds,
-            metadata={"created_by": "kernelhost-mcp"}, network=network)
+            metadata={"created_by": "kernelhost-mcp"},
+            network=network,
+        )
         key = self._key(creds, sbx.id)
         self._created[key] = creds
         return await self._keep(key, sbx)
@@ -91,7 +99,8 @@ class Handles:
         key = self._key(creds, sandbox_id)
         self._created.pop(key, None)
         sbx = self._open.pop(key, None) or await AsyncSandbox.connect(
-            sandbox_id, url=creds.url, api_key=creds.api_key)
+            sandbox_id, url=creds.url, api_key=creds.api_key
+        )
         await sbx.close()
 
     async def release(self, delete_created: bool) -> None:
@@ -108,8 +117,9 @@ class Handles:
         if delete_created:  # created sandboxes whose handle was evicted
             for (_, sandbox_id), creds in created.items():
                 try:
-                    await (await AsyncSandbox.connect(sandbox_id, url=creds.url,
-                                                      api_key=creds.api_key)).close()
+                    await (
+                        await AsyncSandbox.connect(sandbox_id, url=creds.url, api_key=creds.api_key)
+                    ).close()
                 except NotFoundError:
                     pass
                 except KernelHostError as exc:

@@ -96,8 +96,9 @@ class RestartedOut(BaseModel):
     """A restarted sandbox."""
 
     sandbox_id: str
-    recovery: str = Field(description="kernel_restarted (files kept) or vm_replaced (a fresh "
-                                      "VM: files lost too)")
+    recovery: str = Field(
+        description="kernel_restarted (files kept) or vm_replaced (a fresh VM: files lost too)"
+    )
 
 
 def entry_out(info: FileInfo) -> EntryOut:
@@ -106,5 +107,10 @@ def entry_out(info: FileInfo) -> EntryOut:
 
 def sandbox_out(info: SandboxInfo) -> SandboxOut:
     created = info.created_at.isoformat() if info.created_at else None
-    return SandboxOut(sandbox_id=info.id, template=info.template, state=info.state,
-                      created_at=created, network=str(info.network.get("mode", "none")))
+    return SandboxOut(
+        sandbox_id=info.id,
+        template=info.template,
+        state=info.state,
+        created_at=created,
+        network=str(info.network.get("mode", "none")),
+    )

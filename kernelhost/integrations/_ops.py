@@ -36,9 +36,23 @@ from kernelhost.client import (
 
 from .output import Image, OutputBudget, shape_execution
 
-__all__ = ["LANGUAGES", "Call", "PathStat", "Plan", "ToolOutput", "drive", "drive_async",
-           "drive_sync", "files_list", "files_read", "files_write", "run_code", "run_for_model",
-           "service_failure", "stat_path"]
+__all__ = [
+    "LANGUAGES",
+    "Call",
+    "PathStat",
+    "Plan",
+    "ToolOutput",
+    "drive",
+    "drive_async",
+    "drive_sync",
+    "files_list",
+    "files_read",
+    "files_write",
+    "run_code",
+    "run_for_model",
+    "service_failure",
+    "stat_path",
+]
 
 T = TypeVar("T")
 
@@ -157,12 +171,12 @@ def service_failure(exc: KernelHostError) -> None:
         raise exc
 
 
-def run_for_model(source: str, language: str, timeout: float | None,
-                  budget: OutputBudget) -> Plan[ToolOutput]:
+def run_for_model(
+    source: str, language: str, timeout: float | None, budget: OutputBudget
+) -> Plan[ToolOutput]:
     """Run Python code or a bash command and shape what it produced for a model."""
     if language not in LANGUAGES:
-        return ToolOutput(f"Unknown language {language!r}: use one of {', '.join(LANGUAGES)}.",
-                          [], True)
+        return ToolOutput(f"Unknown language {language!r}: use one of {', '.join(LANGUAGES)}.", [], True)
     try:
         execution: Execution = yield run_code(source, language, timeout)
     except KernelHostError as exc:

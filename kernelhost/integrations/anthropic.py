@@ -100,12 +100,15 @@ DEFAULT_DESCRIPTION = (
 )
 
 _EDITOR_COMMANDS = ("view", "create", "str_replace")
-_IMAGE_MAGIC = ((b"\x89PNG\r\n\x1a\n", "image"), (b"\xff\xd8\xff", "image"), (b"GIF8", "image"),
-                (b"%PDF-", "pdf"))
+_IMAGE_MAGIC = (
+    (b"\x89PNG\r\n\x1a\n", "image"),
+    (b"\xff\xd8\xff", "image"),
+    (b"GIF8", "image"),
+    (b"%PDF-", "pdf"),
+)
 
 
-def code_execution_tool(name: str = "run_python", description: str = DEFAULT_DESCRIPTION
-                        ) -> dict[str, Any]:
+def code_execution_tool(name: str = "run_python", description: str = DEFAULT_DESCRIPTION) -> dict[str, Any]:
     """The definition of a client tool that runs Python, for ``tools=`` of ``messages.create``.
 
     Its ``tool_use`` blocks carry ``{"code": ...}``. The default name is not ``code_execution``
@@ -117,8 +120,7 @@ def code_execution_tool(name: str = "run_python", description: str = DEFAULT_DES
         "description": description,
         "input_schema": {
             "type": "object",
-            "properties": {"code": {"type": "string",
-                                    "description": "Python source to run in the kernel"}},
+            "properties": {"code": {"type": "string", "description": "Python source to run in the kernel"}},
             "required": ["code"],
         },
     }
@@ -135,8 +137,13 @@ def server_code_execution_tool(version: str = "20250825") -> dict[str, Any]:
     return {"type": f"code_execution_{version}", "name": "code_execution"}
 
 
-def handle_code_execution_tool_use(block: Any, sbx: Sandbox, *, timeout: float | None = DEFAULT_TIMEOUT,
-                                   budget: OutputBudget = DEFAULT_BUDGET) -> dict[str, Any]:
+def handle_code_execution_tool_use(
+    block: Any,
+    sbx: Sandbox,
+    *,
+    timeout: float | None = DEFAULT_TIMEOUT,
+    budget: OutputBudget = DEFAULT_BUDGET,
+) -> dict[str, Any]:
     """Run a code-execution block from a Messages API response in ``sbx``; return the answer.
 
     ``block`` is a ``tool_use`` or ``server_tool_use`` block (an ``anthropic`` SDK object or a
@@ -147,8 +154,12 @@ def handle_code_execution_tool_use(block: Any, sbx: Sandbox, *, timeout: float |
 
 
 async def ahandle_code_execution_tool_use(
-        block: Any, sbx: AsyncSandbox, *, timeout: float | None = DEFAULT_TIMEOUT,
-        budget: OutputBudget = DEFAULT_BUDGET) -> dict[str, Any]:
+    block: Any,
+    sbx: AsyncSandbox,
+    *,
+    timeout: float | None = DEFAULT_TIMEOUT,
+    budget: OutputBudget = DEFAULT_BUDGET,
+) -> dict[str, Any]:
     """``handle_code_execution_tool_use`` for an ``AsyncSandbox``."""
     return await drive_async(_plan(block, timeout, budget), sbx)
 
@@ -164,12 +175,14 @@ def _as_dict(block: Any) -> dict[str, Any]:
     else:
         raise TypeError(
             f"expected a tool_use block (an anthropic SDK object or a dict), got "
-            f"{type(block).__name__}: pass the items of response.content whose type is 'tool_use'")
+            f"{type(block).__name__}: pass the items of response.content whose type is 'tool_use'"
+        )
     kind = data.get("type")
     if kind not in ("tool_use", "server_tool_use"):
         raise ValueError(
             f"block type {kind!r} is not a tool call: pass only blocks whose type is 'tool_use' "
-            "(or 'server_tool_use'); text and result blocks need no answer")
+            "(or 'server_tool_use'); text and result blocks need no answer"
+        )
     for key in ("id", "name"):
         if not isinstance(data.get(key), str):
             raise ValueError(f"the {kind} block has no string {key!r}: {data!r:.200}")
@@ -189,7 +202,8 @@ def _plan(block: Any, timeout: float | None, budget: OutputBudget) -> Plan[dict[
         if name != "code_execution":
             raise ValueError(
                 f"server tool {name!r} is not code execution; kernelhost answers code_execution, "
-                "bash_code_execution and text_editor_code_execution only")
+                "bash_code_execution and text_editor_code_execution only"
+            )
         return (yield from _code_result(tool_use_id, args, timeout, budget))
     return (yield from _tool_result(tool_use_id, args, timeout, budget))
 
@@ -205,8 +219,9 @@ def _service_error(exc: KernelHostError) -> str:
 # -- client tools: tool_result -------------------------------------------------------------------
 
 
-def _tool_result(tool_use_id: str, args: dict[str, Any], timeout: float | None,
-                 budget: OutputBudget) -> Plan[dict[str, Any]]:
+def _tool_result(
+    tool_use_id: str, args: dict[str, Any], timeout: float | None, budget: OutputBudget
+) -> Plan[dict[str, Any]]:
     code, command = args.get("code"), args.get("command")
     if isinstance(code, str):
         output = yield from run_for_model(code, "python", timeout, budget)
@@ -215,22 +230,31 @@ def _tool_result(tool_use_id: str, args: dict[str, Any], timeout: float | None,
     else:
         output = ToolOutput(
             f"Invalid input with keys {sorted(args)}: pass 'code' (a string of Python source) to "
-            "run code, or 'command' (a string) to run a shell command.", [], True)
+            "run code, or 'command' (a string) to run a shell command.",
+            [],
+            True,
+        )
     content: list[dict[str, Any]] = [{"type": "text", "text": output.text}]
-    content += [{"type": "image", "source": {"type": "base64", "media_type": image.mime_type,
-                                             "data": image.data}} for image in output.images]
-    return {"type": "tool_result", "tool_use_id": tool_use_id, "content": content,
-            "is_error": output.is_error}
+    content += [
+        {"type": "image", "source": {"type": "base64", "media_type": image.mime_type, "data": image.data}}
+        for image in output.images
+    ]
+    return {
+        "type": "tool_result",
+        "tool_use_id": tool_use_id,
+        "content": content,
+        "is_error": output.is_error,
+    }
 
 
 # -- server tool shapes ------------------------------------------------------------------------
 
 
-def _code_result(tool_use_id: str, args: dict[str, Any], timeout: float | None,
-                 budget: OutputBudget) -> Plan[dict[str, Any]]:
+def _code_result(
+    tool_use_id: str, args: dict[str, Any], timeout: float | None, budget: OutputBudget
+) -> Plan[dict[str, Any]]:
     def answer(content: dict[str, Any]) -> dict[str, Any]:
-        return {"type": "code_execution_tool_result", "tool_use_id": tool_use_id,
-                "content": content}
+        return {"type": "code_execution_tool_result", "tool_use_id": tool_use_id, "content": content}
 
     def error(code: str) -> dict[str, Any]:
         return answer({"type": "code_execution_tool_result_error", "error_code": code})
@@ -246,17 +270,25 @@ def _code_result(tool_use_id: str, args: dict[str, Any], timeout: float | None,
         return error("execution_time_exceeded")
     shaped = shape_execution(execution, budget)
     # stdout carries everything but stderr: prints, the cell's value, the traceback.
-    (stdout, stderr), _ = fit_texts([shaped.to_text(stderr=False, empty=""), shaped.stderr],
-                                    budget.max_chars, budget.head_fraction)
-    return answer({"type": "code_execution_result", "stdout": stdout, "stderr": stderr,
-                   "return_code": 1 if shaped.is_error else 0, "content": []})
+    (stdout, stderr), _ = fit_texts(
+        [shaped.to_text(stderr=False, empty=""), shaped.stderr], budget.max_chars, budget.head_fraction
+    )
+    return answer(
+        {
+            "type": "code_execution_result",
+            "stdout": stdout,
+            "stderr": stderr,
+            "return_code": 1 if shaped.is_error else 0,
+            "content": [],
+        }
+    )
 
 
-def _bash_result(tool_use_id: str, args: dict[str, Any], timeout: float | None,
-                 budget: OutputBudget) -> Plan[dict[str, Any]]:
+def _bash_result(
+    tool_use_id: str, args: dict[str, Any], timeout: float | None, budget: OutputBudget
+) -> Plan[dict[str, Any]]:
     def answer(content: dict[str, Any]) -> dict[str, Any]:
-        return {"type": "bash_code_execution_tool_result", "tool_use_id": tool_use_id,
-                "content": content}
+        return {"type": "bash_code_execution_tool_result", "tool_use_id": tool_use_id, "content": content}
 
     def error(code: str) -> dict[str, Any]:
         return answer({"type": "bash_code_execution_tool_result_error", "error_code": code})
@@ -272,10 +304,18 @@ def _bash_result(tool_use_id: str, args: dict[str, Any], timeout: float | None,
         return error("execution_time_exceeded")
     if execution.exit_code is None:  # the command was cut off (its processes killed, VM lost)
         return error("unavailable")
-    (stdout, stderr), _ = fit_texts([execution.stdout, execution.stderr], budget.max_chars,
-                                    budget.head_fraction)
-    return answer({"type": "bash_code_execution_result", "stdout": stdout, "stderr": stderr,
-                   "return_code": execution.exit_code, "content": []})
+    (stdout, stderr), _ = fit_texts(
+        [execution.stdout, execution.stderr], budget.max_chars, budget.head_fraction
+    )
+    return answer(
+        {
+            "type": "bash_code_execution_result",
+            "stdout": stdout,
+            "stderr": stderr,
+            "return_code": execution.exit_code,
+            "content": [],
+        }
+    )
 
 
 class _BadInput(Exception):
@@ -286,15 +326,16 @@ class _FileNotFound(Exception):
     """The path does not exist (``file_not_found``); the message names it."""
 
 
-def _editor_result(tool_use_id: str, args: dict[str, Any], budget: OutputBudget
-                   ) -> Plan[dict[str, Any]]:
+def _editor_result(tool_use_id: str, args: dict[str, Any], budget: OutputBudget) -> Plan[dict[str, Any]]:
     def answer(content: dict[str, Any]) -> dict[str, Any]:
-        return {"type": "text_editor_code_execution_tool_result", "tool_use_id": tool_use_id,
-                "content": content}
+        return {
+            "type": "text_editor_code_execution_tool_result",
+            "tool_use_id": tool_use_id,
+            "content": content,
+        }
 
     def error(code: str, message: str | None = None) -> dict[str, Any]:
-        content: dict[str, Any] = {"type": "text_editor_code_execution_tool_result_error",
-                                   "error_code": code}
+        content: dict[str, Any] = {"type": "text_editor_code_execution_tool_result_error", "error_code": code}
         if message is not None:
             content["error_message"] = message
         return answer(content)
@@ -313,8 +354,12 @@ def _editor_result(tool_use_id: str, args: dict[str, Any], budget: OutputBudget
             if before.kind == "dir":
                 raise _BadInput(f"{path} is a directory; name a file to create")
             yield from _call(files_write(path, text.encode()), path)
-            return answer({"type": "text_editor_code_execution_create_result",
-                           "is_file_update": before.kind != "missing"})
+            return answer(
+                {
+                    "type": "text_editor_code_execution_create_result",
+                    "is_file_update": before.kind != "missing",
+                }
+            )
         if command == "view":
             return answer((yield from _view(path, args.get("view_range"), budget)))
         return answer((yield from _str_replace(path, args)))
@@ -348,8 +393,10 @@ def _read_file(path: str, stat: PathStat | None = None) -> Plan[bytes]:
     if stat.kind == "dir":
         raise _BadInput(f"{path} is a directory, not a file")
     if stat.size > VIEW_MAX_BYTES:
-        raise _BadInput(f"{path} is {stat.size} bytes, over the {VIEW_MAX_BYTES}-byte limit "
-                        "here; work on it with a bash command instead")
+        raise _BadInput(
+            f"{path} is {stat.size} bytes, over the {VIEW_MAX_BYTES}-byte limit "
+            "here; work on it with a bash command instead"
+        )
     data: bytes = yield from _call(files_read(path), path)
     return data
 
@@ -361,30 +408,38 @@ def _view(path: str, view_range: Any, budget: OutputBudget) -> Plan[dict[str, An
         entries = yield from _call(files_list(path), path)
         listing = "\n".join(e.name + ("/" if e.type == "dir" else "") for e in entries)
         count = len(listing.splitlines())
-        return {**result, "file_type": "text", "content": listing, "num_lines": count,
-                "start_line": 1, "total_lines": count}
+        return {
+            **result,
+            "file_type": "text",
+            "content": listing,
+            "num_lines": count,
+            "start_line": 1,
+            "total_lines": count,
+        }
     raw = yield from _read_file(path, stat)
     for magic, file_type in _IMAGE_MAGIC:
         if raw.startswith(magic):
-            return {**result, "file_type": file_type,
-                    "content": base64.b64encode(raw).decode("ascii")}
+            return {**result, "file_type": file_type, "content": base64.b64encode(raw).decode("ascii")}
     lines = raw.decode("utf-8", "replace").splitlines(keepends=True)
     start, end = 1, len(lines)
-    if (isinstance(view_range, list) and len(view_range) == 2
-            and all(isinstance(v, int) for v in view_range)):
+    if isinstance(view_range, list) and len(view_range) == 2 and all(isinstance(v, int) for v in view_range):
         start = max(1, view_range[0])
         end = len(lines) if view_range[1] == -1 else min(len(lines), view_range[1])
-    shown = "".join(lines[start - 1:end])
-    return {**result, "file_type": "text",
-            "content": truncate_text(shown, budget.max_chars, budget.head_fraction),
-            "num_lines": max(0, end - start + 1), "start_line": start, "total_lines": len(lines)}
+    shown = "".join(lines[start - 1 : end])
+    return {
+        **result,
+        "file_type": "text",
+        "content": truncate_text(shown, budget.max_chars, budget.head_fraction),
+        "num_lines": max(0, end - start + 1),
+        "start_line": start,
+        "total_lines": len(lines),
+    }
 
 
 def _str_replace(path: str, args: dict[str, Any]) -> Plan[dict[str, Any]]:
     old, new = args.get("old_str"), args.get("new_str", "")
     if not isinstance(old, str) or not old or not isinstance(new, str):
-        raise _BadInput("str_replace needs 'old_str' (a non-empty string) and 'new_str' "
-                        "(a string)")
+        raise _BadInput("str_replace needs 'old_str' (a non-empty string) and 'new_str' (a string)")
     raw = yield from _read_file(path)
     try:
         text = raw.decode("utf-8")
@@ -392,9 +447,12 @@ def _str_replace(path: str, args: dict[str, Any]) -> Plan[dict[str, Any]]:
         raise _BadInput(f"{path} is not UTF-8 text") from None
     count = text.count(old)
     if count != 1:
-        raise _BadInput(f"old_str was not found in {path}" if count == 0 else
-                        f"old_str occurs {count} times in {path}; include more surrounding "
-                        "lines so that it occurs exactly once")
+        raise _BadInput(
+            f"old_str was not found in {path}"
+            if count == 0
+            else f"old_str occurs {count} times in {path}; include more surrounding "
+            "lines so that it occurs exactly once"
+        )
     yield from _call(files_write(path, text.replace(old, new, 1).encode()), path)
     # The hunk, in whole lines: the lines old_str touched, before and after the replacement.
     at = text.index(old)
@@ -402,9 +460,13 @@ def _str_replace(path: str, args: dict[str, Any]) -> Plan[dict[str, Any]]:
     newline = text.find("\n", at + len(old))
     line_end = len(text) if newline < 0 else newline
     before = text[line_start:line_end].split("\n")
-    after = (text[line_start:at] + new + text[at + len(old):line_end]).split("\n")
+    after = (text[line_start:at] + new + text[at + len(old) : line_end]).split("\n")
     start = text.count("\n", 0, at) + 1
-    return {"type": "text_editor_code_execution_str_replace_result",
-            "old_start": start, "old_lines": len(before), "new_start": start,
-            "new_lines": len(after),
-            "lines": [f"-{line}" for line in before] + [f"+{line}" for line in after]}
+    return {
+        "type": "text_editor_code_execution_str_replace_result",
+        "old_start": start,
+        "old_lines": len(before),
+        "new_start": start,
+        "new_lines": len(after),
+        "lines": [f"-{line}" for line in before] + [f"+{line}" for line in after],
+    }

@@ -52,7 +52,8 @@ except ModuleNotFoundError as exc:  # pragma: no cover - depends on the environm
         raise
     raise ModuleNotFoundError(
         "kernelhost's MCP server needs the mcp package (version 2): pip install 'kernelhost[mcp]'",
-        name=exc.name) from exc
+        name=exc.name,
+    ) from exc
 
 from ._mcp_handles import Credentials, Handles
 from ._mcp_models import (
@@ -69,8 +70,14 @@ from ._mcp_models import (
     sandbox_out,
 )
 
-__all__ = ["DEFAULT_TIMEOUT", "Credentials", "CredentialsFor", "bearer_credentials",
-           "create_server", "fixed_credentials"]
+__all__ = [
+    "DEFAULT_TIMEOUT",
+    "Credentials",
+    "CredentialsFor",
+    "bearer_credentials",
+    "create_server",
+    "fixed_credentials",
+]
 
 log = logging.getLogger("kernelhost.mcp")
 
@@ -122,7 +129,7 @@ _DESTROYS = ToolAnnotations(read_only_hint=False, destructive_hint=True, open_wo
 #: each remedy the service names (kernelhost.sandboxes.errors.Remedy), in this server's terms
 REMEDIES = {
     "restart": "restart it with restart_sandbox (variables are lost, files are kept; a sandbox "
-               "whose VM stopped gets a fresh one)",
+    "whose VM stopped gets a fresh one)",
     "recreate": "close it with close_sandbox and create a new one with create_sandbox",
     "list_sandboxes": "see yours with list_sandboxes",
     "list_directory": "list it with list_files",
@@ -132,8 +139,10 @@ REMEDIES = {
 def _tool_error(exc: Exception, sandbox_id: str | None = None) -> ToolError:
     """A tool error that tells the model what happened and what it can do, with these tools."""
     if isinstance(exc, NotFoundError) and exc.code == "sandbox_not_found":
-        return ToolError(f"sandbox {sandbox_id} does not exist (closed, expired after being idle, "
-                         "or never created): create a new one with create_sandbox")
+        return ToolError(
+            f"sandbox {sandbox_id} does not exist (closed, expired after being idle, "
+            "or never created): create a new one with create_sandbox"
+        )
     if isinstance(exc, APIError) and exc.remedy in REMEDIES:
         return ToolError(f"kernelhost: {exc.reason}; {REMEDIES[exc.remedy]}")
     if isinstance(exc, NotFoundError):  # a path in the sandbox
@@ -144,17 +153,16 @@ def _tool_error(exc: Exception, sandbox_id: str | None = None) -> ToolError:
 class _Calls:
     """What the tools share: the credentials of a call, the open handles, the defaults."""
 
-    def __init__(self, credentials: CredentialsFor, handles: Handles, timeout: float | None,
-                 budget: OutputBudget) -> None:
+    def __init__(
+        self, credentials: CredentialsFor, handles: Handles, timeout: float | None, budget: OutputBudget
+    ) -> None:
         self.credentials = credentials
         self.handles = handles
         self.timeout = timeout
         self.budget = budget
 
-    async def failure(self, exc: Exception, creds: Credentials,
-                      sandbox_id: str | None) -> ToolError:
-        if (isinstance(exc, NotFoundError) and exc.code == "sandbox_not_found"
-                and sandbox_id is not None):
+    async def failure(self, exc: Exception, creds: Credentials, sandbox_id: str | None) -> ToolError:
+        if isinstance(exc, NotFoundError) and exc.code == "sandbox_not_found" and sandbox_id is not None:
             await self.handles.forget(creds, sandbox_id)  # gone: do not keep its handle
         return _tool_error(exc, sandbox_id)
 
@@ -165,8 +173,9 @@ class _Calls:
         except KernelHostError as exc:
             raise await self.failure(exc, creds, sandbox_id) from exc
 
-    async def run(self, ctx: Context, code: str, language: str, sandbox_id: str | None,
-                  timeout: float | None) -> CallToolResult:  # noqa: ASYNC109 (the service enforces it)
+    async def run(
+        self, ctx: Context, code: str, language: str, sandbox_id: str | None, timeout: float | None
+    ) -> CallToolResult:
         creds = self.credentials(ctx)
         try:
             if sandbox_id is None:
@@ -183,12 +192,14 @@ class _Calls:
         shaped = shape_execution(execution, self.budget)
         fields = shaped.to_dict()
         error = fields.pop("error")
-        out = RunCodeOut(sandbox_id=sbx.id, language=language,
-                         error=ErrorOut(**error) if error else None, **fields)
+        out = RunCodeOut(
+            sandbox_id=sbx.id, language=language, error=ErrorOut(**error) if error else None, **fields
+        )
         text = shaped.to_text() + f"\n[sandbox_id: {sbx.id}]"
         content: list[ContentBlock] = [TextContent(type="text", text=text)]
-        content += [ImageContent(type="image", data=image.data, mime_type=image.mime_type)
-                    for image in shaped.images]
+        content += [
+            ImageContent(type="image", data=image.data, mime_type=image.mime_type) for image in shaped.images
+        ]
         return CallToolResult(content=content, structured_content=out.model_dump(mode="json"))
 
     async def read(self, ctx: Context, sandbox_id: str, path: str) -> CallToolResult:
@@ -198,8 +209,10 @@ class _Calls:
             if stat.kind == "dir":
                 raise ToolError(f"{stat.path} is a directory: use list_files")
             if stat.size > READ_MAX_BYTES:
-                raise ToolError(f"{stat.path} is {stat.size} bytes, over the {READ_MAX_BYTES}-"
-                                "byte limit of read_file; read parts of it with run_code")
+                raise ToolError(
+                    f"{stat.path} is {stat.size} bytes, over the {READ_MAX_BYTES}-"
+                    "byte limit of read_file; read parts of it with run_code"
+                )
             raw = await sbx.files.read(path)
         except KernelHostError as exc:
             raise await self.failure(exc, creds, sandbox_id) from exc
@@ -208,18 +221,20 @@ class _Calls:
         try:
             text = raw.decode("utf-8")
             short = truncate_text(text, self.budget.max_chars, self.budget.head_fraction)
-            out = FileOut(path=where, size=len(raw), encoding="utf-8", content=short,
-                          truncated=short != text)
+            out = FileOut(path=where, size=len(raw), encoding="utf-8", content=short, truncated=short != text)
             content.append(TextContent(type="text", text=short))
         except UnicodeDecodeError:
             data = base64.b64encode(raw).decode("ascii")
-            out = FileOut(path=where, size=len(raw), encoding="base64", content=data,
-                          truncated=False)
+            out = FileOut(path=where, size=len(raw), encoding="base64", content=data, truncated=False)
             mime = _image_mime(raw)
             if mime:
                 content.append(ImageContent(type="image", data=data, mime_type=mime))
-            content.append(TextContent(type="text", text=(
-                f"{where}: {len(raw)} bytes of binary data, base64 in the structured result")))
+            content.append(
+                TextContent(
+                    type="text",
+                    text=(f"{where}: {len(raw)} bytes of binary data, base64 in the structured result"),
+                )
+            )
         return CallToolResult(content=content, structured_content=out.model_dump(mode="json"))
 
 
@@ -252,17 +267,39 @@ def create_server(
 
     mcp: MCPServer[Any] = MCPServer(name, instructions=INSTRUCTIONS, lifespan=lifespan)
     calls = _Calls(credentials, handles, timeout, budget)
+    _code_tools(mcp, calls)
     _sandbox_tools(mcp, calls)
     _file_tools(mcp, calls)
     return mcp
 
 
+def _code_tools(mcp: MCPServer[Any], calls: _Calls) -> None:
+    @mcp.tool(annotations=_WRITES)
+    async def run_code(
+        ctx: Context,
+        code: str,
+        language: Literal["python", "bash"] = "python",
+        sandbox_id: str | None = None,
+        timeout: float | None = None,
+    ) -> Annotated[CallToolResult, RunCodeOut]:
+        """Run code in a sandbox and return its output; state persists between calls.
+
+        language 'python' runs in the Jupyter kernel (variables, imports and files persist);
+        'bash' runs a shell command. Without sandbox_id a new sandbox is created: pass the
+        returned sandbox_id to later calls. timeout: seconds before the code is interrupted.
+        """
+        return await calls.run(ctx, code, language, sandbox_id, timeout)
+
+
 def _sandbox_tools(mcp: MCPServer[Any], calls: _Calls) -> None:
     @mcp.tool(annotations=_WRITES)
-    async def create_sandbox(ctx: Context, template: str | None = None,
-                             idle_timeout_seconds: int | None = None,
-                             network: Literal["none", "allowlist", "outbound"] = "none",
-                             allow: list[str] | None = None) -> SandboxOut:
+    async def create_sandbox(
+        ctx: Context,
+        template: str | None = None,
+        idle_timeout_seconds: int | None = None,
+        network: Literal["none", "allowlist", "outbound"] = "none",
+        allow: list[str] | None = None,
+    ) -> SandboxOut:
         """Create a sandbox: a VM with a persistent Jupyter kernel. Returns its sandbox_id.
 
         template: the image to boot (default: the server's). idle_timeout_seconds: delete it
@@ -277,22 +314,6 @@ def _sandbox_tools(mcp: MCPServer[Any], calls: _Calls) -> None:
             return sandbox_out(await sbx.info())
         except KernelHostError as exc:
             raise _tool_error(exc) from exc
-
-    @mcp.tool(annotations=_WRITES)
-    async def run_code(
-        ctx: Context,
-        code: str,
-        language: Literal["python", "bash"] = "python",
-        sandbox_id: str | None = None,
-        timeout: float | None = None,  # noqa: ASYNC109 - the tool's input, enforced by the service
-    ) -> Annotated[CallToolResult, RunCodeOut]:
-        """Run code in a sandbox and return its output; state persists between calls.
-
-        language 'python' runs in the Jupyter kernel (variables, imports and files persist);
-        'bash' runs a shell command. Without sandbox_id a new sandbox is created: pass the
-        returned sandbox_id to later calls. timeout: seconds before the code is interrupted.
-        """
-        return await calls.run(ctx, code, language, sandbox_id, timeout)
 
     @mcp.tool(annotations=_WRITES)
     async def fork_sandbox(ctx: Context, sandbox_id: str, n: int = 1) -> SandboxListOut:
@@ -341,24 +362,22 @@ def _sandbox_tools(mcp: MCPServer[Any], calls: _Calls) -> None:
 
 def _file_tools(mcp: MCPServer[Any], calls: _Calls) -> None:
     @mcp.tool(annotations=_READ_ONLY)
-    async def read_file(ctx: Context, sandbox_id: str, path: str
-                        ) -> Annotated[CallToolResult, FileOut]:
+    async def read_file(ctx: Context, sandbox_id: str, path: str) -> Annotated[CallToolResult, FileOut]:
         """Read a file from a sandbox: UTF-8 text as is, other data as base64 (images are also
         attached as image content). Relative paths are under /home/user."""
         return await calls.read(ctx, sandbox_id, path)
 
     @mcp.tool(annotations=_WRITES)
-    async def write_file(ctx: Context, sandbox_id: str, path: str, content: str,
-                         encoding: Literal["utf-8", "base64"] = "utf-8") -> WrittenOut:
+    async def write_file(
+        ctx: Context, sandbox_id: str, path: str, content: str, encoding: Literal["utf-8", "base64"] = "utf-8"
+    ) -> WrittenOut:
         """Write a file into a sandbox (its directories are created; an existing file is
         replaced). encoding: 'utf-8' for text, 'base64' for binary data."""
         creds, sbx = await calls.sandbox_for(ctx, sandbox_id)
         try:
-            data = content.encode() if encoding == "utf-8" else base64.b64decode(
-                content, validate=True)
+            data = content.encode() if encoding == "utf-8" else base64.b64decode(content, validate=True)
         except ValueError as exc:
-            raise ToolError(f"content is not valid base64 ({exc}); send text with "
-                            "encoding='utf-8'") from exc
+            raise ToolError(f"content is not valid base64 ({exc}); send text with encoding='utf-8'") from exc
         try:
             before = await drive_async(stat_path(path), sbx)
             info = await sbx.files.write(path, data)
@@ -378,8 +397,11 @@ def _file_tools(mcp: MCPServer[Any], calls: _Calls) -> None:
 
 
 def _image_mime(raw: bytes) -> str | None:
-    for magic, mime in ((b"\x89PNG\r\n\x1a\n", "image/png"), (b"\xff\xd8\xff", "image/jpeg"),
-                        (b"GIF8", "image/gif")):
+    for magic, mime in (
+        (b"\x89PNG\r\n\x1a\n", "image/png"),
+        (b"\xff\xd8\xff", "image/jpeg"),
+        (b"GIF8", "image/gif"),
+    ):
         if raw.startswith(magic):
             return mime
     return None

@@ -42,10 +42,11 @@ except ModuleNotFoundError as exc:  # pragma: no cover - depends on the environm
         raise
     raise ModuleNotFoundError(
         "kernelhost.integrations.openai_agents needs the OpenAI Agents SDK: "
-        "pip install 'kernelhost[openai-agents]'", name=exc.name) from exc
+        "pip install 'kernelhost[openai-agents]'",
+        name=exc.name,
+    ) from exc
 
-__all__ = ["DEFAULT_DESCRIPTION", "DEFAULT_TIMEOUT", "KernelhostCodeInterpreter",
-           "code_interpreter_tool"]
+__all__ = ["DEFAULT_DESCRIPTION", "DEFAULT_TIMEOUT", "KernelhostCodeInterpreter", "code_interpreter_tool"]
 
 #: Seconds a call may run before the sandbox interrupts it, unless ``timeout=`` says otherwise.
 DEFAULT_TIMEOUT = 120.0
@@ -61,8 +62,11 @@ PARAMETERS: dict[str, Any] = {
     "type": "object",
     "properties": {
         "code": {"type": "string", "description": "Python source, or a bash command"},
-        "language": {"type": "string", "enum": list(LANGUAGES),
-                     "description": "'python' (the kernel) or 'bash' (a shell command)"},
+        "language": {
+            "type": "string",
+            "enum": list(LANGUAGES),
+            "description": "'python' (the kernel) or 'bash' (a shell command)",
+        },
     },
     "required": ["code", "language"],
     "additionalProperties": False,
@@ -112,13 +116,25 @@ class KernelhostCodeInterpreter(FunctionTool):
     sandbox the tool created (a sandbox passed in is left to its owner).
     """
 
-    def __init__(self, holder: _SandboxHolder, *, name: str, description: str,
-                 timeout: float | None, budget: OutputBudget) -> None:
+    def __init__(
+        self,
+        holder: _SandboxHolder,
+        *,
+        name: str,
+        description: str,
+        timeout: float | None,
+        budget: OutputBudget,
+    ) -> None:
         self._holder = holder
         self._timeout = timeout
         self._budget = budget
-        super().__init__(name=name, description=description, params_json_schema=PARAMETERS,
-                         on_invoke_tool=self._invoke, strict_json_schema=True)
+        super().__init__(
+            name=name,
+            description=description,
+            params_json_schema=PARAMETERS,
+            on_invoke_tool=self._invoke,
+            strict_json_schema=True,
+        )
 
     @property
     def sandbox(self) -> AsyncSandbox | Sandbox | None:
@@ -137,17 +153,18 @@ class KernelhostCodeInterpreter(FunctionTool):
         try:
             args = json.loads(arguments or "{}")
         except json.JSONDecodeError as exc:
-            return f"The arguments are not valid JSON ({exc}); send {{\"code\": ..., \"language\": ...}}."
+            return f'The arguments are not valid JSON ({exc}); send {{"code": ..., "language": ...}}.'
         if not isinstance(args, Mapping) or not isinstance(args.get("code"), str):
             return "Missing 'code': pass the source to run as a string."
         language = args.get("language") or "python"
         sbx = await self._holder.get()
-        output = await drive(run_for_model(args["code"], str(language), self._timeout,
-                                           self._budget), sbx)
+        output = await drive(run_for_model(args["code"], str(language), self._timeout, self._budget), sbx)
         if not output.images:
             return output.text
-        return [ToolOutputText(text=output.text),
-                *(ToolOutputImage(image_url=image.data_url()) for image in output.images)]
+        return [
+            ToolOutputText(text=output.text),
+            *(ToolOutputImage(image_url=image.data_url()) for image in output.images),
+        ]
 
 
 def code_interpreter_tool(
@@ -174,9 +191,15 @@ def code_interpreter_tool(
     if sandbox is not None and not isinstance(sandbox, AsyncSandbox | Sandbox):
         raise TypeError(
             f"sandbox must be a kernelhost AsyncSandbox or Sandbox, got {type(sandbox).__name__}; "
-            "or pass None to let the tool create one")
-    options: dict[str, Any] = {"template": template, "idle_timeout_seconds": idle_timeout_seconds,
-                               "url": url, "api_key": api_key,
-                               "metadata": {"created_by": "kernelhost-openai-agents"}}
-    return KernelhostCodeInterpreter(_SandboxHolder(sandbox, options), name=name,
-                                     description=description, timeout=timeout, budget=budget)
+            "or pass None to let the tool create one"
+        )
+    options: dict[str, Any] = {
+        "template": template,
+        "idle_timeout_seconds": idle_timeout_seconds,
+        "url": url,
+        "api_key": api_key,
+        "metadata": {"created_by": "kernelhost-openai-agents"},
+    }
+    return KernelhostCodeInterpreter(
+        _SandboxHolder(sandbox, options), name=name, description=description, timeout=timeout, budget=budget
+    )

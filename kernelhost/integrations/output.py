@@ -66,19 +66,25 @@ class OutputBudget:
     max_image_bytes: int = 8 * 1024 * 1024
 
     def __post_init__(self) -> None:
-        if isinstance(self.max_chars, bool) or not isinstance(self.max_chars, int) or (
-                self.max_chars < MIN_MAX_CHARS):
+        if (
+            isinstance(self.max_chars, bool)
+            or not isinstance(self.max_chars, int)
+            or (self.max_chars < MIN_MAX_CHARS)
+        ):
             raise ValueError(
                 f"OutputBudget(max_chars={self.max_chars!r}): use an int of at least "
-                f"{MIN_MAX_CHARS}, so the truncation marker and some output fit")
+                f"{MIN_MAX_CHARS}, so the truncation marker and some output fit"
+            )
         if not 0.0 <= self.head_fraction <= 1.0:
             raise ValueError(
                 f"OutputBudget(head_fraction={self.head_fraction!r}): use a number from 0 (keep "
-                "only the tail) to 1 (keep only the head); 0.5 keeps both halves")
+                "only the tail) to 1 (keep only the head); 0.5 keeps both halves"
+            )
         if self.max_images < 0 or self.max_image_bytes < 0:
             raise ValueError(
                 f"OutputBudget(max_images={self.max_images!r}, max_image_bytes="
-                f"{self.max_image_bytes!r}): use 0 or more (0 sends no images)")
+                f"{self.max_image_bytes!r}): use 0 or more (0 sends no images)"
+            )
 
 
 DEFAULT_BUDGET = OutputBudget()
@@ -106,12 +112,11 @@ def truncate_text(text: str, max_chars: int, head_fraction: float = 0.5) -> str:
         if keep >= least_kept:
             head = round(keep * head_fraction)
             tail = keep - head
-            return text[:head] + marker.format(omitted=total - keep, total=total) + text[total - tail:]
+            return text[:head] + marker.format(omitted=total - keep, total=total) + text[total - tail :]
     return text[:max_chars]
 
 
-def fit_texts(texts: Sequence[str], max_chars: int, head_fraction: float = 0.5
-              ) -> tuple[list[str], bool]:
+def fit_texts(texts: Sequence[str], max_chars: int, head_fraction: float = 0.5) -> tuple[list[str], bool]:
     """Share ``max_chars`` among several texts and truncate each to its share.
 
     Short texts keep everything; what they leave over goes to the long ones (water-filling), so
@@ -178,11 +183,10 @@ def _result_image(result: Result) -> Image | None:
 
 _STATUS_NOTES = {
     ExecutionStatus.TIMEOUT: "[timed out: the code ran past its time limit and was interrupted; "
-                             "what it had done before that is kept]",
+    "what it had done before that is kept]",
     ExecutionStatus.KERNEL_DIED: "[the kernel died (out of memory or a crash) and was restarted: "
-                                 "every variable and import is gone]",
-    ExecutionStatus.RESTARTED: "[the kernel was restarted while this ran: every variable and "
-                               "import is gone]",
+    "every variable and import is gone]",
+    ExecutionStatus.RESTARTED: "[the kernel was restarted while this ran: every variable and import is gone]",
     ExecutionStatus.INTERRUPTED: "[interrupted before it finished]",
 }
 #: The error a bash command gets for a non-zero exit; the exit code note says it already.
@@ -219,8 +223,10 @@ class ShapedExecution:
         if self.exit_code is not None:
             notes.append(f"[exit code {self.exit_code}]")
         if self.omitted_images:
-            notes.append(f"[{self.omitted_images} more image(s) not shown: over the tool's image "
-                         "budget; save them to files instead]")
+            notes.append(
+                f"[{self.omitted_images} more image(s) not shown: over the tool's image "
+                "budget; save them to files instead]"
+            )
         return notes
 
     def to_text(self, *, stderr: bool = True, empty: str = "[no output]") -> str:
@@ -239,7 +245,8 @@ class ShapedExecution:
             label = f"Out[{self.execution_count}]" if self.execution_count is not None else "Out"
             parts.append(f"{label}: {self.result}")
         if self.traceback is not None and not (
-                self.exit_code is not None and self.error_name == _COMMAND_FAILED):
+            self.exit_code is not None and self.error_name == _COMMAND_FAILED
+        ):
             parts.append(self.traceback)
         parts.extend(self._notes())
         text = "\n".join(parts) if parts else empty
@@ -252,8 +259,7 @@ class ShapedExecution:
         stdout, stderr, result, traceback, *outputs = fitted
         error = None
         if self.error_name is not None:
-            error = {"name": self.error_name, "value": self.error_value or "",
-                     "traceback": traceback}
+            error = {"name": self.error_name, "value": self.error_value or "", "traceback": traceback}
         return {
             "status": str(self.status),
             "execution_count": self.execution_count,
@@ -269,8 +275,7 @@ class ShapedExecution:
         }
 
 
-def shape_execution(execution: Execution, budget: OutputBudget = DEFAULT_BUDGET
-                    ) -> ShapedExecution:
+def shape_execution(execution: Execution, budget: OutputBudget = DEFAULT_BUDGET) -> ShapedExecution:
     """Shape an SDK ``Execution`` for a model (see the module docstring)."""
     images: list[Image] = []
     omitted = 0
@@ -280,8 +285,7 @@ def shape_execution(execution: Execution, budget: OutputBudget = DEFAULT_BUDGET
     for result in execution.results:
         image = _result_image(result)
         if image is not None:
-            fits = (len(images) < budget.max_images
-                    and image_bytes + len(image.data) <= budget.max_image_bytes)
+            fits = len(images) < budget.max_images and image_bytes + len(image.data) <= budget.max_image_bytes
             if fits:
                 images.append(image)
                 image_bytes += len(image.data)

@@ -39,8 +39,13 @@ from jupyter_client.session import Session
 from .wire import V1_PROTOCOL, WireError, from_text, pack_v1, unpack_v1
 
 DELIM = b"<IDS|MSG>"
-SOCKETS = (("shell", zmq.ROUTER), ("control", zmq.ROUTER), ("stdin", zmq.ROUTER),
-           ("iopub", zmq.XPUB), ("hb", zmq.REP))
+SOCKETS = (
+    ("shell", zmq.ROUTER),
+    ("control", zmq.ROUTER),
+    ("stdin", zmq.ROUTER),
+    ("iopub", zmq.XPUB),
+    ("hb", zmq.REP),
+)
 ROUTES_KEPT = 8192
 FATAL_CLOSE_CODES = {4004: "the sandbox was deleted", 4009: "the sandbox is not running"}
 
@@ -52,9 +57,12 @@ def log(*parts: Any) -> None:
 class Bridge:
     def __init__(self, cfg: dict[str, Any]) -> None:
         self.cfg = cfg
-        self.session = Session(key=str(cfg["key"]).encode(), check_pid=False,
-                               signature_scheme=cfg.get("signature_scheme", "hmac-sha256"),
-                               username="kernelhost")
+        self.session = Session(
+            key=str(cfg["key"]).encode(),
+            check_pid=False,
+            signature_scheme=cfg.get("signature_scheme", "hmac-sha256"),
+            username="kernelhost",
+        )
         self.ctx = zmq.asyncio.Context()
         self.socks: dict[str, zmq.asyncio.Socket] = {}
         self.ports: dict[str, int] = {}
@@ -90,15 +98,27 @@ class Bridge:
         if self.http is None:
             self.http = aiohttp.ClientSession()
         self.ws = await self.http.ws_connect(
-            url, protocols=(V1_PROTOCOL,), heartbeat=30.0, max_msg_size=0,
+            url,
+            protocols=(V1_PROTOCOL,),
+            heartbeat=30.0,
+            max_msg_size=0,
             headers={"Authorization": f"token {self.cfg['api_key']}"},
-            timeout=aiohttp.ClientWSTimeout(ws_close=10.0))
+            timeout=aiohttp.ClientWSTimeout(ws_close=10.0),
+        )
         self.connected.set()
 
     async def run(self) -> int:
-        tasks = [asyncio.create_task(c) for c in (
-            self.from_clients("shell"), self.from_clients("control"), self.from_clients("stdin"),
-            self.subscriptions(), self.heartbeat(), self.from_kernel())]
+        tasks = [
+            asyncio.create_task(c)
+            for c in (
+                self.from_clients("shell"),
+                self.from_clients("control"),
+                self.from_clients("stdin"),
+                self.subscriptions(),
+                self.heartbeat(),
+                self.from_kernel(),
+            )
+        ]
         try:
             await self.done.wait()
         finally:
@@ -149,8 +169,7 @@ class Bridge:
         """Answer a shutdown_request here and end; the provisioner restarts or deletes over HTTP."""
         content = json.loads(msg["content"]) if isinstance(msg["content"], bytes) else {}
         restart = bool(content.get("restart")) if isinstance(content, dict) else False
-        reply = self.session.msg("shutdown_reply", {"status": "ok", "restart": restart},
-                                 parent=msg["header"])
+        reply = self.session.msg("shutdown_reply", {"status": "ok", "restart": restart}, parent=msg["header"])
         await self.socks["control"].send_multipart(self.session.serialize(reply, ident=idents))
         await self.socks["iopub"].send_multipart(self.session.serialize(reply))
         if not restart:
@@ -164,12 +183,14 @@ class Bridge:
         url = f"{self.cfg['url'].rstrip('/')}/api/kernels/{self.cfg['kernel_id']}"
         assert self.http is not None
         try:
-            async with self.http.delete(url, timeout=aiohttp.ClientTimeout(total=30),
-                                        headers={"Authorization": f"token {self.cfg['api_key']}"}
-                                        ) as resp:
+            async with self.http.delete(
+                url,
+                timeout=aiohttp.ClientTimeout(total=30),
+                headers={"Authorization": f"token {self.cfg['api_key']}"},
+            ) as resp:
                 if resp.status not in (204, 404):
                     log(f"deleting the kernel answered {resp.status}: {await resp.text()}")
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
             log(f"could not delete the kernel ({exc}); the service's idle timeout will")
 
     async def subscriptions(self) -> None:
@@ -178,8 +199,9 @@ class Bridge:
         while True:
             event = await sock.recv()
             if event[:1] == b"\x01":
-                welcome = self.session.msg("iopub_welcome",
-                                           {"subscription": event[1:].decode("utf-8", "replace")})
+                welcome = self.session.msg(
+                    "iopub_welcome", {"subscription": event[1:].decode("utf-8", "replace")}
+                )
                 await sock.send_multipart(self.session.serialize(welcome))
 
     async def heartbeat(self) -> None:
@@ -224,7 +246,7 @@ class Bridge:
                 if exc.status in (401, 403, 404):
                     log(f"the service refused the WebSocket ({exc.status}); the kernel is gone")
                     return False
-            except (aiohttp.ClientError, OSError, asyncio.TimeoutError) as exc:
+            except (TimeoutError, aiohttp.ClientError, OSError) as exc:
                 log(f"reconnect failed: {exc}")
             await asyncio.sleep(pause)
             pause = min(pause * 2, 5.0)
@@ -236,8 +258,7 @@ class Bridge:
             channel, parts = unpack_v1(data)
         else:  # the service fell back to the legacy framing
             channel, msg = from_text(data)
-            parts = [json.dumps(msg[k]).encode()
-                     for k in ("header", "parent_header", "metadata", "content")]
+            parts = [json.dumps(msg[k]).encode() for k in ("header", "parent_header", "metadata", "content")]
         if len(parts) < 4:
             raise WireError(f"a {channel} message with {len(parts)} parts")
         signed = [DELIM, self.session.sign(parts[:4]), *parts]
@@ -265,10 +286,9 @@ async def main() -> int:
     try:
         bridge.bind()
         await bridge.connect()
-    except (aiohttp.ClientError, OSError, zmq.ZMQError, asyncio.TimeoutError) as exc:
+    except (TimeoutError, aiohttp.ClientError, OSError, zmq.ZMQError) as exc:
         if isinstance(exc, aiohttp.WSServerHandshakeError):
-            answer({"error": f"the service refused the kernel's WebSocket: HTTP {exc.status} "
-                             f"{exc.message}"})
+            answer({"error": f"the service refused the kernel's WebSocket: HTTP {exc.status} {exc.message}"})
         else:
             answer({"error": f"{type(exc).__name__}: {exc}"})
         if bridge.http is not None:

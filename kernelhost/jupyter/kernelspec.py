@@ -16,8 +16,7 @@ from .provisioner import PROVISIONER_NAME
 LOGOS = ("logo-32x32.png", "logo-64x64.png", "logo-svg.svg")
 
 
-def kernel_json(template: str, display_name: str | None = None,
-                url: str | None = None) -> dict[str, Any]:
+def kernel_json(template: str, display_name: str | None = None, url: str | None = None) -> dict[str, Any]:
     config: dict[str, Any] = {"template": template}
     if url:
         config["url"] = url
@@ -35,8 +34,14 @@ def kernel_json(template: str, display_name: str | None = None,
     }
 
 
-def install(name: str, template: str = "python", display_name: str | None = None,
-            url: str | None = None, user: bool = False, prefix: str | None = None) -> str:
+def install(
+    name: str,
+    template: str = "python",
+    display_name: str | None = None,
+    url: str | None = None,
+    user: bool = False,
+    prefix: str | None = None,
+) -> str:
     """Install the kernelspec ``name``; returns the directory it went to.
 
     ``prefix=None, user=False`` installs system-wide (like ``jupyter kernelspec install``);
@@ -48,12 +53,14 @@ def install(name: str, template: str = "python", display_name: str | None = None
         src = Path(tmp) / name
         src.mkdir()
         (src / "kernel.json").write_text(
-            json.dumps(kernel_json(template, display_name, url), indent=1) + "\n")
+            json.dumps(kernel_json(template, display_name, url), indent=1) + "\n"
+        )
         spec = find_spec("ipykernel")
         if spec is not None and spec.submodule_search_locations:
             resources = Path(next(iter(spec.submodule_search_locations))) / "resources"
             for logo in LOGOS:
                 if (resources / logo).is_file():
                     shutil.copy(resources / logo, src / logo)
-        return str(KernelSpecManager().install_kernel_spec(
-            str(src), kernel_name=name, user=user, prefix=prefix))
+        return str(
+            KernelSpecManager().install_kernel_spec(str(src), kernel_name=name, user=user, prefix=prefix)
+        )

@@ -54,14 +54,22 @@ class KernelhostError(RuntimeError):
 class KernelhostProvisioner(KernelProvisionerBase):
     """Runs the kernel in a kernelhost sandbox (see the module docstring)."""
 
-    url = Unicode("", config=True,
-                  help="The kernelhost service; empty: KERNELHOST_URL, else http://127.0.0.1:8999")
-    template = Unicode("python", config=True, help="The sandbox template (kernelspec name on "
-                       "the service's Kernel Gateway API)")
-    api_key_env = Unicode("KERNELHOST_API_KEY", config=True,
-                          help="The environment variable that holds the API key")
-    idle_timeout_seconds = Integer(0, config=True, help="Seconds without activity before the "
-                                   "service hibernates or deletes the sandbox; 0: its default")
+    url = Unicode(
+        "", config=True, help="The kernelhost service; empty: KERNELHOST_URL, else http://127.0.0.1:8999"
+    )
+    template = Unicode(
+        "python",
+        config=True,
+        help="The sandbox template (kernelspec name on the service's Kernel Gateway API)",
+    )
+    api_key_env = Unicode(
+        "KERNELHOST_API_KEY", config=True, help="The environment variable that holds the API key"
+    )
+    idle_timeout_seconds = Integer(
+        0,
+        config=True,
+        help="Seconds without activity before the service hibernates or deletes the sandbox; 0: its default",
+    )
     launch_timeout = Float(120.0, config=True, help="Seconds a start or restart may take")
     request_timeout = Float(30.0, config=True, help="Seconds for interrupt and delete calls")
 
@@ -76,26 +84,30 @@ class KernelhostProvisioner(KernelProvisionerBase):
         cfg = resolve_config(self.url or None, os.environ.get(self.api_key_env) or None)
         return cfg.url, cfg.api_key
 
-    async def _call(self, method: str, path: str, body: Any = None,
-                    timeout: float | None = None, missing_ok: bool = False) -> Any:
+    async def _call(
+        self, method: str, path: str, body: Any = None, timeout: float | None = None, missing_ok: bool = False
+    ) -> Any:
         """One call to the service; a 404 is ``GONE`` with ``missing_ok`` (and for DELETE)."""
         url, key = self._creds()
         wait = aiohttp.ClientTimeout(total=timeout or self.request_timeout, connect=10.0)
         try:
-            async with aiohttp.ClientSession(timeout=wait) as http, http.request(
-                    method, url + path, json=body,
-                    headers={"Authorization": f"token {key}"}) as resp:
+            async with (
+                aiohttp.ClientSession(timeout=wait) as http,
+                http.request(
+                    method, url + path, json=body, headers={"Authorization": f"token {key}"}
+                ) as resp,
+            ):
                 if resp.status == 404 and (missing_ok or method == "DELETE"):
                     return GONE
                 if resp.status >= 400:
-                    raise KernelhostError(_explain(method, url + path, resp.status,
-                                                   await resp.text()))
+                    raise KernelhostError(_explain(method, url + path, resp.status, await resp.text()))
                 return None if resp.status == 204 else await resp.json()
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
             raise KernelhostError(
                 f"cannot reach kernelhost at {url} ({method} {path}): "
                 f"{exc or type(exc).__name__}; start it with 'kernelhost serve', or point the "
-                "kernelspec's 'url' or KERNELHOST_URL at it") from exc
+                "kernelspec's 'url' or KERNELHOST_URL at it"
+            ) from exc
 
     # -- lifecycle --------------------------------------------------------------------------------
 
@@ -122,54 +134,70 @@ class KernelhostProvisioner(KernelProvisionerBase):
 
     async def _launch(self, cmd: list[str], kwargs: dict[str, Any]) -> KernelConnectionInfo:
         if self.remote_id is None:
-            body: dict[str, Any] = {"name": self.template, "env": {
-                "KERNEL_USERNAME": os.environ.get("USER", "")}}
+            body: dict[str, Any] = {
+                "name": self.template,
+                "env": {"KERNEL_USERNAME": os.environ.get("USER", "")},
+            }
             if self.idle_timeout_seconds:
                 body["idle_timeout_seconds"] = self.idle_timeout_seconds
             model = await self._call("POST", "/api/kernels", body, timeout=self.launch_timeout)
             self.remote_id, self.sandbox_id = model["id"], model.get("sandbox_id")
-            self.log.info("kernelhost: kernel %s runs in sandbox %s", self.kernel_id,
-                          self.sandbox_id)
+            self.log.info("kernelhost: kernel %s runs in sandbox %s", self.kernel_id, self.sandbox_id)
         elif self._restarting:
-            await self._call("POST", f"/api/kernels/{self.remote_id}/restart", {},
-                             timeout=self.launch_timeout)
+            await self._call(
+                "POST", f"/api/kernels/{self.remote_id}/restart", {}, timeout=self.launch_timeout
+            )
         self._restarting = False
         info: dict[str, Any] = dict(self.connection_info)
         key = info.get("key") or _session_key(self.parent) or uuid.uuid4().hex.encode()
-        ports = {k: int(info.get(k) or 0) for k in
-                 ("shell_port", "iopub_port", "stdin_port", "control_port", "hb_port")}
+        ports = {
+            k: int(info.get(k) or 0)
+            for k in ("shell_port", "iopub_port", "stdin_port", "control_port", "hb_port")
+        }
         url, api_key = self._creds()
         scheme = info.get("signature_scheme") or "hmac-sha256"
         # A plain Popen, as LocalProvisioner does: jupyter_client may call each method on a
         # different event loop (run_sync), so the bridge cannot be one loop's asyncio child.
         self.process = subprocess.Popen(  # noqa: ASYNC220
-            cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True,
-            env=kwargs.get("env"))
-        config = {"url": url, "api_key": api_key, "kernel_id": self.remote_id,
-                  "ip": "127.0.0.1", "ports": ports, "signature_scheme": scheme,
-                  "key": key.decode() if isinstance(key, bytes) else key}
+            cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True, env=kwargs.get("env")
+        )
+        config = {
+            "url": url,
+            "api_key": api_key,
+            "kernel_id": self.remote_id,
+            "ip": "127.0.0.1",
+            "ports": ports,
+            "signature_scheme": scheme,
+            "key": key.decode() if isinstance(key, bytes) else key,
+        }
         assert self.process.stdin is not None and self.process.stdout is not None
         self.process.stdin.write(json.dumps(config).encode())
         self.process.stdin.close()
         try:
-            line = await asyncio.wait_for(asyncio.to_thread(self.process.stdout.readline),
-                                          self.launch_timeout)
-        except asyncio.TimeoutError:
+            line = await asyncio.wait_for(
+                asyncio.to_thread(self.process.stdout.readline), self.launch_timeout
+            )
+        except TimeoutError:
             self.process.kill()
-            raise KernelhostError(f"the local bridge to kernel {self.remote_id} did not start "
-                                  f"within {self.launch_timeout:g}s") from None
-        answer: dict[str, Any] = (json.loads(line) if line.strip()
-                                  else {"error": "it exited without a word"})
+            raise KernelhostError(
+                f"the local bridge to kernel {self.remote_id} did not start within {self.launch_timeout:g}s"
+            ) from None
+        answer: dict[str, Any] = json.loads(line) if line.strip() else {"error": "it exited without a word"}
         if "ports" not in answer:
             await asyncio.to_thread(self.process.wait, 10)
             self._forget()
-            raise KernelhostError(f"the local bridge to kernel {self.remote_id} failed: "
-                                  f"{answer.get('error')}")
+            raise KernelhostError(
+                f"the local bridge to kernel {self.remote_id} failed: {answer.get('error')}"
+            )
         ports = {k: int(answer["ports"][k]) for k in ports}
         self.connection_info = KernelConnectionInfo(
-            transport="tcp", ip="127.0.0.1", **ports,  # type: ignore[typeddict-item]
-            key=key if isinstance(key, bytes) else key.encode(), signature_scheme=scheme,
-            kernel_name=str(getattr(self.parent, "kernel_name", "") or ""))
+            transport="tcp",
+            ip="127.0.0.1",
+            **ports,  # type: ignore[typeddict-item]
+            key=key if isinstance(key, bytes) else key.encode(),
+            signature_scheme=scheme,
+            kernel_name=str(getattr(self.parent, "kernel_name", "") or ""),
+        )
         return self.connection_info
 
     async def poll(self) -> int | None:
@@ -189,10 +217,13 @@ class KernelhostProvisioner(KernelProvisionerBase):
         if signum == signal.SIGINT:
             if self.remote_id is not None:  # (every shutdown interrupts first: a gone kernel
                 # has nothing to interrupt, and its shutdown must still go through)
-                if await self._call("POST", f"/api/kernels/{self.remote_id}/interrupt", {},
-                                    missing_ok=True) is GONE:
-                    self.log.warning("kernelhost: kernel %s has no sandbox any more (%s)",
-                                     self.kernel_id, self.sandbox_id)
+                if (
+                    await self._call("POST", f"/api/kernels/{self.remote_id}/interrupt", {}, missing_ok=True)
+                    is GONE
+                ):
+                    self.log.warning(
+                        "kernelhost: kernel %s has no sandbox any more (%s)", self.kernel_id, self.sandbox_id
+                    )
         elif signum != 0 and self.process is not None and self.process.poll() is None:
             self.process.send_signal(signum)
 
@@ -219,8 +250,7 @@ class KernelhostProvisioner(KernelProvisionerBase):
         if self.remote_id is not None:
             remote, self.remote_id = self.remote_id, None
             await self._call("DELETE", f"/api/kernels/{remote}")
-            self.log.info("kernelhost: deleted sandbox %s of kernel %s", self.sandbox_id,
-                          self.kernel_id)
+            self.log.info("kernelhost: deleted sandbox %s of kernel %s", self.sandbox_id, self.kernel_id)
 
     def _forget(self) -> None:
         """Drop the ended bridge process and its pipe."""
@@ -256,7 +286,9 @@ def _explain(method: str, url: str, status: int, text: str) -> str:
         message = json.loads(text)["error"]["message"]
     except (ValueError, KeyError, TypeError):
         message = text[:300]
-    hint = {401: "; set KERNELHOST_API_KEY to an API key of that service",
-            404: "; the kernel's sandbox is gone (deleted, or expired after its idle timeout)",
-            503: "; the service could not start a VM: see its log"}.get(status, "")
+    hint = {
+        401: "; set KERNELHOST_API_KEY to an API key of that service",
+        404: "; the kernel's sandbox is gone (deleted, or expired after its idle timeout)",
+        503: "; the service could not start a VM: see its log",
+    }.get(status, "")
     return f"kernelhost answered {method} {url} with {status}: {message}{hint}"

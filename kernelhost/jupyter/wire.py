@@ -36,8 +36,7 @@ def dumps(value: Any) -> str:
     try:
         return json.dumps(value, default=_default, allow_nan=False, separators=(",", ":"))
     except ValueError:  # NaN or infinity from a guest: JSON has no such numbers
-        return json.dumps(_finite(value), default=_default, allow_nan=False,
-                          separators=(",", ":"))
+        return json.dumps(_finite(value), default=_default, allow_nan=False, separators=(",", ":"))
 
 
 def _default(value: Any) -> Any:
@@ -62,11 +61,18 @@ def _finite(value: Any) -> Any:
 def to_text(channel: str, msg: dict[str, Any]) -> str:
     """The legacy text frame; buffers are dropped (the framing has no room for them)."""
     header = msg.get("header") or {}
-    return dumps({
-        "channel": channel, "header": header, "parent_header": msg.get("parent_header") or {},
-        "metadata": msg.get("metadata") or {}, "content": msg.get("content") or {},
-        "buffers": [], "msg_id": header.get("msg_id"), "msg_type": header.get("msg_type"),
-    })
+    return dumps(
+        {
+            "channel": channel,
+            "header": header,
+            "parent_header": msg.get("parent_header") or {},
+            "metadata": msg.get("metadata") or {},
+            "content": msg.get("content") or {},
+            "buffers": [],
+            "msg_id": header.get("msg_id"),
+            "msg_type": header.get("msg_type"),
+        }
+    )
 
 
 def to_v1(channel: str, msg: dict[str, Any]) -> bytes:
@@ -94,15 +100,17 @@ def unpack_v1(frame: bytes) -> tuple[str, list[bytes]]:
         raise WireError(f"a v1 frame needs at least 8 bytes, got {len(frame)}")
     (count,) = struct.unpack_from("<Q", frame)
     if not 6 <= count <= MAX_V1_OFFSETS or len(frame) < 8 * (count + 1):
-        raise WireError(f"a v1 frame declares {count} offsets in {len(frame)} bytes; a Jupyter "
-                        f"message has 6 (channel, 4 dicts, end) plus one per buffer")
+        raise WireError(
+            f"a v1 frame declares {count} offsets in {len(frame)} bytes; a Jupyter "
+            f"message has 6 (channel, 4 dicts, end) plus one per buffer"
+        )
     offsets = struct.unpack_from(f"<{count}Q", frame, 8)
-    if offsets[0] != 8 * (count + 1) or offsets[-1] != len(frame) \
-            or any(b < a for a, b in pairwise(offsets)):
-        raise WireError("a v1 frame's offsets are not increasing from the end of its offset "
-                        "table to the end of the frame")
+    if offsets[0] != 8 * (count + 1) or offsets[-1] != len(frame) or any(b < a for a, b in pairwise(offsets)):
+        raise WireError(
+            "a v1 frame's offsets are not increasing from the end of its offset table to the end of the frame"
+        )
     try:
-        channel = frame[offsets[0]:offsets[1]].decode()
+        channel = frame[offsets[0] : offsets[1]].decode()
     except UnicodeDecodeError:
         raise WireError("a v1 frame's channel name is not UTF-8") from None
     return channel, [frame[a:b] for a, b in pairwise(offsets[1:])]
@@ -142,7 +150,7 @@ def from_legacy_binary(frame: bytes) -> tuple[str, dict[str, Any]]:
     offsets = [*struct.unpack_from(f"!{nbufs}I", frame, 4), len(frame)]
     if offsets[0] != 4 * (nbufs + 1) or any(b < a for a, b in pairwise(offsets)):
         raise WireError("a binary frame's offsets are not increasing")
-    channel, msg = from_text(frame[offsets[0]:offsets[1]].decode("utf-8", "replace"))
+    channel, msg = from_text(frame[offsets[0] : offsets[1]].decode("utf-8", "replace"))
     msg["buffers"] = [frame[a:b] for a, b in pairwise(offsets[1:])]
     return channel, msg
 
@@ -169,5 +177,10 @@ def check(msg: dict[str, Any], channel: Any) -> dict[str, Any]:
     if not isinstance(metadata, dict) or not isinstance(content, dict):
         raise WireError("'metadata' and 'content' must be objects")
     buffers = msg.get("buffers") or []
-    return {"header": header, "parent_header": parent, "metadata": metadata,
-            "content": content, "buffers": [bytes(b) for b in buffers]}
+    return {
+        "header": header,
+        "parent_header": parent,
+        "metadata": metadata,
+        "content": content,
+        "buffers": [bytes(b) for b in buffers],
+    }

@@ -47,7 +47,9 @@ class FileService:
         if not isinstance(path, str) or not path or "\0" in path or len(path) > 4096:
             raise InvalidRequest(
                 f"{field}={path!r:.100} is not a usable path: give a non-empty path of at most "
-                "4096 characters without NUL; relative paths are under /home/user", field=field)
+                "4096 characters without NUL; relative paths are under /home/user",
+                field=field,
+            )
         return path
 
     async def _fs(self, sbx: Sandbox, op: Op, **fields: Any) -> dict[str, Any]:
@@ -55,24 +57,31 @@ class FileService:
         ensure_usable(sbx)
         agent = sbx.live_agent
         if agent is None:
-            raise SandboxNotRunning(f"sandbox {sbx.id} is {sbx.record.state}",
-                                    remedy=Remedy.RESTART, state=sbx.record.state.value,
-                                    sandbox_id=sbx.id)
+            raise SandboxNotRunning(
+                f"sandbox {sbx.id} is {sbx.record.state}",
+                remedy=Remedy.RESTART,
+                state=sbx.record.state.value,
+                sandbox_id=sbx.id,
+            )
         wait = self.settings.timeouts.file_op
         try:
             reply = await agent.request(op, timeout=wait, **fields)
         except ChannelTimeout:
             raise AgentUnresponsive(
-                f"the agent of sandbox {sbx.id} did not answer {op} within {wait:g}s",
-                sandbox_id=sbx.id) from None
+                f"the agent of sandbox {sbx.id} did not answer {op} within {wait:g}s", sandbox_id=sbx.id
+            ) from None
         except ChannelClosed as exc:
-            raise SandboxNotRunning(f"sandbox {sbx.id} lost its VM during {op}: {exc}",
-                                    remedy=Remedy.RESTART, state=sbx.record.state.value,
-                                    sandbox_id=sbx.id) from exc
+            raise SandboxNotRunning(
+                f"sandbox {sbx.id} lost its VM during {op}: {exc}",
+                remedy=Remedy.RESTART,
+                state=sbx.record.state.value,
+                sandbox_id=sbx.id,
+            ) from exc
         except NotSupportedByAgent as exc:
             raise NotSupportedByImage(
                 f"sandbox {sbx.id} runs a guest image without file operations; rebuild the "
-                "images (make image) and create a new sandbox") from exc
+                "images (make image) and create a new sandbox"
+            ) from exc
         except AgentError as exc:
             raise FileOperationFailed(f"{op} was refused: {exc}") from exc
         if "oserror" in reply:
@@ -80,8 +89,9 @@ class FileService:
         sbx.record.last_active_at = time.time()
         return reply
 
-    async def write_file(self, sbx: Sandbox, path: str, chunks: AsyncIterator[bytes],
-                         length: int | None = None) -> dict[str, Any]:
+    async def write_file(
+        self, sbx: Sandbox, path: str, chunks: AsyncIterator[bytes], length: int | None = None
+    ) -> dict[str, Any]:
         """Stream ``chunks`` into ``path`` (parents created); atomic: a failed upload leaves
         nothing. The size limit is checked up front when ``length`` is known, and as bytes come."""
         self._path(path)
@@ -89,8 +99,11 @@ class FileService:
         if length is not None and length > limit:
             raise _too_large(path, length, limit)
         head, _, name = path.rpartition("/")
-        tmp = f"{head}/.{name}.kh-upload-{secrets.token_hex(4)}" if head or path.startswith("/") \
+        tmp = (
+            f"{head}/.{name}.kh-upload-{secrets.token_hex(4)}"
+            if head or path.startswith("/")
             else f".{name}.kh-upload-{secrets.token_hex(4)}"
+        )
         written = 0
         created = False
         inflight: set[asyncio.Future[dict[str, Any]]] = set()
@@ -103,12 +116,14 @@ class FileService:
                     created = True
                 else:
                     if len(inflight) >= FILE_WINDOW:
-                        done, inflight = await asyncio.wait(
-                            inflight, return_when=asyncio.FIRST_COMPLETED)
+                        done, inflight = await asyncio.wait(inflight, return_when=asyncio.FIRST_COMPLETED)
                         for task in done:
                             task.result()
-                    inflight.add(asyncio.ensure_future(self._fs(
-                        sbx, Op.FS_WRITE, path=tmp, offset=written, data=piece)))
+                    inflight.add(
+                        asyncio.ensure_future(
+                            self._fs(sbx, Op.FS_WRITE, path=tmp, offset=written, data=piece)
+                        )
+                    )
                 written += len(piece)
             if not created:
                 await self._fs(sbx, Op.FS_WRITE, path=tmp, offset=0, data=b"", create=True)
@@ -132,15 +147,23 @@ class FileService:
         self._path(path)
         reply = await self._fs(sbx, Op.FS_STAT, path=path)
         stat = reply.get("stat")
-        if not isinstance(stat, dict) or not isinstance(stat.get("size"), int) \
-                or isinstance(stat.get("size"), bool) or stat["size"] < 0:
+        if (
+            not isinstance(stat, dict)
+            or not isinstance(stat.get("size"), int)
+            or isinstance(stat.get("size"), bool)
+            or stat["size"] < 0
+        ):
             raise FileOperationFailed(f"the sandbox answered a stat of {path!r} with nonsense")
         if stat.get("type") == "dir":
-            raise FileOperationFailed(f"{path!r} is a directory", remedy=Remedy.LIST_DIRECTORY,
-                                      path=path, errno="EISDIR", sandbox_id=sbx.id)
+            raise FileOperationFailed(
+                f"{path!r} is a directory",
+                remedy=Remedy.LIST_DIRECTORY,
+                path=path,
+                errno="EISDIR",
+                sandbox_id=sbx.id,
+            )
         if stat.get("type") != "file":
-            raise FileOperationFailed(f"{path!r} is not a regular file ({stat.get('type')})",
-                                      path=path)
+            raise FileOperationFailed(f"{path!r} is not a regular file ({stat.get('type')})", path=path)
         size = int(stat["size"])
         if size > self.settings.max_file_bytes:
             raise _too_large(path, size, self.settings.max_file_bytes)
@@ -156,8 +179,14 @@ class FileService:
                 if offset is None:
                     return
                 length = min(FILE_CHUNK, size - offset)
-                inflight.append((length, asyncio.ensure_future(self._fs(
-                    sbx, Op.FS_READ, path=path, offset=offset, length=length))))
+                inflight.append(
+                    (
+                        length,
+                        asyncio.ensure_future(
+                            self._fs(sbx, Op.FS_READ, path=path, offset=offset, length=length)
+                        ),
+                    )
+                )
 
         try:
             more()
@@ -165,8 +194,9 @@ class FileService:
                 length, task = inflight.pop(0)
                 data = (await task).get("data")
                 if not isinstance(data, bytes) or len(data) > length:
-                    raise FileOperationFailed(f"the sandbox answered a read of {path!r} with "
-                                              f"{type(data).__name__} instead of bytes")
+                    raise FileOperationFailed(
+                        f"the sandbox answered a read of {path!r} with {type(data).__name__} instead of bytes"
+                    )
                 if len(data) < length:
                     raise FileOperationFailed(f"{path!r} shrank while it was being read")
                 more()
@@ -184,13 +214,17 @@ class FileService:
             if not isinstance(raw, dict) or not isinstance(raw.get("name"), str):
                 continue
             size, mtime = raw.get("size"), raw.get("mtime")
-            entries.append({
-                "name": raw["name"], "path": f"{where.rstrip('/')}/{raw['name']}",
-                "type": raw.get("type") if raw.get("type") in ("file", "dir", "symlink") else "other",
-                "size": size if isinstance(size, int) and not isinstance(size, bool) else 0,
-                "modified_at": iso_time(float(mtime)) if isinstance(mtime, (int, float))
-                and not isinstance(mtime, bool) and 0 <= mtime < 1e11 else None,
-            })
+            entries.append(
+                {
+                    "name": raw["name"],
+                    "path": f"{where.rstrip('/')}/{raw['name']}",
+                    "type": raw.get("type") if raw.get("type") in ("file", "dir", "symlink") else "other",
+                    "size": size if isinstance(size, int) and not isinstance(size, bool) else 0,
+                    "modified_at": iso_time(float(mtime))
+                    if isinstance(mtime, (int, float)) and not isinstance(mtime, bool) and 0 <= mtime < 1e11
+                    else None,
+                }
+            )
         return {"path": where, "entries": entries, "truncated": reply.get("truncated") is True}
 
     async def remove_file(self, sbx: Sandbox, path: str, recursive: bool = False) -> None:
@@ -218,7 +252,9 @@ def _too_large(path: str, size: int, limit: int) -> FileTooLarge:
     return FileTooLarge(
         f"{path!r} is {size} bytes, over the limit of {limit} bytes; the server's "
         "max_file_bytes setting raises it (the sandbox's disk is half its VM memory)",
-        path=path, limit=limit)
+        path=path,
+        limit=limit,
+    )
 
 
 def _fs_error(sbx: Sandbox, err: Any, fields: dict[str, Any]) -> Exception:
@@ -228,14 +264,18 @@ def _fs_error(sbx: Sandbox, err: Any, fields: dict[str, Any]) -> Exception:
     asked = fields.get("dst") or fields.get("path") or ""
     path = err.get("path") if isinstance(err.get("path"), str) else asked
     if code == "ENOENT":
-        return PathNotFound(f"no such file or directory in sandbox {sbx.id}: {path!r}",
-                            path=path)
+        return PathNotFound(f"no such file or directory in sandbox {sbx.id}: {path!r}", path=path)
     if code in ("ENOSPC", "EDQUOT"):
         return SandboxDiskFull(
             f"the disk of sandbox {sbx.id} is full writing {path!r}: files live in the VM's "
             f"memory ({sbx.record.memory_mib} MiB, half of it for files); remove files, or "
-            "raise vm_memory_mib on the server", path=path)
-    hint = {"EISDIR": "; it is a directory", "ENOTDIR": "; a parent is not a directory",
-            "ENOTEMPTY": "; pass recursive=true to remove a directory and its contents",
-            "EEXIST": "; something else is already there"}.get(code, "")
+            "raise vm_memory_mib on the server",
+            path=path,
+        )
+    hint = {
+        "EISDIR": "; it is a directory",
+        "ENOTDIR": "; a parent is not a directory",
+        "ENOTEMPTY": "; pass recursive=true to remove a directory and its contents",
+        "EEXIST": "; something else is already there",
+    }.get(code, "")
     return FileOperationFailed(f"{message}: {path!r} ({code}){hint}", path=path, errno=code)

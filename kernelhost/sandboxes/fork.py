@@ -36,8 +36,9 @@ class Forker:
     def _check_count(self, n: object) -> int:
         limit = self.ctx.settings.max_fork
         if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= limit:
-            raise InvalidRequest(f"n={n!r} is out of range; fork between 1 and {limit} "
-                                 "children at once", field="n")
+            raise InvalidRequest(
+                f"n={n!r} is out of range; fork between 1 and {limit} children at once", field="n"
+            )
         return n
 
     async def fork(self, owner: str, sandbox_id: str, n: int = 1) -> list[Sandbox]:
@@ -55,18 +56,30 @@ class Forker:
     async def _fork_locked(self, parent: Sandbox, owner: str, n: int) -> list[Sandbox]:
         prec = parent.record
         shape = VmShape(prec.memory_mib, prec.vcpus, prec.accel)
-        kids = [Sandbox(new_record(
-            owner=owner, template=prec.template, domain=self.ctx.hv.new_name(),
-            image_key=prec.image_key, shape=shape, idle_timeout=prec.idle_timeout_seconds,
-            metadata={**prec.metadata, "forked_from": prec.id}, network=prec.network))
-            for _ in range(n)]
+        kids = [
+            Sandbox(
+                new_record(
+                    owner=owner,
+                    template=prec.template,
+                    domain=self.ctx.hv.new_name(),
+                    image_key=prec.image_key,
+                    shape=shape,
+                    idle_timeout=prec.idle_timeout_seconds,
+                    metadata={**prec.metadata, "forked_from": prec.id},
+                    network=prec.network,
+                )
+            )
+            for _ in range(n)
+        ]
         for kid in kids:
             self.registry.record(kid.record)
         t0 = time.monotonic()
         try:
             agents = await self.ctx.vms.fork(
-                prec.domain, self.ctx.image_of(prec),
-                [(k.record.domain, {"sandbox": k.id, "template": prec.template}) for k in kids])
+                prec.domain,
+                self.ctx.image_of(prec),
+                [(k.record.domain, {"sandbox": k.id, "template": prec.template}) for k in kids],
+            )
         except BaseException as exc:
             for kid in kids:
                 self.registry.forget(kid.id)
@@ -79,6 +92,10 @@ class Forker:
             self.registry.add(kid)
         self.registry.touch(parent)
         self.ctx.metrics.observe_fork(prec.template, n, time.monotonic() - t0)
-        log.info("sandbox.forked", sandbox_id=prec.id, children=[k.id for k in kids],
-                 ms=round((time.monotonic() - t0) * 1000))
+        log.info(
+            "sandbox.forked",
+            sandbox_id=prec.id,
+            children=[k.id for k in kids],
+            ms=round((time.monotonic() - t0) * 1000),
+        )
         return kids

@@ -58,8 +58,9 @@ class Hibernation:
             return
         self.registry.set_state(sbx, SandboxState.HIBERNATED)
         self.ctx.metrics.count_hibernation(sbx.record.template)
-        log.info("sandbox.hibernated", sandbox_id=sbx.id, bytes=size,
-                 ms=round((time.monotonic() - t0) * 1000))
+        log.info(
+            "sandbox.hibernated", sandbox_id=sbx.id, bytes=size, ms=round((time.monotonic() - t0) * 1000)
+        )
 
     async def settle(self, sbx: Sandbox) -> None:
         """Wait for a replacement, hibernation or wake of ``sbx`` in flight, then wake it."""
@@ -84,12 +85,16 @@ class Hibernation:
         t0 = time.monotonic()
         path = self.ctx.hibernation_file(rec)
         try:
-            launched = await self.ctx.vms.wake(rec.domain, self.ctx.image_of(rec), path,
-                                               {"sandbox": rec.id, "template": rec.template})
+            launched = await self.ctx.vms.wake(
+                rec.domain, self.ctx.image_of(rec), path, {"sandbox": rec.id, "template": rec.template}
+            )
         except (HypervisorError, ChannelError) as exc:
             raise SandboxNotRunning(
                 f"sandbox {rec.id} was hibernated and could not be woken: {exc}",
-                remedy=Remedy.RECREATE, state=rec.state.value, sandbox_id=rec.id) from exc
+                remedy=Remedy.RECREATE,
+                state=rec.state.value,
+                sandbox_id=rec.id,
+            ) from exc
         self.lifecycle.bind(sbx, launched.agent)
         await self.ctx.network.configure(sbx, strict=False)  # drops the saved guest's tunnels
         self.registry.set_state(sbx, SandboxState.RUNNING)
@@ -124,16 +129,19 @@ class Reaper:
             if task is not None and not task.done():
                 continue  # still at work on it from an earlier sweep
             if self._due(sbx, now):
-                self._working[sbx.id] = self.ctx.tasks.spawn(self._reap(sbx, now),
-                                                             name=f"reap:{sbx.id}")
+                self._working[sbx.id] = self.ctx.tasks.spawn(self._reap(sbx, now), name=f"reap:{sbx.id}")
         for sandbox_id, task in list(self._working.items()):
             if task.done():
                 del self._working[sandbox_id]
 
     def _due(self, sbx: Sandbox, now: float) -> bool:
         rec = sbx.record
-        if (sbx.busy or sbx.vm_lock.locked() or not self.ctx.registry.holds(sbx)
-                or (sbx.replacement is not None and not sbx.replacement.done())):
+        if (
+            sbx.busy
+            or sbx.vm_lock.locked()
+            or not self.ctx.registry.holds(sbx)
+            or (sbx.replacement is not None and not sbx.replacement.done())
+        ):
             return False
         idle_for = now - rec.last_active_at
         if rec.state == SandboxState.HIBERNATED:
@@ -154,8 +162,12 @@ class Reaper:
                 await self.lifecycle.remove(sbx, reason="hibernation retention expired")
                 return
             action = self.ctx.settings.idle_action
-            log.info("sandbox.idle_expired", sandbox_id=sbx.id,
-                     idle_seconds=round(now - rec.last_active_at), action=action)
+            log.info(
+                "sandbox.idle_expired",
+                sandbox_id=sbx.id,
+                idle_seconds=round(now - rec.last_active_at),
+                action=action,
+            )
             if action == "hibernate" and rec.state == SandboxState.RUNNING:
                 await self.hibernation.hibernate(sbx)
             else:

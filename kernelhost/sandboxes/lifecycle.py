@@ -44,8 +44,9 @@ class SandboxWatch(ChannelListener):
         if event.get("event") == Event.KERNEL_DIED:
             self.lifecycle.ctx.metrics.count_kernel_death("kernel")
             if self.sbx.call is not None:
-                self.sbx.call.notify("kernel_died", **{k: v for k, v in event.items()
-                                                       if k not in ("op", "event")})
+                self.sbx.call.notify(
+                    "kernel_died", **{k: v for k, v in event.items() if k not in ("op", "event")}
+                )
 
     def on_close(self, reason: str, violation: bool) -> None:
         if self.sbx.agent is self.agent:
@@ -64,8 +65,9 @@ class Lifecycle:
         idle = settings.default_idle_timeout if idle_timeout is None else idle_timeout
         if not 1 <= idle <= settings.max_idle_timeout:
             raise InvalidRequest(
-                f"idle_timeout_seconds={idle} is out of range; use 1 to "
-                f"{settings.max_idle_timeout}", field="idle_timeout_seconds")
+                f"idle_timeout_seconds={idle} is out of range; use 1 to {settings.max_idle_timeout}",
+                field="idle_timeout_seconds",
+            )
         return idle
 
     def _image(self, template: str) -> GuestImage:
@@ -75,19 +77,34 @@ class Lifecycle:
             raise UnknownTemplate(
                 f"unknown template {template!r}; valid templates: "
                 f"{', '.join(exc.available) or 'none built (run make image)'}",
-                field="template", valid=exc.available) from None
+                field="template",
+                valid=exc.available,
+            ) from None
 
-    async def create(self, owner: str, template: str, idle_timeout: int | None = None,
-                     metadata: dict[str, str] | None = None, network: Any = None) -> Sandbox:
+    async def create(
+        self,
+        owner: str,
+        template: str,
+        idle_timeout: int | None = None,
+        metadata: dict[str, str] | None = None,
+        network: Any = None,
+    ) -> Sandbox:
         t0 = time.monotonic()
         spec = parse_network(network)
         shape = self.ctx.shape
         with self.registry.reserve(owner, 1, shape.memory_mib):
             idle = self._idle_timeout(idle_timeout)
             image = self._image(template)
-            rec = new_record(owner=owner, template=template, domain=self.ctx.hv.new_name(),
-                             image_key=image.key, shape=shape, idle_timeout=idle,
-                             metadata=dict(metadata or {}), network=spec.to_dict())
+            rec = new_record(
+                owner=owner,
+                template=template,
+                domain=self.ctx.hv.new_name(),
+                image_key=image.key,
+                shape=shape,
+                idle_timeout=idle,
+                metadata=dict(metadata or {}),
+                network=spec.to_dict(),
+            )
             sbx = Sandbox(rec)
             vms = self.ctx.vms
             clone = vms.pool.take(template) if vms.use_snapshots else None
@@ -100,8 +117,14 @@ class Lifecycle:
                 how = await self._create_vm(sbx, image)
         seconds = time.monotonic() - t0
         self.ctx.metrics.observe_create(template, how, seconds)
-        log.info("sandbox.created", sandbox_id=rec.id, domain=rec.domain, template=template,
-                 how=how, ms=round(seconds * 1000))
+        log.info(
+            "sandbox.created",
+            sandbox_id=rec.id,
+            domain=rec.domain,
+            template=template,
+            how=how,
+            ms=round(seconds * 1000),
+        )
         return sbx
 
     async def _adopt(self, sbx: Sandbox, clone: Clone) -> None:
@@ -140,26 +163,28 @@ class Lifecycle:
         self.registry.add(sbx)
         return how
 
-    def _boot_error(self, exc: BaseException, sandbox_id: str, domain: str,
-                    tail: str) -> BaseException:
+    def _boot_error(self, exc: BaseException, sandbox_id: str, domain: str, tail: str) -> BaseException:
         if isinstance(exc, LibvirtUnavailable):
             return BackendUnavailable(str(exc))
         if isinstance(exc, HypervisorError | ChannelError | TimeoutError):
-            log.warning("sandbox.boot_failed", sandbox_id=sandbox_id, domain=domain,
-                        error=str(exc), console=tail)
+            log.warning(
+                "sandbox.boot_failed", sandbox_id=sandbox_id, domain=domain, error=str(exc), console=tail
+            )
             return BootFailed(
                 f"sandbox VM did not reach a ready kernel within "
                 f"{self.ctx.settings.boot_timeout:.0f}s: {exc or type(exc).__name__}; check "
                 "'kernelhost doctor' and raise KERNELHOST_BOOT_TIMEOUT on slow hosts",
-                console=tail)
+                console=tail,
+            )
         return exc
 
     async def _label(self, sbx: Sandbox) -> None:
         """Name the sandbox in its pooled domain's metadata (for operators and reconcile)."""
         rec = sbx.record
         try:
-            await asyncio.to_thread(self.ctx.hv.set_metadata, rec.domain,
-                                    {"sandbox": rec.id, "template": rec.template})
+            await asyncio.to_thread(
+                self.ctx.hv.set_metadata, rec.domain, {"sandbox": rec.id, "template": rec.template}
+            )
         except HypervisorError as exc:
             log.warning("sandbox.label_failed", sandbox_id=rec.id, error=str(exc))
 
@@ -168,8 +193,7 @@ class Lifecycle:
         came. The one way a sandbox gets a VM, for a create and for a replacement alike. On
         failure the caller destroys the domain."""
         rec = sbx.record
-        launched = await self.ctx.vms.launch(rec.domain, image,
-                                             {"sandbox": rec.id, "template": rec.template})
+        launched = await self.ctx.vms.launch(rec.domain, image, {"sandbox": rec.id, "template": rec.template})
         self.bind(sbx, launched.agent)
         await self.ctx.network.configure(sbx, strict=True)
         return launched.timings.how
@@ -193,8 +217,9 @@ class Lifecycle:
         if violation:
             # a guest that breaks the protocol is not trusted again: its VM goes
             log.warning("sandbox.protocol_violation", sandbox_id=sbx.id, reason=reason)
-            self.ctx.tasks.spawn(self.remove(sbx, reason=f"protocol violation: {reason}"),
-                                 name=f"remove:{sbx.id}")
+            self.ctx.tasks.spawn(
+                self.remove(sbx, reason=f"protocol violation: {reason}"), name=f"remove:{sbx.id}"
+            )
             return
         log.warning("sandbox.lost", sandbox_id=sbx.id, reason=reason)
         self.ctx.metrics.count_kernel_death("vm")
@@ -261,8 +286,7 @@ class Lifecycle:
         self.registry.add(sbx)
         self.bind(sbx, agent)
         # a cell still running in the guest must not hold the service's start
-        self.ctx.tasks.spawn(self.ctx.network.configure(sbx, strict=False),
-                             name=f"net-config:{sbx.id}")
+        self.ctx.tasks.spawn(self.ctx.network.configure(sbx, strict=False), name=f"net-config:{sbx.id}")
         log.info("sandbox.reattached", sandbox_id=rec.id, domain=rec.domain)
         return True
 

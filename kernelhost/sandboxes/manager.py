@@ -47,31 +47,46 @@ log = structlog.get_logger("kernelhost.sandboxes")
 
 
 class SandboxManager:
-    def __init__(self, settings: Settings, hv: Hypervisor, images: ImageStore, store: Store,
-                 accel: str, host_network: HostNetwork | None = None) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        hv: Hypervisor,
+        images: ImageStore,
+        store: Store,
+        accel: str,
+        host_network: HostNetwork | None = None,
+    ) -> None:
         self.settings = settings
         self.accel = accel
         self.metrics = Metrics()  # scraped at GET /metrics
         self.host_network = host_network or HostNetwork(settings)
-        registry = Registry(store, Quota(settings.max_sandboxes_per_key,
-                                         settings.max_memory_mib_per_key))
+        registry = Registry(store, Quota(settings.max_sandboxes_per_key, settings.max_memory_mib_per_key))
         self._ctx = ctx = Context(
-            settings=settings, hv=hv, images=images, registry=registry,
-            vms=VmFactory(settings, hv, images, accel), metrics=self.metrics,
+            settings=settings,
+            hv=hv,
+            images=images,
+            registry=registry,
+            vms=VmFactory(settings, hv, images, accel),
+            metrics=self.metrics,
             network=SandboxNetwork(settings, self.host_network, self.metrics),
-            tasks=TaskSet("sandboxes"), accel=accel)
+            tasks=TaskSet("sandboxes"),
+            accel=accel,
+        )
         self._lifecycle = Lifecycle(ctx)
         self._hibernation = Hibernation(ctx, self._lifecycle)
         self._reaper = Reaper(ctx, self._lifecycle, self._hibernation)
         self._recovery = Recoverer(ctx, self._lifecycle, self._hibernation)
         self._forker = Forker(ctx, self._lifecycle, self._hibernation)
         self.files = FileService(settings, self._hibernation.settle)
-        self.sessions = Sessions(registry, self._hibernation.ensure_awake,
-                                 send_timeout=settings.agent_timeout)
+        self.sessions = Sessions(
+            registry, self._hibernation.ensure_awake, send_timeout=settings.agent_timeout
+        )
         self._policy = CellPolicy(
             OutputLimits(settings.max_output_bytes, settings.max_result_bytes),
-            interrupt_grace=settings.interrupt_grace, restart_timeout=settings.restart_timeout,
-            agent_timeout=settings.agent_timeout)
+            interrupt_grace=settings.interrupt_grace,
+            restart_timeout=settings.restart_timeout,
+            agent_timeout=settings.agent_timeout,
+        )
         self._background: list[asyncio.Task[Any]] = []
 
     # -- start-up and shutdown -----------------------------------------------------------------
@@ -81,8 +96,10 @@ class SandboxManager:
         await self._ctx.vms.prepare()
         await self._lifecycle.reconcile()
         tasks = self._ctx.tasks
-        self._background = [tasks.spawn(self._reaper.run(), name="idle-reaper"),
-                            tasks.spawn(self._warm_up(), name="warm-up")]
+        self._background = [
+            tasks.spawn(self._reaper.run(), name="idle-reaper"),
+            tasks.spawn(self._warm_up(), name="warm-up"),
+        ]
 
     async def _warm_up(self) -> None:
         """Build missing template snapshots, then keep each template's pool filled."""
@@ -133,8 +150,14 @@ class SandboxManager:
 
     # -- lifecycle -------------------------------------------------------------------------------
 
-    async def create(self, owner: str, template: str, idle_timeout: int | None = None,
-                     metadata: dict[str, str] | None = None, network: Any = None) -> Sandbox:
+    async def create(
+        self,
+        owner: str,
+        template: str,
+        idle_timeout: int | None = None,
+        metadata: dict[str, str] | None = None,
+        network: Any = None,
+    ) -> Sandbox:
         return await self._lifecycle.create(owner, template, idle_timeout, metadata, network)
 
     async def delete(self, owner: str, sandbox_id: str) -> None:
@@ -164,21 +187,24 @@ class SandboxManager:
 
     # -- execution -------------------------------------------------------------------------------
 
-    async def execute(self, sbx: Sandbox, code: str, language: str = "python",
-                      timeout: float | None = None) -> AsyncGenerator[Event, None]:
+    async def execute(
+        self, sbx: Sandbox, code: str, language: str = "python", timeout: float | None = None
+    ) -> AsyncGenerator[Event, None]:
         """Events of one execution; calls to one sandbox run one at a time, in arrival order."""
         if language not in LANGUAGES:
             raise InvalidRequest(
                 f"language {language!r} is not supported; use one of: {', '.join(LANGUAGES)}",
-                field="language")
+                field="language",
+            )
         size = len(code.encode())
         if size > self.settings.max_code_bytes:
-            raise InvalidRequest(f"code is {size} bytes, over the limit of "
-                                 f"{self.settings.max_code_bytes}; upload large inputs as files",
-                                 field="code")
+            raise InvalidRequest(
+                f"code is {size} bytes, over the limit of "
+                f"{self.settings.max_code_bytes}; upload large inputs as files",
+                field="code",
+            )
         if timeout is not None and timeout <= 0:
-            raise InvalidRequest(f"timeout={timeout} must be positive (seconds) or null",
-                                 field="timeout")
+            raise InvalidRequest(f"timeout={timeout} must be positive (seconds) or null", field="timeout")
         if timeout is None and self.settings.default_execution_timeout > 0:
             timeout = self.settings.default_execution_timeout
         ensure_usable(sbx)
@@ -196,13 +222,20 @@ class SandboxManager:
             registry.touch(sbx)
             t0 = time.monotonic()
             try:
-                gen = run_cell(agent, cell, self._policy, sbx.call, sbx.session_id,
-                               replace_vm=lambda reason: self._recovery.replace_vm(sbx, reason))
+                gen = run_cell(
+                    agent,
+                    cell,
+                    self._policy,
+                    sbx.call,
+                    sbx.session_id,
+                    replace_vm=lambda reason: self._recovery.replace_vm(sbx, reason),
+                )
                 async with contextlib.aclosing(gen):
                     async for event in gen:
                         if isinstance(event, End):
-                            self.metrics.observe_end(cell.language, event.status,
-                                                     event.recovery, time.monotonic() - t0)
+                            self.metrics.observe_end(
+                                cell.language, event.status, event.recovery, time.monotonic() - t0
+                            )
                         yield event
             finally:
                 sbx.call = None

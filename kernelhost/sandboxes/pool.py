@@ -56,8 +56,7 @@ class WarmPool:
             return
         self._ready.setdefault(template, [])
         self._wanted[template] = asyncio.Event()
-        self._tasks[template] = asyncio.create_task(self._refill(template),
-                                                    name=f"pool-refill:{template}")
+        self._tasks[template] = asyncio.create_task(self._refill(template), name=f"pool-refill:{template}")
 
     def take(self, template: str) -> Clone | None:
         ready = self._ready.get(template)
@@ -92,8 +91,13 @@ class WarmPool:
             except Exception as exc:  # keep the pool alive; back off and retry
                 failures += 1
                 expected = isinstance(exc, HypervisorError | ChannelError | TimeoutError)
-                log.warning("pool.refill_failed", template=template, error=str(exc),
-                            failures=failures, exc_info=not expected)
+                log.warning(
+                    "pool.refill_failed",
+                    template=template,
+                    error=str(exc),
+                    failures=failures,
+                    exc_info=not expected,
+                )
                 await asyncio.sleep(min(60.0, 0.5 * 2 ** min(failures, 7)))
                 continue
             failures = 0

@@ -140,8 +140,9 @@ def _current_images(images: ImageStore) -> dict[str, str]:
     return current
 
 
-def stale_snapshots(ram_dir: Path, images: ImageStore, in_use: InUse,
-                    versions: dict[str, str] | None = None) -> Plan:
+def stale_snapshots(
+    ram_dir: Path, images: ImageStore, in_use: InUse, versions: dict[str, str] | None = None
+) -> Plan:
     """Snapshots in ``ram_dir/templates`` that no clone will start from again.
 
     ``versions`` (``Hypervisor.versions()``) also makes snapshots of other QEMU or libvirt
@@ -178,8 +179,7 @@ def _abandoned(path: Path) -> str:
     return "abandoned build" if age > ABANDONED_BUILD_SECONDS else ""
 
 
-def _snapshot_staleness(path: Path, current: dict[str, str],
-                        versions: dict[str, str] | None) -> str:
+def _snapshot_staleness(path: Path, current: dict[str, str], versions: dict[str, str] | None) -> str:
     try:
         meta = json.loads((path / "meta.json").read_text())
         template, image_key = str(meta["template"]), str(meta["image_key"])
@@ -191,8 +191,9 @@ def _snapshot_staleness(path: Path, current: dict[str, str],
         return f"made from image {template}-{image_key}; current is {template}-{current[template]}"
     if versions is not None:
         try:
-            key = snapshot_key(image_key, versions, int(meta["memory_mib"]), int(meta["vcpus"]),
-                               str(meta["accel"]))
+            key = snapshot_key(
+                image_key, versions, int(meta["memory_mib"]), int(meta["vcpus"]), str(meta["accel"])
+            )
         except (KeyError, TypeError, ValueError):
             return "unreadable (incomplete meta.json)"
         if not path.name.endswith("-" + key):
@@ -213,8 +214,7 @@ def referenced_builds(db_path: Path) -> list[tuple[str, str]]:
         store.close()
 
 
-def stale_images(images: ImageStore, referenced: Iterable[tuple[str, str]],
-                 in_use: InUse) -> Plan:
+def stale_images(images: ImageStore, referenced: Iterable[tuple[str, str]], in_use: InUse) -> Plan:
     """Image builds in the image dir that no template links to, no sandbox record names
     (``referenced``: (template, image_key) pairs) and no running process uses."""
     plan = Plan()

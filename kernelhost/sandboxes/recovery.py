@@ -50,14 +50,15 @@ class Recoverer:
             if call is not None:
                 call.interrupt_requested = True
                 if call.language == "bash":
-                    await agent.request(Op.BASH_SIGNAL, timeout=timeout, run_id=call.run_id,
-                                        signal="INT")
+                    await agent.request(Op.BASH_SIGNAL, timeout=timeout, run_id=call.run_id, signal="INT")
                     return True
             await agent.request(Op.INTERRUPT, timeout=timeout)
         except ChannelError as exc:
             raise AgentUnresponsive(
                 f"the agent of sandbox {sbx.id} did not carry out the interrupt within "
-                f"{timeout:g}s ({exc or type(exc).__name__})", sandbox_id=sbx.id) from exc
+                f"{timeout:g}s ({exc or type(exc).__name__})",
+                sandbox_id=sbx.id,
+            ) from exc
         return True
 
     async def restart(self, sbx: Sandbox) -> Recovery:
@@ -98,8 +99,9 @@ class Recoverer:
         """
         task = sbx.replacement
         if task is None or task.done():
-            task = self.ctx.tasks.spawn(self._replace(sbx, reason), name=f"replace-vm:{sbx.id}",
-                                        expected=(BootFailed,))
+            task = self.ctx.tasks.spawn(
+                self._replace(sbx, reason), name=f"replace-vm:{sbx.id}", expected=(BootFailed,)
+            )
             sbx.replacement = task
         return await asyncio.shield(task)
 
@@ -107,8 +109,7 @@ class Recoverer:
         async with sbx.vm_lock:
             if not self.registry.holds(sbx):
                 return False
-            log.warning("sandbox.replacing_vm", sandbox_id=sbx.id, domain=sbx.record.domain,
-                        reason=reason)
+            log.warning("sandbox.replacing_vm", sandbox_id=sbx.id, domain=sbx.record.domain, reason=reason)
             t0 = time.monotonic()
             await self._drop_old_vm(sbx)
             if not self.registry.holds(sbx):
@@ -120,8 +121,12 @@ class Recoverer:
                 await self.lifecycle.destroy_vm(sbx)
                 return False
             self.registry.update(sbx, state=SandboxState.RUNNING, detail="")
-            log.info("sandbox.vm_replaced", sandbox_id=sbx.id, domain=sbx.record.domain,
-                     ms=round((time.monotonic() - t0) * 1000))
+            log.info(
+                "sandbox.vm_replaced",
+                sandbox_id=sbx.id,
+                domain=sbx.record.domain,
+                ms=round((time.monotonic() - t0) * 1000),
+            )
             return True
 
     async def _drop_old_vm(self, sbx: Sandbox) -> None:
@@ -141,8 +146,7 @@ class Recoverer:
 
     async def _launch_new_vm(self, sbx: Sandbox, reason: str) -> None:
         rec = sbx.record
-        self.registry.update(sbx, domain=self.ctx.hv.new_name(), state=SandboxState.REPLACING,
-                             detail="")
+        self.registry.update(sbx, domain=self.ctx.hv.new_name(), state=SandboxState.REPLACING, detail="")
         try:
             image = self.ctx.images.get(rec.template)
             # the new VM runs the template's current image: later forks and wakes must use it
@@ -153,5 +157,6 @@ class Recoverer:
             log.error("sandbox.replace_failed", sandbox_id=sbx.id, error=detail)
             if self.registry.holds(sbx):
                 self.registry.set_state(sbx, SandboxState.DEAD, detail=detail)
-            raise BootFailed(f"sandbox {sbx.id}: {detail}", remedy=Remedy.RECREATE,
-                             sandbox_id=sbx.id) from exc
+            raise BootFailed(
+                f"sandbox {sbx.id}: {detail}", remedy=Remedy.RECREATE, sandbox_id=sbx.id
+            ) from exc

@@ -30,16 +30,35 @@ class VmShape:
     accel: str
 
 
-def new_record(*, owner: str, template: str, domain: str, image_key: str, shape: VmShape,
-               idle_timeout: int, metadata: dict[str, str],
-               network: dict[str, Any]) -> SandboxRecord:
+def new_record(
+    *,
+    owner: str,
+    template: str,
+    domain: str,
+    image_key: str,
+    shape: VmShape,
+    idle_timeout: int,
+    metadata: dict[str, str],
+    network: dict[str, Any],
+) -> SandboxRecord:
     """The record of a sandbox about to get its VM (state ``starting``)."""
     now = time.time()
     return SandboxRecord(
-        id="sbx_" + secrets.token_hex(8), owner=owner, template=template, domain=domain,
-        state=SandboxState.STARTING, created_at=now, last_active_at=now,
-        idle_timeout_seconds=idle_timeout, memory_mib=shape.memory_mib, vcpus=shape.vcpus,
-        accel=shape.accel, image_key=image_key, metadata=dict(metadata), network=dict(network))
+        id="sbx_" + secrets.token_hex(8),
+        owner=owner,
+        template=template,
+        domain=domain,
+        state=SandboxState.STARTING,
+        created_at=now,
+        last_active_at=now,
+        idle_timeout_seconds=idle_timeout,
+        memory_mib=shape.memory_mib,
+        vcpus=shape.vcpus,
+        accel=shape.accel,
+        image_key=image_key,
+        metadata=dict(metadata),
+        network=dict(network),
+    )
 
 
 @dataclass(frozen=True)
@@ -93,7 +112,9 @@ class Registry:
             raise CapacityExceeded(
                 f"this API key holds {held} sandboxes and asked for {count} more, over its "
                 f"limit of {limit} (max_sandboxes_per_key); close some first",
-                limit="max_sandboxes_per_key", value=limit)
+                limit="max_sandboxes_per_key",
+                value=limit,
+            )
         used = sum(s.record.memory_mib for s in mine if s.record.state != SandboxState.HIBERNATED)
         used += self._reserved_mib[owner]
         want = count * memory_mib
@@ -102,7 +123,10 @@ class Registry:
             raise CapacityExceeded(
                 f"this API key's running sandboxes use {used} MiB of VM memory; {want} MiB more "
                 f"would pass its limit of {mem_limit} MiB (max_memory_mib_per_key); close or "
-                "hibernate some first", limit="max_memory_mib_per_key", value=mem_limit)
+                "hibernate some first",
+                limit="max_memory_mib_per_key",
+                value=mem_limit,
+            )
         self._reserved[owner] += count
         self._reserved_mib[owner] += want
         try:

@@ -62,8 +62,7 @@ class ExecutionLock:
 
     def end_lease(self, holder: str) -> None:
         if self.holder != holder:
-            raise RuntimeError(f"{holder} ends a lease of the execution lock held by "
-                               f"{self.holder}")
+            raise RuntimeError(f"{holder} ends a lease of the execution lock held by {self.holder}")
         self.holder = None
         self._lock.release()
 
@@ -110,10 +109,16 @@ class Sandbox:
         """The sandbox as every interface describes it."""
         r = self.record
         return {
-            "id": r.id, "template": r.template, "state": r.state.value,
-            "created_at": iso_time(r.created_at), "last_active_at": iso_time(r.last_active_at),
-            "idle_timeout_seconds": r.idle_timeout_seconds, "accel": r.accel,
-            "memory_mib": r.memory_mib, "vcpus": r.vcpus, "metadata": r.metadata,
+            "id": r.id,
+            "template": r.template,
+            "state": r.state.value,
+            "created_at": iso_time(r.created_at),
+            "last_active_at": iso_time(r.last_active_at),
+            "idle_timeout_seconds": r.idle_timeout_seconds,
+            "accel": r.accel,
+            "memory_mib": r.memory_mib,
+            "vcpus": r.vcpus,
+            "metadata": r.metadata,
             "network": NetworkSpec.from_dict(r.network).to_dict(),
             **({"detail": r.detail} if r.detail else {}),
         }
@@ -128,7 +133,10 @@ def ensure_usable(sbx: Sandbox) -> None:
     if rec.state != SandboxState.RUNNING or sbx.agent is None or not sbx.agent.connected:
         raise SandboxNotRunning(
             f"sandbox {sbx.id} is {rec.state}{': ' + rec.detail if rec.detail else ''}",
-            remedy=Remedy.RESTART, state=rec.state.value, sandbox_id=sbx.id)
+            remedy=Remedy.RESTART,
+            state=rec.state.value,
+            sandbox_id=sbx.id,
+        )
 
 
 async def wait_replacement(sbx: Sandbox) -> None:

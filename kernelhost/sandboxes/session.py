@@ -195,9 +195,12 @@ class KernelSession(ChannelListener):
         ensure_usable(sbx)
         agent = sbx.live_agent
         if agent is None:
-            raise SandboxNotRunning(f"sandbox {sbx.id} has no live VM channel right now",
-                                    remedy=Remedy.RESTART, state=sbx.record.state.value,
-                                    sandbox_id=sbx.id)
+            raise SandboxNotRunning(
+                f"sandbox {sbx.id} has no live VM channel right now",
+                remedy=Remedy.RESTART,
+                state=sbx.record.state.value,
+                sandbox_id=sbx.id,
+            )
         return agent
 
     async def send(self, client: SessionClient, channel: str, msg: dict[str, Any]) -> None:
@@ -212,8 +215,9 @@ class KernelSession(ChannelListener):
     async def send_shell(self, client: SessionClient, msg: dict[str, Any]) -> None:
         """A shell message; an execute_request first makes sure the session holds the lease."""
         msg_id = msg["header"]["msg_id"]
-        execute = (msg["header"]["msg_type"] == "execute_request"
-                   and isinstance(msg["content"].get("code"), str))
+        execute = msg["header"]["msg_type"] == "execute_request" and isinstance(
+            msg["content"].get("code"), str
+        )
         if execute:
             if not self.holding:
                 await self.sbx.lock.lease(self._name)  # behind a native call that runs now

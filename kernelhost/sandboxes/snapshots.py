@@ -59,8 +59,7 @@ class Snapshot:
 Attach = Callable[[Path, float], Awaitable[AgentClient]]
 
 
-def snapshot_key(image_key: str, versions: dict[str, str], memory_mib: int, vcpus: int,
-                 accel: str) -> str:
+def snapshot_key(image_key: str, versions: dict[str, str], memory_mib: int, vcpus: int, accel: str) -> str:
     """What a snapshot's name ends with: everything that makes it valid, hashed."""
     blob = json.dumps([FORMAT, image_key, versions, memory_mib, vcpus, accel, device_model()])
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
@@ -69,8 +68,18 @@ def snapshot_key(image_key: str, versions: dict[str, str], memory_mib: int, vcpu
 class TemplateSnapshots:
     """Finds or builds the snapshot of each template; one build per template at a time."""
 
-    def __init__(self, hv: Hypervisor, ram_dir: Path, *, accel: str, memory_mib: int, vcpus: int,
-                 boot_timeout: float, warmup_timeout: float, attach: Attach) -> None:
+    def __init__(
+        self,
+        hv: Hypervisor,
+        ram_dir: Path,
+        *,
+        accel: str,
+        memory_mib: int,
+        vcpus: int,
+        boot_timeout: float,
+        warmup_timeout: float,
+        attach: Attach,
+    ) -> None:
         self.hv = hv
         self.dir = ram_dir / "templates"
         self.accel = accel
@@ -83,8 +92,7 @@ class TemplateSnapshots:
         self._shape = f"{memory_mib}m{vcpus}c{accel}"
 
     def key_for(self, image: GuestImage) -> str:
-        return snapshot_key(image.key, self.hv.versions(), self.memory_mib, self.vcpus,
-                            self.accel)
+        return snapshot_key(image.key, self.hv.versions(), self.memory_mib, self.vcpus, self.accel)
 
     def _path(self, template: str, key: str) -> Path:
         return self.dir / f"{template}-{self._shape}-{key}"
@@ -121,35 +129,49 @@ class TemplateSnapshots:
 
         def on_stage(n: int, total: int, stage: str, detail: str, elapsed: float) -> None:
             if stage != "done":  # snapshot.built says it
-                bound.info("snapshot.build_stage", stage=stage, n=n, of=total, detail=detail,
-                           elapsed_s=elapsed)
+                bound.info(
+                    "snapshot.build_stage", stage=stage, n=n, of=total, detail=detail, elapsed_s=elapsed
+                )
 
         # a bar on a terminal (console logs), snapshot.build_stage events otherwise
-        progress = Stages(f"snapshot {image.template}", BUILD_STAGES, tty=logs.console(),
-                          on_stage=on_stage)
+        progress = Stages(f"snapshot {image.template}", BUILD_STAGES, tty=logs.console(), on_stage=on_stage)
         try:
-            spec = self.hv.spec_for(name, image, accel=self.accel, memory_mib=self.memory_mib,
-                                    vcpus=self.vcpus, mem_path=work / "ram", mem_share=True,
-                                    metadata={"role": "template", "template": image.template})
+            spec = self.hv.spec_for(
+                name,
+                image,
+                accel=self.accel,
+                memory_mib=self.memory_mib,
+                vcpus=self.vcpus,
+                mem_path=work / "ram",
+                mem_share=True,
+                metadata={"role": "template", "template": image.template},
+            )
             progress.stage("boot", f"{self.memory_mib} MiB, {self.accel}")
             await asyncio.to_thread(self.hv.start, spec)
             progress.stage("kernel ready")
             agent = await self.attach(spec.channel_socket, self.boot_timeout)
             try:
                 progress.stage("warm-up", ", ".join(preload) or "kernel")
-                await agent.request(Op.PREPARE_SNAPSHOT, timeout=self.warmup_timeout,
-                                    preload=preload)
+                await agent.request(Op.PREPARE_SNAPSHOT, timeout=self.warmup_timeout, preload=preload)
             finally:
                 await agent.close()  # the guest sees the host leave; clones see a new one come
             progress.stage("freeze", "device state, RAM stays in its file")
-            size = await asyncio.to_thread(self.hv.freeze, name, work / "state",
-                                           ignore_shared=True)
-            (work / "meta.json").write_text(json.dumps({
-                "template": image.template, "key": key, "image_key": image.key,
-                "memory_mib": self.memory_mib, "vcpus": self.vcpus, "accel": self.accel,
-                "state_bytes": size, "built_at": time.time(),
-                "build_seconds": round(time.monotonic() - t0, 2),
-            }))
+            size = await asyncio.to_thread(self.hv.freeze, name, work / "state", ignore_shared=True)
+            (work / "meta.json").write_text(
+                json.dumps(
+                    {
+                        "template": image.template,
+                        "key": key,
+                        "image_key": image.key,
+                        "memory_mib": self.memory_mib,
+                        "vcpus": self.vcpus,
+                        "accel": self.accel,
+                        "state_bytes": size,
+                        "built_at": time.time(),
+                        "build_seconds": round(time.monotonic() - t0, 2),
+                    }
+                )
+            )
             if final.exists():  # another service on this host built the same snapshot meanwhile
                 shutil.rmtree(work)
             else:

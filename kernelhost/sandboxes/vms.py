@@ -65,9 +65,15 @@ class VmFactory:
         self.anon_dir = settings.ram_dir / "anon"
         self._boot_slots = asyncio.Semaphore(settings.max_concurrent_boots)
         self.snapshots = TemplateSnapshots(
-            hv, settings.ram_dir, accel=accel, memory_mib=settings.vm_memory_mib,
-            vcpus=settings.vm_vcpus, boot_timeout=settings.boot_timeout,
-            warmup_timeout=settings.timeouts.snapshot_warmup, attach=self.connect_agent)
+            hv,
+            settings.ram_dir,
+            accel=accel,
+            memory_mib=settings.vm_memory_mib,
+            vcpus=settings.vm_vcpus,
+            boot_timeout=settings.boot_timeout,
+            warmup_timeout=settings.timeouts.snapshot_warmup,
+            attach=self.connect_agent,
+        )
         self.pool = WarmPool(settings.pool_size, self._pool_clone, self.discard)
         self._background = TaskSet("vms")
 
@@ -96,8 +102,12 @@ class VmFactory:
         plan = stale_snapshots(self.ram_dir, self.images, scan_in_use(), versions)
         for art, why in plan.keep:
             log.info("prune.snapshot_kept", path=str(art.path), reason=art.reason, kept=why)
-        freed = apply(plan, lambda art: log.info(
-            "prune.snapshot_removed", path=str(art.path), reason=art.reason, bytes=art.bytes))
+        freed = apply(
+            plan,
+            lambda art: log.info(
+                "prune.snapshot_removed", path=str(art.path), reason=art.reason, bytes=art.bytes
+            ),
+        )
         if plan.remove:
             log.info("prune.done", removed=len(plan.remove), bytes_freed=freed)
         return freed
@@ -134,24 +144,39 @@ class VmFactory:
 
     async def hygiene(self, agent: AgentClient) -> None:
         """After a clone, resume or fork: fresh clock, entropy and RNG seeds in the guest."""
-        await agent.request(Op.RESUMED, timeout=self.timeouts.hygiene, time_ns=time.time_ns(),
-                            entropy=os.urandom(64))
+        await agent.request(
+            Op.RESUMED, timeout=self.timeouts.hygiene, time_ns=time.time_ns(), entropy=os.urandom(64)
+        )
 
     # -- launching -----------------------------------------------------------------------------
 
-    def _spec(self, domain: str, image: GuestImage, meta: dict[str, str], *,
-              mem_path: Path | None = None, mem_share: bool = False,
-              incoming: bool = False) -> DomainSpec:
+    def _spec(
+        self,
+        domain: str,
+        image: GuestImage,
+        meta: dict[str, str],
+        *,
+        mem_path: Path | None = None,
+        mem_share: bool = False,
+        incoming: bool = False,
+    ) -> DomainSpec:
         if mem_path is None:
             # An unnamed file that QEMU creates in anon_dir and unlinks at once, mapped shared:
             # a shared tmpfs mapping fills about 4x faster than a private one when a state is
             # loaded (one page fault per page instead of a read fault plus a copy-on-write).
             mem_path, mem_share = self.anon_dir, True
         return self.hv.spec_for(
-            domain, image, accel=self.accel, memory_mib=self.settings.vm_memory_mib,
-            vcpus=self.settings.vm_vcpus, metadata=meta,
-            mem_path=mem_path, mem_share=mem_share, incoming=incoming,
-            cpu_quota_percent=self.settings.vm_cpu_quota_percent)  # sandboxes only: not templates
+            domain,
+            image,
+            accel=self.accel,
+            memory_mib=self.settings.vm_memory_mib,
+            vcpus=self.settings.vm_vcpus,
+            metadata=meta,
+            mem_path=mem_path,
+            mem_share=mem_share,
+            incoming=incoming,
+            cpu_quota_percent=self.settings.vm_cpu_quota_percent,
+        )  # sandboxes only: not templates
 
     async def snapshot_for(self, image: GuestImage) -> Snapshot | None:
         if not self.use_snapshots:
@@ -182,13 +207,19 @@ class VmFactory:
             agent = await self.connect_agent(spec.channel_socket, self.timeouts.boot)
         return Launched(agent, VmTimings("boot", t1 - t0, time.monotonic() - t1, 0.0))
 
-    async def _clone(self, domain: str, image: GuestImage, snap: Snapshot,
-                     meta: dict[str, str], *, state: Path | None = None,
-                     ram: Path | None = None) -> Launched:
+    async def _clone(
+        self,
+        domain: str,
+        image: GuestImage,
+        snap: Snapshot,
+        meta: dict[str, str],
+        *,
+        state: Path | None = None,
+        ram: Path | None = None,
+    ) -> Launched:
         t0 = time.monotonic()
         spec = self._spec(domain, image, meta, mem_path=ram or snap.ram, incoming=True)
-        await asyncio.to_thread(self.hv.start_from_state, spec, state or snap.state,
-                                ignore_shared=True)
+        await asyncio.to_thread(self.hv.start_from_state, spec, state or snap.state, ignore_shared=True)
         t1 = time.monotonic()
         agent = await self.connect_agent(spec.channel_socket, self.timeouts.attach)
         t2 = time.monotonic()
@@ -236,8 +267,7 @@ class VmFactory:
         await self.destroy(domain)
         return size
 
-    async def wake(self, domain: str, image: GuestImage, path: Path,
-                   meta: dict[str, str]) -> Launched:
+    async def wake(self, domain: str, image: GuestImage, path: Path, meta: dict[str, str]) -> Launched:
         """Start ``domain`` from a hibernated state; the caller removes ``path`` afterwards."""
         t0 = time.monotonic()
         spec = self._spec(domain, image, meta, incoming=True)
@@ -258,8 +288,9 @@ class VmFactory:
 
     # -- fork ----------------------------------------------------------------------------------
 
-    async def fork(self, parent: str, image: GuestImage, children: list[tuple[str, dict[str, str]]]
-                   ) -> list[AgentClient]:
+    async def fork(
+        self, parent: str, image: GuestImage, children: list[tuple[str, dict[str, str]]]
+    ) -> list[AgentClient]:
         """Clone the running ``parent`` into ``children`` (domain, metadata); parent resumes.
 
         The parent is paused just long enough to save its whole state; an intermediate VM with a
@@ -274,14 +305,15 @@ class VmFactory:
         agents: list[AgentClient] = []
         t0 = time.monotonic()
         try:
-            spec = self._spec(mid, image, {"role": "fork"}, mem_path=work / "ram", mem_share=True,
-                              incoming=True)
+            spec = self._spec(
+                mid, image, {"role": "fork"}, mem_path=work / "ram", mem_share=True, incoming=True
+            )
             await asyncio.to_thread(self.hv.fork_into, parent, spec, work / "state")
             log.info("vm.fork_copied", parent=parent, seconds=round(time.monotonic() - t0, 3))
             snap = Snapshot(image.template, "fork", work, image.key)
             results = await asyncio.gather(
-                *[self._clone(domain, image, snap, meta) for domain, meta in children],
-                return_exceptions=True)
+                *[self._clone(domain, image, snap, meta) for domain, meta in children], return_exceptions=True
+            )
             agents = [r.agent for r in results if isinstance(r, Launched)]
             failed = [r for r in results if isinstance(r, BaseException)]
             if failed:
@@ -304,4 +336,3 @@ class VmFactory:
                 await asyncio.to_thread(self.hv.destroy, domain)
         finally:
             shutil.rmtree(work, ignore_errors=True)
-

@@ -162,7 +162,7 @@ class HostEnd:
         while True:
             try:
                 return await self.ok(protocol.Op.PING, timeout=0.5)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 if loop.time() > deadline:
                     raise
 

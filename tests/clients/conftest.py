@@ -38,14 +38,14 @@ JUPYTER_KERNEL = "kernelhost-python"
 
 @pytest.fixture(scope="session")
 def jupyter_service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
-    with running_service(tmp_path_factory.mktemp("jupyter-state"), "jupyter",
-                         KERNELHOST_REAPER_INTERVAL="1") as svc:
+    with running_service(
+        tmp_path_factory.mktemp("jupyter-state"), "jupyter", KERNELHOST_REAPER_INTERVAL="1"
+    ) as svc:
         yield svc
 
 
 @pytest.fixture(scope="session")
-def jupyter_env(jupyter_service: Service, tmp_path_factory: pytest.TempPathFactory
-                ) -> dict[str, str]:
+def jupyter_env(jupyter_service: Service, tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     """Environment for Jupyter tools: the service's URL and key, private Jupyter directories,
     and the kernelspec installed by ``kernelhost kernelspec install`` (the real command)."""
     home = tmp_path_factory.mktemp("jupyter-home")
@@ -62,16 +62,21 @@ def jupyter_env(jupyter_service: Service, tmp_path_factory: pytest.TempPathFacto
         "IPYTHONDIR": str(home / "ipython"),
         "HOME": str(home),
     }
-    subprocess.run([sys.executable, "-m", "kernelhost.cli", "kernelspec", "install",
-                    "--prefix", str(prefix)], env=env, check=True, timeout=60,
-                   capture_output=True)
+    subprocess.run(
+        [sys.executable, "-m", "kernelhost.cli", "kernelspec", "install", "--prefix", str(prefix)],
+        env=env,
+        check=True,
+        timeout=60,
+        capture_output=True,
+    )
     assert (prefix / "share" / "jupyter" / "kernels" / JUPYTER_KERNEL / "kernel.json").is_file()
     return env
 
 
 @pytest.fixture(scope="session")
-def jupyter_lab(jupyter_env: dict[str, str], jupyter_service: Service,
-                tmp_path_factory: pytest.TempPathFactory) -> Iterator[JupyterLab]:
+def jupyter_lab(
+    jupyter_env: dict[str, str], jupyter_service: Service, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[JupyterLab]:
     """``jupyter lab`` (jupyter_server + JupyterLab) whose kernels live on the service."""
     root = tmp_path_factory.mktemp("notebooks")
     port = _free_port()
@@ -79,19 +84,34 @@ def jupyter_lab(jupyter_env: dict[str, str], jupyter_service: Service,
     log_path = root.parent / "jupyter-lab.log"
     env = {**jupyter_env, "KERNEL_LAUNCH_TIMEOUT": "120"}
     # no "get notified about Jupyter news?" toast over the screenshot (and no fetch of it)
-    settings = (Path(env["JUPYTER_CONFIG_DIR"]) / "lab" / "user-settings" / "@jupyterlab"
-                / "apputils-extension" / "notification.jupyterlab-settings")
+    settings = (
+        Path(env["JUPYTER_CONFIG_DIR"])
+        / "lab"
+        / "user-settings"
+        / "@jupyterlab"
+        / "apputils-extension"
+        / "notification.jupyterlab-settings"
+    )
     settings.parent.mkdir(parents=True, exist_ok=True)
     settings.write_text('{"fetchNews": "false", "checkForUpdates": false}\n')
-    cmd = [sys.executable, "-m", "jupyterlab", "--allow-root", "--no-browser",
-           "--ServerApp.ip=127.0.0.1", f"--ServerApp.port={port}",
-           f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={root}",
-           "--ServerApp.terminals_enabled=False",
-           f"--gateway-url={jupyter_service.url}",
-           f"--GatewayClient.auth_token={jupyter_service.api_key}",
-           "--GatewayClient.request_timeout=130", "--GatewayClient.connect_timeout=30",
-           "--LabApp.news_url=None", "--LabApp.check_for_updates_class="
-           "jupyterlab.handlers.announcements.NeverCheckForUpdate"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "jupyterlab",
+        "--allow-root",
+        "--no-browser",
+        "--ServerApp.ip=127.0.0.1",
+        f"--ServerApp.port={port}",
+        f"--IdentityProvider.token={token}",
+        f"--ServerApp.root_dir={root}",
+        "--ServerApp.terminals_enabled=False",
+        f"--gateway-url={jupyter_service.url}",
+        f"--GatewayClient.auth_token={jupyter_service.api_key}",
+        "--GatewayClient.request_timeout=130",
+        "--GatewayClient.connect_timeout=30",
+        "--LabApp.news_url=None",
+        "--LabApp.check_for_updates_class=jupyterlab.handlers.announcements.NeverCheckForUpdate",
+    ]
     with log_path.open("ab") as log:
         proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=log, cwd=root)
     url = f"http://127.0.0.1:{port}"
@@ -109,15 +129,15 @@ def jupyter_lab(jupyter_env: dict[str, str], jupyter_service: Service,
         shutil.copy(log_path, RESULTS / "jupyter-lab.log")
 
 
-def _wait_http(url: str, headers: dict[str, str], proc: subprocess.Popen[bytes], log: Path,
-               timeout: float) -> None:
+def _wait_http(
+    url: str, headers: dict[str, str], proc: subprocess.Popen[bytes], log: Path, timeout: float
+) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"{url}: the process exited: {log.read_text()[-3000:]}")
         try:
-            with urllib.request.urlopen(urllib.request.Request(url, headers=headers),
-                                        timeout=5) as r:
+            with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=5) as r:
                 if r.status == 200:
                     return
         except (OSError, urllib.error.HTTPError):
@@ -129,5 +149,6 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
 
 # == end of the Jupyter section =====================================================================

@@ -8,7 +8,7 @@ import contextlib
 import json
 import uuid
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -37,19 +37,23 @@ class Outcome:
 
     @property
     def stdout(self) -> str:
-        return "".join(m["content"]["text"] for m in self.iopub
-                       if m["header"]["msg_type"] == "stream"
-                       and m["content"]["name"] == "stdout")
+        return "".join(
+            m["content"]["text"]
+            for m in self.iopub
+            if m["header"]["msg_type"] == "stream" and m["content"]["name"] == "stdout"
+        )
 
     @property
     def results(self) -> list[dict[str, Any]]:
-        return [m["content"]["data"] for m in self.iopub
-                if m["header"]["msg_type"] in ("execute_result", "display_data")]
+        return [
+            m["content"]["data"]
+            for m in self.iopub
+            if m["header"]["msg_type"] in ("execute_result", "display_data")
+        ]
 
     @property
     def error(self) -> dict[str, Any] | None:
-        return next((m["content"] for m in self.iopub if m["header"]["msg_type"] == "error"),
-                    None)
+        return next((m["content"] for m in self.iopub if m["header"]["msg_type"] == "error"), None)
 
 
 class KernelSocket:
@@ -83,30 +87,58 @@ class KernelSocket:
     async def send(self, msg_type: str, content: dict[str, Any], channel: str = "shell") -> str:
         msg_id = uuid.uuid4().hex
         self._queue(msg_id)
-        await self.ws.send_str(json.dumps({
-            "channel": channel,
-            "header": {"msg_id": msg_id, "msg_type": msg_type, "session": self.session,
-                       "username": "test", "version": "5.3",
-                       "date": datetime.now(timezone.utc).isoformat()},
-            "parent_header": {}, "metadata": {}, "content": content, "buffers": []}))
+        await self.ws.send_str(
+            json.dumps(
+                {
+                    "channel": channel,
+                    "header": {
+                        "msg_id": msg_id,
+                        "msg_type": msg_type,
+                        "session": self.session,
+                        "username": "test",
+                        "version": "5.3",
+                        "date": datetime.now(UTC).isoformat(),
+                    },
+                    "parent_header": {},
+                    "metadata": {},
+                    "content": content,
+                    "buffers": [],
+                }
+            )
+        )
         return msg_id
 
     async def execute_request(self, code: str, allow_stdin: bool = False) -> str:
-        return await self.send("execute_request", {
-            "code": code, "silent": False, "store_history": True, "user_expressions": {},
-            "allow_stdin": allow_stdin, "stop_on_error": True})
+        return await self.send(
+            "execute_request",
+            {
+                "code": code,
+                "silent": False,
+                "store_history": True,
+                "user_expressions": {},
+                "allow_stdin": allow_stdin,
+                "stop_on_error": True,
+            },
+        )
 
     async def next(self, msg_id: str, timeout: float) -> dict[str, Any]:
         try:
             return await asyncio.wait_for(self._queue(msg_id).get(), timeout)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             now = asyncio.get_running_loop().time()
-            seen = [(m.get("channel"), m["header"].get("msg_type"),
-                     (m.get("parent_header") or {}).get("msg_id"),
-                     f"{now - m['_arrived']:.1f}s ago") for m in self.seen[-20:]]
-            raise AssertionError(f"nothing more for request {msg_id} within {timeout:.0f}s "
-                                 f"(closed: {self.closed.is_set()}); last messages: {seen}"
-                                 ) from None
+            seen = [
+                (
+                    m.get("channel"),
+                    m["header"].get("msg_type"),
+                    (m.get("parent_header") or {}).get("msg_id"),
+                    f"{now - m['_arrived']:.1f}s ago",
+                )
+                for m in self.seen[-20:]
+            ]
+            raise AssertionError(
+                f"nothing more for request {msg_id} within {timeout:.0f}s "
+                f"(closed: {self.closed.is_set()}); last messages: {seen}"
+            ) from None
 
     async def wait_output(self, msg_id: str, text: str, timeout: float, into: Outcome) -> None:
         """Collect into ``into`` until stdout holds ``text`` (the request is still running)."""
@@ -133,8 +165,7 @@ class KernelSocket:
         """File ``msg``; True if it is the idle status."""
         if msg["channel"] == "iopub":
             out.iopub.append(msg)
-            return (msg["header"]["msg_type"] == "status"
-                    and msg["content"]["execution_state"] == "idle")
+            return msg["header"]["msg_type"] == "status" and msg["content"]["execution_state"] == "idle"
         if msg["header"]["msg_type"].endswith("_reply"):
             out.reply = msg
         return False
@@ -150,4 +181,4 @@ class KernelSocket:
 
 
 def ws_url(http_url: str) -> str:
-    return "ws" + http_url[len("http"):]
+    return "ws" + http_url[len("http") :]

@@ -15,12 +15,15 @@ from .jupyter_support import JupyterLab, KernelSocket, Outcome, ws_url
 pytestmark = [pytest.mark.clients, pytest.mark.timeout(600)]
 
 
-async def test_kernel_lifecycle_through_jupyter_server(jupyter_lab: JupyterLab,
-                                                       jupyter_service: Service) -> None:
+async def test_kernel_lifecycle_through_jupyter_server(
+    jupyter_lab: JupyterLab, jupyter_service: Service
+) -> None:
     lab, svc = jupyter_lab, jupyter_service
     mine = {"Authorization": f"token {svc.api_key}"}
-    async with aiohttp.ClientSession(headers=lab.headers()) as http, \
-            aiohttp.ClientSession(headers=mine) as service:
+    async with (
+        aiohttp.ClientSession(headers=lab.headers()) as http,
+        aiohttp.ClientSession(headers=mine) as service,
+    ):
         async with http.get(f"{lab.url}/api/kernelspecs") as r:
             specs = await r.json()
         # jupyter_server answers its own default once, then adopts the gateway's
@@ -41,16 +44,14 @@ async def test_kernel_lifecycle_through_jupyter_server(jupyter_lab: JupyterLab,
             assert r.status == 200
             assert (await r.json())["metadata"]["jupyter_gateway"] == "kernel"
         # ... that no other key can see, over REST or WebSocket
-        async with aiohttp.ClientSession(
-                headers={"Authorization": f"token {svc.other_key}"}) as other:
+        async with aiohttp.ClientSession(headers={"Authorization": f"token {svc.other_key}"}) as other:
             async with other.get(f"{svc.url}/api/kernels/{kid}") as r:
                 assert r.status == 404
             with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
                 await other.ws_connect(f"{ws_url(svc.url)}/api/kernels/{kid}/channels")
             assert refused.value.status == 404
 
-        ws = await http.ws_connect(
-            f"{ws_url(lab.url)}/api/kernels/{kid}/channels?session_id=test-session")
+        ws = await http.ws_connect(f"{ws_url(lab.url)}/api/kernels/{kid}/channels?session_id=test-session")
         kernel = KernelSocket(ws)
         try:
             info = await kernel.outcome(await kernel.send("kernel_info_request", {}), 60)
@@ -63,8 +64,9 @@ async def test_kernel_lifecycle_through_jupyter_server(jupyter_lab: JupyterLab,
             assert out.results == [{"text/plain": "42"}]
 
             # interrupt: a long sleep ends with KeyboardInterrupt, the kernel keeps its state
-            sleeping = await kernel.execute_request("import time\nprint('sleeping', flush=True)\n"
-                                                    "time.sleep(600)")
+            sleeping = await kernel.execute_request(
+                "import time\nprint('sleeping', flush=True)\ntime.sleep(600)"
+            )
             progress = Outcome()
             await kernel.wait_output(sleeping, "sleeping", 60, progress)
             async with http.post(f"{lab.url}/api/kernels/{kid}/interrupt", json={}) as r:
@@ -104,19 +106,30 @@ async def test_kernels_of_the_gateway_api_directly(jupyter_service: Service) -> 
         async with http.post(f"{svc.url}/api/kernels", json={"name": "cobol"}) as r:
             assert r.status == 400 and "python" in (await r.json())["error"]["message"]
         # the network mode, as jupyter_server forwards it (KERNEL_* variables of its environment)
-        async with http.post(f"{svc.url}/api/kernels", json={"name": "python", "env": {
-                "KERNEL_NETWORK": "allowlist",
-                "KERNEL_NETWORK_ALLOW": "files.example.org:443, *.example.net"}}) as r:
+        async with http.post(
+            f"{svc.url}/api/kernels",
+            json={
+                "name": "python",
+                "env": {
+                    "KERNEL_NETWORK": "allowlist",
+                    "KERNEL_NETWORK_ALLOW": "files.example.org:443, *.example.net",
+                },
+            },
+        ) as r:
             assert r.status == 201
             online = await r.json()
         async with http.get(f"{svc.url}/v1/sandboxes") as r:
-            [made] = [s for s in (await r.json())["sandboxes"]
-                      if s["state"] == "running" and s["network"]["mode"] == "allowlist"]
+            [made] = [
+                s
+                for s in (await r.json())["sandboxes"]
+                if s["state"] == "running" and s["network"]["mode"] == "allowlist"
+            ]
         assert made["network"]["allow"] == ["files.example.org:443", "*.example.net"]
         async with http.delete(f"{svc.url}/api/kernels/{online['id']}") as r:
             assert r.status == 204
-        async with http.post(f"{svc.url}/api/kernels", json={
-                "name": "python", "env": {"KERNEL_NETWORK": "wide-open"}}) as r:
+        async with http.post(
+            f"{svc.url}/api/kernels", json={"name": "python", "env": {"KERNEL_NETWORK": "wide-open"}}
+        ) as r:
             assert r.status == 400 and "wide-open" in (await r.json())["error"]["message"]
         async with http.post(f"{svc.url}/api/kernels", json={"name": "python"}) as r:
             assert r.status == 201
@@ -124,21 +137,42 @@ async def test_kernels_of_the_gateway_api_directly(jupyter_service: Service) -> 
         assert r.headers["Location"] == f"/api/kernels/{model['id']}"
         # the exact format jupyter_server parses, and a UUID id
         from datetime import datetime
+
         datetime.strptime(model["last_activity"], "%Y-%m-%dT%H:%M:%S.%fZ")
         assert len(model["id"].split("-")) == 5 and isinstance(model["connections"], int)
         try:
             # the v1 framing: binary frames, buffers kept
-            ws = await http.ws_connect(f"{ws_url(svc.url)}/api/kernels/{model['id']}/channels",
-                                       protocols=("v1.kernel.websocket.jupyter.org",))
+            ws = await http.ws_connect(
+                f"{ws_url(svc.url)}/api/kernels/{model['id']}/channels",
+                protocols=("v1.kernel.websocket.jupyter.org",),
+            )
             assert ws.protocol == "v1.kernel.websocket.jupyter.org"
             from kernelhost.jupyter import wire
 
-            await ws.send_bytes(wire.to_v1("shell", {
-                "header": {"msg_id": "m1", "msg_type": "execute_request", "session": "s",
-                           "username": "u", "version": "5.3", "date": ""},
-                "parent_header": {}, "metadata": {},
-                "content": {"code": "print('v1 ok')", "silent": False, "store_history": True,
-                            "user_expressions": {}, "allow_stdin": False}}))
+            await ws.send_bytes(
+                wire.to_v1(
+                    "shell",
+                    {
+                        "header": {
+                            "msg_id": "m1",
+                            "msg_type": "execute_request",
+                            "session": "s",
+                            "username": "u",
+                            "version": "5.3",
+                            "date": "",
+                        },
+                        "parent_header": {},
+                        "metadata": {},
+                        "content": {
+                            "code": "print('v1 ok')",
+                            "silent": False,
+                            "store_history": True,
+                            "user_expressions": {},
+                            "allow_stdin": False,
+                        },
+                    },
+                )
+            )
             got: list[tuple[str, dict]] = []
             while not any(m["header"]["msg_type"] == "execute_reply" for _, m in got):
                 raw = await asyncio.wait_for(ws.receive(), 60)

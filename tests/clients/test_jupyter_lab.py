@@ -20,19 +20,27 @@ pytestmark = [pytest.mark.clients, pytest.mark.timeout(600)]
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 # as root, without a GPU, and without the background traffic this machine's closed network refuses
-FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+FLAGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 PATIENCE_MS = 180_000  # JupyterLab's first load on a busy 2-core machine, and a VM under TCG
 
 
-async def test_jupyterlab_runs_a_cell_in_a_vm(jupyter_lab: JupyterLab,
-                                              jupyter_service: Service) -> None:
+async def test_jupyterlab_runs_a_cell_in_a_vm(jupyter_lab: JupyterLab, jupyter_service: Service) -> None:
     from playwright.async_api import WebSocket, async_playwright
 
-    nb = new_notebook(cells=[new_code_cell(
-        "import os\nprint('hello from', os.getcwd(), 6 * 7)")])
-    nb.metadata["kernelspec"] = {"name": "python", "language": "python",
-                                 "display_name": "Python 3 (kernelhost VM, python)"}
+    nb = new_notebook(cells=[new_code_cell("import os\nprint('hello from', os.getcwd(), 6 * 7)")])
+    nb.metadata["kernelspec"] = {
+        "name": "python",
+        "language": "python",
+        "display_name": "Python 3 (kernelhost VM, python)",
+    }
     nbformat.write(nb, jupyter_lab.root / "vm.ipynb")
 
     RESULTS.mkdir(exist_ok=True)
@@ -49,8 +57,10 @@ async def test_jupyterlab_runs_a_cell_in_a_vm(jupyter_lab: JupyterLab,
 
             def watch(ws: WebSocket) -> None:
                 if "/channels" in ws.url:
-                    ws.on("framereceived", lambda payload: kernel_ready.set()
-                          if "kernel_info_reply" in str(payload) else None)
+                    ws.on(
+                        "framereceived",
+                        lambda payload: kernel_ready.set() if "kernel_info_reply" in str(payload) else None,
+                    )
 
             page.on("websocket", watch)
             await page.goto(f"{jupyter_lab.url}/lab/tree/vm.ipynb?token={jupyter_lab.token}")
@@ -63,9 +73,10 @@ async def test_jupyterlab_runs_a_cell_in_a_vm(jupyter_lab: JupyterLab,
             finally:
                 await page.screenshot(path=str(shot))
             # the kernel that ran the cell is a sandbox on the service, JupyterLab attached
-            async with aiohttp.ClientSession(
-                    headers={"Authorization": f"token {jupyter_service.api_key}"}) as http, \
-                    http.get(f"{jupyter_service.url}/api/kernels") as r:
+            async with (
+                aiohttp.ClientSession(headers={"Authorization": f"token {jupyter_service.api_key}"}) as http,
+                http.get(f"{jupyter_service.url}/api/kernels") as r,
+            ):
                 kernels = await r.json()
             assert any(k["connections"] >= 1 and k["name"] == "python" for k in kernels), kernels
         finally:

@@ -30,20 +30,20 @@ BIN = Path(sys.executable).parent
 def _notebook(path: Path) -> None:
     params = new_code_cell("x = 1")
     params.metadata["tags"] = ["parameters"]
-    nb = new_notebook(cells=[
-        params,
-        new_code_cell("y = x * 10\nprint('y =', y)"),
-        new_code_cell("import os, socket\nprint(os.getcwd(), socket.gethostname())"),
-        new_code_cell("y + 1"),
-    ])
-    nb.metadata["kernelspec"] = {"name": JUPYTER_KERNEL, "display_name": "kernelhost",
-                                 "language": "python"}
+    nb = new_notebook(
+        cells=[
+            params,
+            new_code_cell("y = x * 10\nprint('y =', y)"),
+            new_code_cell("import os, socket\nprint(os.getcwd(), socket.gethostname())"),
+            new_code_cell("y + 1"),
+        ]
+    )
+    nb.metadata["kernelspec"] = {"name": JUPYTER_KERNEL, "display_name": "kernelhost", "language": "python"}
     nbformat.write(nb, path)
 
 
 def _stdout(cell: nbformat.NotebookNode) -> str:
-    return "".join(o["text"] for o in cell.outputs
-                   if o["output_type"] == "stream" and o["name"] == "stdout")
+    return "".join(o["text"] for o in cell.outputs if o["output_type"] == "stream" and o["name"] == "stdout")
 
 
 def _check_ran_in_vm(cell: nbformat.NotebookNode) -> None:
@@ -55,9 +55,24 @@ def _check_ran_in_vm(cell: nbformat.NotebookNode) -> None:
 def test_papermill_runs_a_notebook_in_a_vm(jupyter_env: dict[str, str], tmp_path: Path) -> None:
     src, out = tmp_path / "in.ipynb", tmp_path / "out.ipynb"
     _notebook(src)
-    run = subprocess.run([str(BIN / "papermill"), str(src), str(out), "-k", JUPYTER_KERNEL,
-                          "-p", "x", "4", "--execution-timeout", "120"],
-                         env=jupyter_env, capture_output=True, text=True, timeout=300)
+    run = subprocess.run(
+        [
+            str(BIN / "papermill"),
+            str(src),
+            str(out),
+            "-k",
+            JUPYTER_KERNEL,
+            "-p",
+            "x",
+            "4",
+            "--execution-timeout",
+            "120",
+        ],
+        env=jupyter_env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     cells = nbformat.read(out, as_version=4).cells
     injected = next(c for c in cells if "injected-parameters" in c.metadata.get("tags", []))
@@ -71,11 +86,24 @@ def test_papermill_runs_a_notebook_in_a_vm(jupyter_env: dict[str, str], tmp_path
 def test_nbconvert_execute(jupyter_env: dict[str, str], tmp_path: Path) -> None:
     src = tmp_path / "nb.ipynb"
     _notebook(src)
-    run = subprocess.run([str(BIN / "jupyter"), "nbconvert", "--to", "notebook", "--execute",
-                          str(src), "--output", "executed",
-                          f"--ExecutePreprocessor.kernel_name={JUPYTER_KERNEL}",
-                          "--ExecutePreprocessor.timeout=120"],
-                         env=jupyter_env, capture_output=True, text=True, timeout=300)
+    run = subprocess.run(
+        [
+            str(BIN / "jupyter"),
+            "nbconvert",
+            "--to",
+            "notebook",
+            "--execute",
+            str(src),
+            "--output",
+            "executed",
+            f"--ExecutePreprocessor.kernel_name={JUPYTER_KERNEL}",
+            "--ExecutePreprocessor.timeout=120",
+        ],
+        env=jupyter_env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     cells = nbformat.read(tmp_path / "executed.ipynb", as_version=4).cells
     assert _stdout(cells[1]) == "y = 10\n"
@@ -84,10 +112,21 @@ def test_nbconvert_execute(jupyter_env: dict[str, str], tmp_path: Path) -> None:
 
 
 def test_jupyter_console(jupyter_env: dict[str, str], jupyter_service: Service) -> None:
-    run = subprocess.run([str(BIN / "jupyter"), "console", "--kernel", JUPYTER_KERNEL,
-                          "--simple-prompt", "--ZMQTerminalInteractiveShell.kernel_timeout=120"],
-                         input="z = 6 * 7\nprint('console says', z)\n", env=jupyter_env,
-                         capture_output=True, text=True, timeout=300)
+    run = subprocess.run(
+        [
+            str(BIN / "jupyter"),
+            "console",
+            "--kernel",
+            JUPYTER_KERNEL,
+            "--simple-prompt",
+            "--ZMQTerminalInteractiveShell.kernel_timeout=120",
+        ],
+        input="z = 6 * 7\nprint('console says', z)\n",
+        env=jupyter_env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     assert "console says 42" in run.stdout, run.stdout[-3000:]
     # the console shuts its kernel down with a shutdown_request alone: the sandbox goes too
@@ -96,8 +135,7 @@ def test_jupyter_console(jupyter_env: dict[str, str], jupyter_service: Service) 
     url = f"{jupyter_service.url}/v1/sandboxes/{sandbox.group(1)}"
     deadline = time.monotonic() + 30
     while _status(url, jupyter_service.api_key) != 404:
-        assert time.monotonic() < deadline, f"{sandbox.group(1)} outlived its console: " \
-            f"{run.stderr[-3000:]}"
+        assert time.monotonic() < deadline, f"{sandbox.group(1)} outlived its console: {run.stderr[-3000:]}"
         time.sleep(0.2)
 
 
@@ -111,12 +149,19 @@ def _status(url: str, key: str) -> int:
 
 
 async def test_interrupt_and_restart_through_the_provisioner(
-        jupyter_env: dict[str, str], jupyter_service: Service,
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    jupyter_env: dict[str, str], jupyter_service: Service, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from jupyter_client.manager import AsyncKernelManager
 
-    for name in ("KERNELHOST_URL", "KERNELHOST_API_KEY", "JUPYTER_PATH", "JUPYTER_CONFIG_DIR",
-                 "JUPYTER_DATA_DIR", "JUPYTER_RUNTIME_DIR", "JUPYTER_PLATFORM_DIRS"):
+    for name in (
+        "KERNELHOST_URL",
+        "KERNELHOST_API_KEY",
+        "JUPYTER_PATH",
+        "JUPYTER_CONFIG_DIR",
+        "JUPYTER_DATA_DIR",
+        "JUPYTER_RUNTIME_DIR",
+        "JUPYTER_PLATFORM_DIRS",
+    ):
         monkeypatch.setenv(name, jupyter_env[name])
     km = AsyncKernelManager(kernel_name=JUPYTER_KERNEL)
     await km.start_kernel()
@@ -140,10 +185,13 @@ async def test_interrupt_and_restart_through_the_provisioner(
         assert reply["content"]["status"] == "error"
         assert reply["content"]["ename"] == "KeyboardInterrupt"
         seen: list[str] = []
-        await kc.execute_interactive("print(v)", timeout=60,
-                                     output_hook=lambda m: seen.append(
-                                         m["content"]["text"]
-                                         if m["content"].get("name") == "stdout" else ""))
+        await kc.execute_interactive(
+            "print(v)",
+            timeout=60,
+            output_hook=lambda m: seen.append(
+                m["content"]["text"] if m["content"].get("name") == "stdout" else ""
+            ),
+        )
         assert "".join(seen) == "kept\n"
 
         # restart: same sandbox, same local ports (connected clients carry on), fresh kernel
@@ -157,9 +205,10 @@ async def test_interrupt_and_restart_through_the_provisioner(
         kc.stop_channels()
         await km.shutdown_kernel()
     # shutdown deleted the kernel's sandbox
-    async with aiohttp.ClientSession(
-            headers={"Authorization": f"token {jupyter_service.api_key}"}) as http, \
-            http.get(f"{jupyter_service.url}/api/kernels/{remote}") as r:
+    async with (
+        aiohttp.ClientSession(headers={"Authorization": f"token {jupyter_service.api_key}"}) as http,
+        http.get(f"{jupyter_service.url}/api/kernels/{remote}") as r,
+    ):
         assert r.status == 404, await r.text()
 
 
@@ -184,13 +233,20 @@ async def _reply(kc: object, msg_id: str, timeout: float) -> dict:
 
 
 async def test_a_wrong_key_fails_the_start_naming_the_fix(
-        jupyter_env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
+    jupyter_env: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     from jupyter_client.manager import AsyncKernelManager
 
     from kernelhost.jupyter.provisioner import KernelhostError
 
-    for name in ("KERNELHOST_URL", "JUPYTER_PATH", "JUPYTER_CONFIG_DIR", "JUPYTER_DATA_DIR",
-                 "JUPYTER_RUNTIME_DIR", "JUPYTER_PLATFORM_DIRS"):
+    for name in (
+        "KERNELHOST_URL",
+        "JUPYTER_PATH",
+        "JUPYTER_CONFIG_DIR",
+        "JUPYTER_DATA_DIR",
+        "JUPYTER_RUNTIME_DIR",
+        "JUPYTER_PLATFORM_DIRS",
+    ):
         monkeypatch.setenv(name, jupyter_env[name])
     monkeypatch.setenv("KERNELHOST_API_KEY", "not-a-key")
     km = AsyncKernelManager(kernel_name=JUPYTER_KERNEL)

@@ -63,8 +63,14 @@ def jupyter_msg(
     if isinstance(parent, str):
         parent = {"msg_id": parent, "msg_type": "execute_request"}
     return {
-        "header": {"msg_id": uuid.uuid4().hex, "msg_type": msg_type, "session": "kernel",
-                   "username": "kernel", "date": "2024-01-01T00:00:00+00:00", "version": "5.3"},
+        "header": {
+            "msg_id": uuid.uuid4().hex,
+            "msg_type": msg_type,
+            "session": "kernel",
+            "username": "kernel",
+            "date": "2024-01-01T00:00:00+00:00",
+            "version": "5.3",
+        },
         "parent_header": dict(parent or {}),
         "metadata": metadata or {},
         "content": content,
@@ -76,13 +82,13 @@ def stream(text: str | list[str], name: str = "stdout") -> tuple[str, dict[str, 
     return "stream", {"name": name, "text": text}
 
 
-def execute_result(data: dict[str, Any], count: int = 1,
-                   metadata: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
+def execute_result(
+    data: dict[str, Any], count: int = 1, metadata: dict[str, Any] | None = None
+) -> tuple[str, dict[str, Any]]:
     return "execute_result", {"data": data, "metadata": metadata or {}, "execution_count": count}
 
 
-def display_data(data: dict[str, Any],
-                 metadata: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
+def display_data(data: dict[str, Any], metadata: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
     return "display_data", {"data": data, "metadata": metadata or {}, "transient": {}}
 
 
@@ -175,8 +181,7 @@ class FakeAgent:
         if not task.cancelled():
             task.exception()  # retrieved: the host going away mid-write is not an error here
 
-    async def _on_connection(self, reader: asyncio.StreamReader,
-                             writer: asyncio.StreamWriter) -> None:
+    async def _on_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         if self._writer is not None:  # a virtio-serial port has one host end
             writer.close()
             return
@@ -210,8 +215,11 @@ class FakeAgent:
         op = frame["op"]
         if op == "jupyter":
             msg = frame.get("msg") or {}
-            if (frame.get("channel") == "shell" and self.on_execute is not None
-                    and msg.get("header", {}).get("msg_type") == "execute_request"):
+            if (
+                frame.get("channel") == "shell"
+                and self.on_execute is not None
+                and msg.get("header", {}).get("msg_type") == "execute_request"
+            ):
                 self.executions.append(self.spawn(self.on_execute(self, msg)))
             return
         if not isinstance(frame.get("id"), int):
@@ -231,8 +239,9 @@ class FakeAgent:
 
     # -- observing the host ----------------------------------------------------------------------
 
-    async def wait_for_frame(self, predicate: Callable[[dict[str, Any]], bool],
-                             timeout: float = WAIT) -> dict[str, Any]:
+    async def wait_for_frame(
+        self, predicate: Callable[[dict[str, Any]], bool], timeout: float = WAIT
+    ) -> dict[str, Any]:
         """The first frame received (so far or later) that matches ``predicate``."""
 
         async def scan() -> dict[str, Any]:
@@ -263,9 +272,12 @@ class FakeAgent:
     async def wait_for_execute(self, timeout: float = WAIT) -> dict[str, Any]:
         """The msg of the first execute_request received."""
         frame = await self.wait_for_frame(
-            lambda f: f["op"] == "jupyter"
-            and f.get("msg", {}).get("header", {}).get("msg_type") == "execute_request",
-            timeout)
+            lambda f: (
+                f["op"] == "jupyter"
+                and f.get("msg", {}).get("header", {}).get("msg_type") == "execute_request"
+            ),
+            timeout,
+        )
         return frame["msg"]  # type: ignore[no-any-return]
 
     def ops(self) -> list[str]:
@@ -301,11 +313,17 @@ class FakeAgent:
     async def status(self, request: dict[str, Any], state: str) -> None:
         await self.iopub(request, "status", {"execution_state": state})
 
-    async def execute_reply(self, request: dict[str, Any], status: str = "ok",
-                            execution_count: Any = 1, **content: Any) -> None:
-        await self.emit("shell", jupyter_msg(
-            "execute_reply", {"status": status, "execution_count": execution_count, **content},
-            request["header"]))
+    async def execute_reply(
+        self, request: dict[str, Any], status: str = "ok", execution_count: Any = 1, **content: Any
+    ) -> None:
+        await self.emit(
+            "shell",
+            jupyter_msg(
+                "execute_reply",
+                {"status": status, "execution_count": execution_count, **content},
+                request["header"],
+            ),
+        )
 
     async def run_execute(
         self,
@@ -318,9 +336,11 @@ class FakeAgent:
     ) -> None:
         """What a kernel sends for one execute_request: busy, input, outputs, idle and reply."""
         await self.status(request, "busy")
-        await self.iopub(request, "execute_input",
-                         {"code": request["content"].get("code", ""),
-                          "execution_count": execution_count})
+        await self.iopub(
+            request,
+            "execute_input",
+            {"code": request["content"].get("code", ""), "execution_count": execution_count},
+        )
         for msg_type, content in outputs:
             await self.iopub(request, msg_type, content)
         if reply_before_idle:
@@ -335,8 +355,7 @@ class FakeAgent:
         text = "x" * size
         parent = {"msg_id": parent_msg_id, "msg_type": "execute_request"}
         for i in range(count):
-            msg = jupyter_msg("stream", {"name": "stdout", "text": text}, parent,
-                              metadata={"seq": i})
+            msg = jupyter_msg("stream", {"name": "stdout", "text": text}, parent, metadata={"seq": i})
             await self.emit("iopub", msg)
 
 
@@ -349,8 +368,9 @@ def scripted(outputs: Sequence[tuple[str, dict[str, Any]]] = (), **kwargs: Any) 
     return handler
 
 
-async def wait_until_stalled(progress: Callable[[], int], task: asyncio.Task[Any], *,
-                             quiet: float = 0.3, timeout: float = 10.0) -> int:
+async def wait_until_stalled(
+    progress: Callable[[], int], task: asyncio.Task[Any], *, quiet: float = 0.3, timeout: float = 10.0
+) -> int:
     """Wait until ``progress()`` stops changing for ``quiet`` seconds while ``task`` still runs.
 
     Observing that something does *not* happen needs a quiet period; the overall wait has a

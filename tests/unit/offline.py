@@ -25,13 +25,17 @@ def fake_image_dir(tmp_path: Path) -> Path:
     return images
 
 
-def offline_settings(tmp_path: Path, *, image_dir: Path | None = None,
-                     **overrides: Any) -> Settings:
+def offline_settings(tmp_path: Path, *, image_dir: Path | None = None, **overrides: Any) -> Settings:
     """Settings on the test driver; ``image_dir`` defaults to an empty (missing) directory."""
     values: dict[str, Any] = dict(
-        libvirt_uri="test:///default", image_dir=image_dir or tmp_path / "none",
-        state_dir=tmp_path / "state", run_dir=tmp_path / "run", ram_dir=tmp_path / "ram",
-        domain_prefix="khunit-", accel="tcg")
+        libvirt_uri="test:///default",
+        image_dir=image_dir or tmp_path / "none",
+        state_dir=tmp_path / "state",
+        run_dir=tmp_path / "run",
+        ram_dir=tmp_path / "ram",
+        domain_prefix="khunit-",
+        accel="tcg",
+    )
     values.update(overrides)
     return Settings.load({}, **values)
 

@@ -25,8 +25,9 @@ OTHER = "other-test-key-0123456789"
 
 @pytest.fixture
 async def client(tmp_path: Path) -> AsyncIterator[TestClient]:
-    settings = offline_settings(tmp_path, image_dir=fake_image_dir(tmp_path), boot_timeout=1.0,
-                                pool_size=0, api_keys=(KEY, OTHER))
+    settings = offline_settings(
+        tmp_path, image_dir=fake_image_dir(tmp_path), boot_timeout=1.0, pool_size=0, api_keys=(KEY, OTHER)
+    )
     app = init_app(settings)
     async with TestClient(TestServer(app)) as c:
         c.app_settings = settings  # type: ignore[attr-defined]
@@ -44,8 +45,10 @@ async def test_healthz_is_public(client: TestClient) -> None:
     assert body["status"] == "ok" and body["accel"] == "tcg" and body["templates"] == ["python"]
 
 
-@pytest.mark.parametrize("headers", [{}, {"Authorization": "Bearer wrong"},
-                                     {"Authorization": "Basic abc"}, {"Authorization": "Bearer "}])
+@pytest.mark.parametrize(
+    "headers",
+    [{}, {"Authorization": "Bearer wrong"}, {"Authorization": "Basic abc"}, {"Authorization": "Bearer "}],
+)
 async def test_requests_without_a_valid_key_get_401(client: TestClient, headers: dict) -> None:
     r = await client.get("/v1/sandboxes", headers=headers)
     assert r.status == 401
@@ -71,16 +74,19 @@ async def test_unknown_route_is_a_json_404(client: TestClient) -> None:
     assert r.status == 404 and "/v1/nothing-here" in (await r.json())["error"]["message"]
 
 
-@pytest.mark.parametrize("body,needle", [
-    ({"template": "nope"}, "valid templates: python"),
-    ({"template": 3}, "'template' must be str"),
-    ({"idle_timeout_seconds": 0}, "idle_timeout_seconds=0"),
-    ({"idle_timeout_seconds": "x"}, "'idle_timeout_seconds' must be int"),
-    ({"metadata": {"a": 1}}, "metadata"),
-    ([1, 2], "JSON object"),
-    ({"network": "open"}, "network mode 'open'"),
-    ({"network": {"mode": "allowlist", "allow": ["a b"]}}, "allow entry 'a b'"),
-])
+@pytest.mark.parametrize(
+    "body,needle",
+    [
+        ({"template": "nope"}, "valid templates: python"),
+        ({"template": 3}, "'template' must be str"),
+        ({"idle_timeout_seconds": 0}, "idle_timeout_seconds=0"),
+        ({"idle_timeout_seconds": "x"}, "'idle_timeout_seconds' must be int"),
+        ({"metadata": {"a": 1}}, "metadata"),
+        ([1, 2], "JSON object"),
+        ({"network": "open"}, "network mode 'open'"),
+        ({"network": {"mode": "allowlist", "allow": ["a b"]}}, "allow entry 'a b'"),
+    ],
+)
 async def test_create_validation(client: TestClient, body: object, needle: str) -> None:
     r = await client.post("/v1/sandboxes", json=body, headers=auth())
     assert r.status == 400
@@ -131,12 +137,14 @@ def test_dev_key_is_generated_once_and_kept(tmp_path: Path) -> None:
     assert first.identify(first.dev_key) is not None and first.identify("nope") is None
 
 
-@pytest.mark.parametrize("limits,needle", [
-    ({"max_sandboxes_per_key": 0}, "max_sandboxes_per_key"),
-    ({"max_memory_mib_per_key": 256}, "max_memory_mib_per_key"),
-])
-async def test_per_key_limits_answer_429_naming_the_limit(tmp_path: Path, limits: dict,
-                                                          needle: str) -> None:
+@pytest.mark.parametrize(
+    "limits,needle",
+    [
+        ({"max_sandboxes_per_key": 0}, "max_sandboxes_per_key"),
+        ({"max_memory_mib_per_key": 256}, "max_memory_mib_per_key"),
+    ],
+)
+async def test_per_key_limits_answer_429_naming_the_limit(tmp_path: Path, limits: dict, needle: str) -> None:
     settings = offline_settings(tmp_path, pool_size=0, api_keys=(KEY,), **limits)
     async with TestClient(TestServer(init_app(settings))) as c:
         r = await c.post("/v1/sandboxes", json={}, headers=auth())
@@ -148,7 +156,6 @@ async def test_per_key_limits_answer_429_naming_the_limit(tmp_path: Path, limits
 
 async def test_a_body_that_is_not_utf8_is_a_400_not_a_500(client: TestClient) -> None:
     for path in ("/v1/sandboxes", "/v1/sandboxes/sbx_x/execute", "/api/kernels"):
-        r = await client.post(path, data=b"\xffg\x13", headers={**auth(),
-                                                                "Content-Type": "application/json"})
+        r = await client.post(path, data=b"\xffg\x13", headers={**auth(), "Content-Type": "application/json"})
         assert r.status in (400, 404), path
         assert "error" in (await r.json()) or "message" in (await r.json())

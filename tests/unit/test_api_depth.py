@@ -32,24 +32,30 @@ KEY = "unit-test-key-0123456789"
 
 @pytest.fixture
 async def client(tmp_path: Path) -> AsyncIterator[TestClient]:
-    settings = offline_settings(tmp_path, image_dir=fake_image_dir(tmp_path), boot_timeout=1.0,
-                                snapshots="off", api_keys=(KEY,))
+    settings = offline_settings(
+        tmp_path, image_dir=fake_image_dir(tmp_path), boot_timeout=1.0, snapshots="off", api_keys=(KEY,)
+    )
     async with TestClient(TestServer(init_app(settings))) as c:
         yield c
 
 
-@pytest.mark.parametrize(("method", "path"), [
-    ("POST", "/v1/sandboxes/sbx_nope/interrupt"),
-    ("POST", "/v1/sandboxes/sbx_nope/restart"),
-    ("GET", "/v1/sandboxes/sbx_nope/files?path=a.txt"),
-    ("PUT", "/v1/sandboxes/sbx_nope/files?path=a.txt"),
-    ("DELETE", "/v1/sandboxes/sbx_nope/files?path=a.txt"),
-    ("GET", "/v1/sandboxes/sbx_nope/files/list"),
-])
-async def test_new_routes_answer_404_for_an_unknown_sandbox(client: TestClient, method: str,
-                                                            path: str) -> None:
-    r = await client.request(method, path, headers={"Authorization": f"Bearer {KEY}"},
-                             data=b"x" if method == "PUT" else None)
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [
+        ("POST", "/v1/sandboxes/sbx_nope/interrupt"),
+        ("POST", "/v1/sandboxes/sbx_nope/restart"),
+        ("GET", "/v1/sandboxes/sbx_nope/files?path=a.txt"),
+        ("PUT", "/v1/sandboxes/sbx_nope/files?path=a.txt"),
+        ("DELETE", "/v1/sandboxes/sbx_nope/files?path=a.txt"),
+        ("GET", "/v1/sandboxes/sbx_nope/files/list"),
+    ],
+)
+async def test_new_routes_answer_404_for_an_unknown_sandbox(
+    client: TestClient, method: str, path: str
+) -> None:
+    r = await client.request(
+        method, path, headers={"Authorization": f"Bearer {KEY}"}, data=b"x" if method == "PUT" else None
+    )
     assert r.status == 404
     body = await r.json()
     assert body["error"]["code"] == "sandbox_not_found" and "sbx_nope" in body["error"]["message"]
@@ -60,11 +66,17 @@ async def test_new_routes_need_a_key(client: TestClient) -> None:
     assert r.status == 401
 
 
-@pytest.mark.parametrize(("error", "status"), [
-    (PathNotFound("x"), 404), (FileTooLarge("x"), 413), (SandboxDiskFull("x"), 507),
-    (AgentUnresponsive("x"), 503), (NotSupportedByImage("x"), 501),
-    (FileOperationFailed("x"), 400),
-])
+@pytest.mark.parametrize(
+    ("error", "status"),
+    [
+        (PathNotFound("x"), 404),
+        (FileTooLarge("x"), 413),
+        (SandboxDiskFull("x"), 507),
+        (AgentUnresponsive("x"), 503),
+        (NotSupportedByImage("x"), 501),
+        (FileOperationFailed("x"), 400),
+    ],
+)
 def test_error_statuses(error: Exception, status: int) -> None:
     assert status_for(error) == status  # type: ignore[arg-type]
 
@@ -73,13 +85,15 @@ SBX = SimpleNamespace(id="sbx_1", record=SimpleNamespace(memory_mib=512))
 
 
 def test_guest_filesystem_errors_become_clear_ones() -> None:
-    missing = _fs_error(SBX, {"errno": "ENOENT", "message": "No such file", "path": "/home/user/a"},
-                        {"path": "a"})
+    missing = _fs_error(
+        SBX, {"errno": "ENOENT", "message": "No such file", "path": "/home/user/a"}, {"path": "a"}
+    )
     assert isinstance(missing, PathNotFound) and "/home/user/a" in str(missing)
     full = _fs_error(SBX, {"errno": "ENOSPC", "message": "No space"}, {"path": "big.bin"})
     assert isinstance(full, SandboxDiskFull) and "vm_memory_mib" in str(full)
-    busy = _fs_error(SBX, {"errno": "ENOTEMPTY", "message": "Directory not empty",
-                           "path": "/home/user/d"}, {"path": "d"})
+    busy = _fs_error(
+        SBX, {"errno": "ENOTEMPTY", "message": "Directory not empty", "path": "/home/user/d"}, {"path": "d"}
+    )
     assert isinstance(busy, FileOperationFailed) and "recursive=true" in str(busy)
     assert busy.details["errno"] == "ENOTEMPTY"
     # a hostile guest's nonsense is still an error, of bounded size, naming what was asked
@@ -94,18 +108,20 @@ async def test_rechunk_gives_exact_pieces() -> None:
         for part in (b"ab", b"cdefg", b"", b"h", b"ijklmnop"):
             yield part
 
-    assert [p async for p in _rechunk(source(), 3)] == [b"abc", b"def", b"ghi", b"jkl", b"mno",
-                                                        b"p"]
+    assert [p async for p in _rechunk(source(), 3)] == [b"abc", b"def", b"ghi", b"jkl", b"mno", b"p"]
 
 
-@pytest.mark.parametrize(("name", "value", "word"), [
-    ("max_output_bytes", "10", "max_output_bytes"),
-    ("max_file_bytes", "0", "max_file_bytes"),
-    ("max_result_bytes", str(128 << 20), "max_frame_bytes"),
-    ("agent_timeout", "0", "agent_timeout"),
-    ("restart_timeout", "-1", "restart_timeout"),
-    ("default_execution_timeout", "-5", "default_execution_timeout"),
-])
+@pytest.mark.parametrize(
+    ("name", "value", "word"),
+    [
+        ("max_output_bytes", "10", "max_output_bytes"),
+        ("max_file_bytes", "0", "max_file_bytes"),
+        ("max_result_bytes", str(128 << 20), "max_frame_bytes"),
+        ("agent_timeout", "0", "agent_timeout"),
+        ("restart_timeout", "-1", "restart_timeout"),
+        ("default_execution_timeout", "-5", "default_execution_timeout"),
+    ],
+)
 def test_limit_settings_are_validated(name: str, value: str, word: str) -> None:
     with pytest.raises(ConfigError) as err:
         Settings.load({f"KERNELHOST_{name.upper()}": value})
@@ -113,12 +129,17 @@ def test_limit_settings_are_validated(name: str, value: str, word: str) -> None:
 
 
 def test_limit_settings_defaults_and_env() -> None:
-    s = Settings.load({"KERNELHOST_MAX_OUTPUT_BYTES": "2048",
-                       "KERNELHOST_DEFAULT_EXECUTION_TIMEOUT": "30"})
+    s = Settings.load({"KERNELHOST_MAX_OUTPUT_BYTES": "2048", "KERNELHOST_DEFAULT_EXECUTION_TIMEOUT": "30"})
     assert s.max_output_bytes == 2048 and s.default_execution_timeout == 30.0
     d = Settings.load({})
     assert (d.max_result_bytes, d.max_file_bytes, d.agent_timeout) == (16 << 20, 256 << 20, 10.0)
     doc = (Path(__file__).resolve().parents[2] / "docs" / "configuration.md").read_text()
-    for name in ("max_output_bytes", "max_result_bytes", "max_file_bytes",
-                 "default_execution_timeout", "restart_timeout", "agent_timeout"):
+    for name in (
+        "max_output_bytes",
+        "max_result_bytes",
+        "max_file_bytes",
+        "default_execution_timeout",
+        "restart_timeout",
+        "agent_timeout",
+    ):
         assert f"`{name}`" in doc

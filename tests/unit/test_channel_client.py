@@ -44,8 +44,7 @@ async def connect(sock_path):
     """``await connect(**kwargs) -> (client, closes)``; every client is closed at teardown."""
     clients: list[AgentClient] = []
 
-    async def make(on_message: Any = None, on_event: Any = None,
-                   **kwargs: Any) -> tuple[AgentClient, Closes]:
+    async def make(on_message: Any = None, on_event: Any = None, **kwargs: Any) -> tuple[AgentClient, Closes]:
         closes = Hooks(on_message, on_event)
         kwargs.setdefault("max_frame_bytes", LIMIT)
         client = AgentClient(sock_path, **kwargs)
@@ -315,8 +314,10 @@ async def test_events_reach_on_event(agent, connect):
     await agent.event("kernel_died", exit_code=-9)
     await agent.event("kernel_restarted", reason="died")
     await asyncio.wait_for(got.wait(), WAIT)
-    assert events == [{"op": "event", "event": "kernel_died", "exit_code": -9},
-                      {"op": "event", "event": "kernel_restarted", "reason": "died"}]
+    assert events == [
+        {"op": "event", "event": "kernel_died", "exit_code": -9},
+        {"op": "event", "event": "kernel_restarted", "reason": "died"},
+    ]
     assert closes.calls == []
 
 
@@ -349,8 +350,11 @@ VIOLATIONS = [
     pytest.param(unchecked_frame({"op": "event", "event": 3}), "event", id="event-name-not-str"),
     pytest.param(_jupyter("nope"), "malformed jupyter frame", id="unknown-channel"),
     pytest.param(_jupyter(None), "malformed jupyter frame", id="no-channel"),
-    pytest.param(unchecked_frame({"op": "jupyter", "channel": "iopub", "msg": [1]}),
-                 "malformed jupyter frame", id="msg-not-a-map"),
+    pytest.param(
+        unchecked_frame({"op": "jupyter", "channel": "iopub", "msg": [1]}),
+        "malformed jupyter frame",
+        id="msg-not-a-map",
+    ),
     pytest.param(_jupyter(header="status"), "header", id="header-not-a-map"),
     pytest.param(_jupyter(header=[1, 2]), "header", id="header-a-list"),
     pytest.param(_jupyter(header={"msg_id": "x"}), "header", id="header-without-msg-type"),
@@ -494,7 +498,6 @@ async def test_close_without_connect(sock_path):
     assert closes.calls == [("closed by the host", False)]
 
 
-
 async def test_subscription_is_bounded_in_bytes_not_only_in_messages():
     from kernelhost.channel.messages import JupyterMessage, Subscription
 
@@ -507,8 +510,9 @@ async def test_subscription_is_bounded_in_bytes_not_only_in_messages():
     sub = Subscription(_Owner(), "p", maxsize=1000, max_bytes=100)  # type: ignore[arg-type]
 
     def msg(size: int) -> JupyterMessage:
-        return JupyterMessage("iopub", {"header": {"msg_type": "stream"}, "parent_header": {},
-                                        "content": {}}, size)
+        return JupyterMessage(
+            "iopub", {"header": {"msg_type": "stream"}, "parent_header": {}, "content": {}}, size
+        )
 
     await asyncio.wait_for(sub.put(msg(80)), WAIT)
     second = asyncio.create_task(sub.put(msg(80)))
@@ -538,8 +542,7 @@ async def test_a_listener_that_raises_does_not_break_the_channel(agent, connect)
     assert client.connected and closes.calls == []
 
 
-async def test_a_bug_in_the_readers_own_code_is_not_a_protocol_violation(agent, connect,
-                                                                         monkeypatch):
+async def test_a_bug_in_the_readers_own_code_is_not_a_protocol_violation(agent, connect, monkeypatch):
     """A host-side fault while handling a frame is logged and the frame dropped: the guest did
     nothing wrong, so its channel (and the user's sandbox) must survive."""
     from kernelhost.channel import client as client_module

@@ -226,8 +226,9 @@ def _sdk_thread_baseline() -> None:
 
 def _sdk_threads() -> list[threading.Thread]:
     """SDK loop threads started during the current test and still alive."""
-    return [t for t in threading.enumerate()
-            if t.name == "kernelhost-sandbox" and t.ident not in _threads_before]
+    return [
+        t for t in threading.enumerate() if t.name == "kernelhost-sandbox" and t.ident not in _threads_before
+    ]
 
 
 # -- public surface ------------------------------------------------------------------------
@@ -245,8 +246,11 @@ def test_all_lists_exactly_the_public_names() -> None:
     assert kernelhost.__all__ == sorted(kernelhost.__all__)
     assert kernelhost.client.__all__ == kernelhost.__all__
     # submodules (kernelhost.client, and server modules other tests import) are not API names
-    public = {name for name, value in vars(kernelhost).items()
-              if not name.startswith("_") and not isinstance(value, types.ModuleType)}
+    public = {
+        name
+        for name, value in vars(kernelhost).items()
+        if not name.startswith("_") and not isinstance(value, types.ModuleType)
+    }
     assert public == expected
 
 
@@ -492,9 +496,7 @@ async def test_error_without_json_body(fake: FakeKernelHost) -> None:
 
 
 async def test_rate_limit_carries_retry_after(fake: FakeKernelHost) -> None:
-    fake.fail_next(
-        429, {"error": {"code": "too_many", "message": "slow down"}}, {"Retry-After": "7"}
-    )
+    fake.fail_next(429, {"error": {"code": "too_many", "message": "slow down"}}, {"Retry-After": "7"})
     with pytest.raises(RateLimitError) as info:
         await AsyncSandbox.create(url=fake.url, api_key=KEY)
     assert info.value.retry_after == 7.0
@@ -538,8 +540,11 @@ async def test_calls_reuse_one_connection_when_the_body_ends_after_its_last_even
     async with AsyncSandbox(url=fake.url, api_key=KEY) as sbx:
         for _ in range(4):
             assert (await sbx.run_code("1")).status == "ok"
-    executes = [peer for (method, path, _), peer in zip(fake.requests, fake.peers, strict=True)
-                if path.endswith("/execute")]
+    executes = [
+        peer
+        for (method, path, _), peer in zip(fake.requests, fake.peers, strict=True)
+        if path.endswith("/execute")
+    ]
     assert len(executes) == 4 and len(set(executes)) == 1, executes
 
 
@@ -570,9 +575,7 @@ async def test_run_code_collects_every_event(fake: FakeKernelHost) -> None:
     assert [r.is_main_result for r in execution.results] == [False, True]
     assert execution.results[0].png == "iVBO" and execution.results[0].metadata == {"w": 1}
     assert execution.text == "42"
-    assert execution.error == ExecutionError(
-        "ZeroDivisionError", "division by zero", ["line 1", "line 2"]
-    )
+    assert execution.error == ExecutionError("ZeroDivisionError", "division by zero", ["line 1", "line 2"])
     assert execution.status == "error"
     assert (execution.execution_count, execution.duration_ms) == (3, 41.2)
 
@@ -776,8 +779,17 @@ async def test_a_sync_handle_left_open_lets_go_quietly(fake: FakeKernelHost) -> 
     handle is collected) the SDK closes its connection without aiohttp's warnings, and does
     not delete the sandbox."""
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-W", "error::ResourceWarning", "-c", LEFT_OPEN, fake.url, KEY,
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, cwd=REPO)
+        sys.executable,
+        "-W",
+        "error::ResourceWarning",
+        "-c",
+        LEFT_OPEN,
+        fake.url,
+        KEY,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        cwd=REPO,
+    )
     out, err = await asyncio.wait_for(proc.communicate(), 60)
     assert proc.returncode == 0, err.decode()
     assert out.decode().strip() == "2"

@@ -52,8 +52,7 @@ class FakeFiles:
         return path if path.startswith("/") else f"/home/user/{path}"
 
     async def _create(self, request: web.Request) -> web.Response:
-        return web.json_response({"id": "sbx_1", "template": "python", "state": "running"},
-                                 status=201)
+        return web.json_response({"id": "sbx_1", "template": "python", "state": "running"}, status=201)
 
     async def _delete(self, request: web.Request) -> web.Response:
         return web.Response(status=204)
@@ -68,9 +67,10 @@ class FakeFiles:
     async def _read(self, request: web.Request) -> web.StreamResponse:
         path = self._abs(request.query["path"])
         if path not in self.files:
-            return web.json_response({"error": {"code": "file_not_found", "message":
-                                                f"no such file or directory: {path!r}"}},
-                                     status=404)
+            return web.json_response(
+                {"error": {"code": "file_not_found", "message": f"no such file or directory: {path!r}"}},
+                status=404,
+            )
         data = self.files[path]
         resp = web.StreamResponse(headers={"Content-Length": str(len(data))})
         await resp.prepare(request)
@@ -83,19 +83,25 @@ class FakeFiles:
         return resp
 
     async def _list(self, request: web.Request) -> web.Response:
-        where = self._abs(request.query["path"]).rstrip("/") if request.query["path"] != "." \
-            else "/home/user"
-        entries = [{"name": p.rsplit("/", 1)[1], "path": p, "type": "file", "size": len(d),
-                    "modified_at": "2026-01-02T03:04:05.000Z"}
-                   for p, d in sorted(self.files.items()) if p.rsplit("/", 1)[0] == where]
+        where = self._abs(request.query["path"]).rstrip("/") if request.query["path"] != "." else "/home/user"
+        entries = [
+            {
+                "name": p.rsplit("/", 1)[1],
+                "path": p,
+                "type": "file",
+                "size": len(d),
+                "modified_at": "2026-01-02T03:04:05.000Z",
+            }
+            for p, d in sorted(self.files.items())
+            if p.rsplit("/", 1)[0] == where
+        ]
         return web.json_response({"path": where, "entries": entries, "truncated": False})
 
     async def _remove(self, request: web.Request) -> web.Response:
         path = self._abs(request.query["path"])
         assert request.query["recursive"] in ("true", "false")
         if self.files.pop(path, None) is None:
-            return web.json_response({"error": {"code": "file_not_found", "message": path}},
-                                     status=404)
+            return web.json_response({"error": {"code": "file_not_found", "message": path}}, status=404)
         return web.Response(status=204)
 
     async def _execute(self, request: web.Request) -> web.StreamResponse:
@@ -144,8 +150,7 @@ async def test_write_accepts_bytes_text_files_and_async_iterables(sbx, fake, tmp
     await sbx.files.write("gen.bin", produce())
     assert fake.files["/home/user/gen.bin"] == b"\0" * 10 + b"\1" * 10 + b"\2" * 10
     assert fake.puts[-1][1] == "chunked"  # streamed, not buffered first
-    assert [q["path"] for q, _ in fake.puts] == ["a.bin", "t.txt", "/tmp/from_file.bin",
-                                                 "gen.bin"]
+    assert [q["path"] for q, _ in fake.puts] == ["a.bin", "t.txt", "/tmp/from_file.bin", "gen.bin"]
 
 
 async def test_large_bytes_and_bytearrays_are_streamed_without_a_warning(sbx, fake):
@@ -170,8 +175,7 @@ async def test_read_download_list_remove(sbx, fake, tmp_path):
     buf = io.BytesIO()
     assert await sbx.files.download("notes.txt", buf) == len("ünïcode".encode())
     listing = await sbx.files.list()
-    assert [(e.name, e.size, e.type) for e in listing] == [("data.csv", 8, "file"),
-                                                           ("notes.txt", 9, "file")]
+    assert [(e.name, e.size, e.type) for e in listing] == [("data.csv", 8, "file"), ("notes.txt", 9, "file")]
     assert listing[0].modified_at is not None and listing[0].modified_at.year == 2026
     await sbx.files.remove("data.csv")
     with pytest.raises(NotFoundError) as err:
@@ -198,12 +202,23 @@ async def test_bad_arguments_are_refused_before_any_request(sbx, fake):
 
 
 async def test_execution_carries_figures_verdict_and_recovery(sbx, fake):
-    fake.end = {"type": "end", "status": "timeout", "execution_count": 3, "duration_ms": 2500.5,
-                "cpu_ms": 2400.0, "peak_memory_bytes": 123456, "recovery": "kernel_restarted",
-                "output_truncated": True, "exit_code": None}
+    fake.end = {
+        "type": "end",
+        "status": "timeout",
+        "execution_count": 3,
+        "duration_ms": 2500.5,
+        "cpu_ms": 2400.0,
+        "peak_memory_bytes": 123456,
+        "recovery": "kernel_restarted",
+        "output_truncated": True,
+        "exit_code": None,
+    }
     execution = await sbx.run_code("while True: pass", timeout=2)
-    assert (execution.status, execution.recovery, execution.output_truncated) == \
-        ("timeout", "kernel_restarted", True)
+    assert (execution.status, execution.recovery, execution.output_truncated) == (
+        "timeout",
+        "kernel_restarted",
+        True,
+    )
     assert execution.wall_time_ms == execution.duration_ms == 2500.5
     assert execution.cpu_time_ms == 2400.0 and execution.peak_memory_bytes == 123456
     assert execution.exit_code is None
@@ -234,8 +249,7 @@ def threaded_fake() -> Iterator[FakeFiles]:
         loop.close()
 
 
-def test_sync_files_are_derived_from_the_async_ones(threaded_fake: FakeFiles,
-                                                    tmp_path: Path) -> None:
+def test_sync_files_are_derived_from_the_async_ones(threaded_fake: FakeFiles, tmp_path: Path) -> None:
     with Sandbox(url=threaded_fake.url, api_key=KEY) as sbx:
         assert isinstance(sbx.files, Files)
         sbx.files.write("s.txt", "sync")

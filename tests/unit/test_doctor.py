@@ -13,9 +13,15 @@ pytestmark = pytest.mark.unit
 
 
 def test_a_host_without_images_is_told_to_build_them(tmp_path: Path) -> None:
-    settings = Settings.load({}, libvirt_uri="test:///default", image_dir=tmp_path / "none",
-                             state_dir=tmp_path / "state", run_dir=tmp_path / "run",
-                             ram_dir=tmp_path / "ram", api_keys=("k" * 20,))
+    settings = Settings.load(
+        {},
+        libvirt_uri="test:///default",
+        image_dir=tmp_path / "none",
+        state_dir=tmp_path / "state",
+        run_dir=tmp_path / "run",
+        ram_dir=tmp_path / "ram",
+        api_keys=("k" * 20,),
+    )
     checks = {c.name: c for c in run_checks(settings)}
     assert checks["libvirt"].ok and "test:///default" in checks["libvirt"].detail
     assert not checks["images"].ok and "make image" in checks["images"].line()
@@ -24,10 +30,15 @@ def test_a_host_without_images_is_told_to_build_them(tmp_path: Path) -> None:
 
 
 def test_an_unreachable_libvirt_says_how_to_start_it(tmp_path: Path) -> None:
-    settings = Settings.load({}, libvirt_uri="qemu+unix:///system?socket=/nonexistent/sock",
-                             image_dir=tmp_path, state_dir=tmp_path / "state",
-                             run_dir=tmp_path / "run", ram_dir=tmp_path / "ram",
-                             api_keys=("k" * 20,))
+    settings = Settings.load(
+        {},
+        libvirt_uri="qemu+unix:///system?socket=/nonexistent/sock",
+        image_dir=tmp_path,
+        state_dir=tmp_path / "state",
+        run_dir=tmp_path / "run",
+        ram_dir=tmp_path / "ram",
+        api_keys=("k" * 20,),
+    )
     libvirt = next(c for c in run_checks(settings) if c.name == "libvirt")
     assert not libvirt.ok and "KERNELHOST_LIBVIRT_URI" in libvirt.line()
 

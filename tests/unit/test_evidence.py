@@ -13,8 +13,9 @@ pytestmark = pytest.mark.unit
 
 def test_evidence_holds_the_service_log_and_each_vms_xml_and_console(tmp_path: Path) -> None:
     # libvirt's test driver runs one domain, "test": a service whose prefix is "test" owns it
-    svc = Service.make(tmp_path, KERNELHOST_LIBVIRT_URI="test:///default",
-                       KERNELHOST_RUN_DIR=str(tmp_path / "run"))
+    svc = Service.make(
+        tmp_path, KERNELHOST_LIBVIRT_URI="test:///default", KERNELHOST_RUN_DIR=str(tmp_path / "run")
+    )
     svc.prefix = "test"
     (tmp_path / "run" / "test").mkdir(parents=True)
     (tmp_path / "run" / "test" / "console.log").write_text("kernelhost-init: booted\n")

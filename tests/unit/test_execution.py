@@ -55,10 +55,15 @@ async def connect(sock_path):
         await asyncio.wait_for(client.close(), WAIT)
 
 
-def cell(client: AgentClient, code: str = "1 + 1", *, timeout: float | None = None,
-         interrupt_grace: float = WAIT, **kwargs: Any) -> AsyncIterator[dict[str, Any]]:
-    return run(client, code, session=SESSION, timeout=timeout, interrupt_grace=interrupt_grace,
-               **kwargs)
+def cell(
+    client: AgentClient,
+    code: str = "1 + 1",
+    *,
+    timeout: float | None = None,
+    interrupt_grace: float = WAIT,
+    **kwargs: Any,
+) -> AsyncIterator[dict[str, Any]]:
+    return run(client, code, session=SESSION, timeout=timeout, interrupt_grace=interrupt_grace, **kwargs)
 
 
 class KernelDeaths(ChannelListener):
@@ -89,18 +94,17 @@ def without_duration(events: list[dict]) -> list[dict]:
     return [{k: v for k, v in e.items() if k != "duration_ms"} for e in events]
 
 
-def end(status: str, count: int | None, recovery: str | None = None,
-        **extra: Any) -> dict[str, Any]:
-    event = {"type": "end", "status": status, "execution_count": count,
-             "output_truncated": False, **extra}
+def end(status: str, count: int | None, recovery: str | None = None, **extra: Any) -> dict[str, Any]:
+    event = {"type": "end", "status": status, "execution_count": count, "output_truncated": False, **extra}
     if recovery is not None:
         event["recovery"] = recovery
     return event
 
 
 def timeout_error(value_part: str, events: list[dict]) -> None:
-    assert any(e["type"] == "error" and e["name"] == "TimeoutError" and value_part in e["value"]
-               for e in events), events
+    assert any(
+        e["type"] == "error" and e["name"] == "TimeoutError" and value_part in e["value"] for e in events
+    ), events
 
 
 async def hang(agent: FakeAgent, request: dict[str, Any]) -> None:
@@ -115,25 +119,31 @@ async def hang(agent: FakeAgent, request: dict[str, Any]) -> None:
 
 async def test_events_in_order_with_content(agent, connect):
     client = await connect()
-    agent.on_execute = scripted([
-        stream("hello\n"),
-        stream(["warn", "ing\n"], "stderr"),  # list text is joined
-        execute_result({"text/plain": "42"}, count=7, metadata={"m": 1}),
-        display_data({"image/png": "iVBORw0KGgo=", "text/plain": "<Figure>"}),
-        ("clear_output", {"wait": True}),
-        ("comm_open", {"comm_id": "c1", "target_name": "t", "data": {}}),  # unknown: ignored
-        ("update_display_data", {"data": {}, "metadata": {}, "transient": {}}),  # ignored
-        stream("bye\n"),
-    ], execution_count=7)
+    agent.on_execute = scripted(
+        [
+            stream("hello\n"),
+            stream(["warn", "ing\n"], "stderr"),  # list text is joined
+            execute_result({"text/plain": "42"}, count=7, metadata={"m": 1}),
+            display_data({"image/png": "iVBORw0KGgo=", "text/plain": "<Figure>"}),
+            ("clear_output", {"wait": True}),
+            ("comm_open", {"comm_id": "c1", "target_name": "t", "data": {}}),  # unknown: ignored
+            ("update_display_data", {"data": {}, "metadata": {}, "transient": {}}),  # ignored
+            stream("bye\n"),
+        ],
+        execution_count=7,
+    )
 
     events = without_duration(await collect(cell(client, "print('hello')")))
     assert events == [
         {"type": "stdout", "text": "hello\n"},
         {"type": "stderr", "text": "warning\n"},
-        {"type": "result", "data": {"text/plain": "42"}, "metadata": {"m": 1},
-         "is_main_result": True},
-        {"type": "result", "data": {"image/png": "iVBORw0KGgo=", "text/plain": "<Figure>"},
-         "metadata": {}, "is_main_result": False},
+        {"type": "result", "data": {"text/plain": "42"}, "metadata": {"m": 1}, "is_main_result": True},
+        {
+            "type": "result",
+            "data": {"image/png": "iVBORw0KGgo=", "text/plain": "<Figure>"},
+            "metadata": {},
+            "is_main_result": False,
+        },
         {"type": "clear_output", "wait": True},
         {"type": "stdout", "text": "bye\n"},
         end("ok", 7),
@@ -151,26 +161,36 @@ async def test_events_in_order_with_content(agent, connect):
 
 async def test_error_cell(agent, connect):
     client = await connect()
-    agent.on_execute = scripted([
-        stream("before\n"),
-        error("ZeroDivisionError", "division by zero", ["Traceback", "  1/0", "ZeroDivisionError"]),
-    ], status="error", execution_count=3)
+    agent.on_execute = scripted(
+        [
+            stream("before\n"),
+            error("ZeroDivisionError", "division by zero", ["Traceback", "  1/0", "ZeroDivisionError"]),
+        ],
+        status="error",
+        execution_count=3,
+    )
     events = without_duration(await collect(cell(client, "1/0")))
     assert events == [
         {"type": "stdout", "text": "before\n"},
-        {"type": "error", "name": "ZeroDivisionError", "value": "division by zero",
-         "traceback": ["Traceback", "  1/0", "ZeroDivisionError"]},
+        {
+            "type": "error",
+            "name": "ZeroDivisionError",
+            "value": "division by zero",
+            "traceback": ["Traceback", "  1/0", "ZeroDivisionError"],
+        },
         end("error", 3),
     ]
 
 
-@pytest.mark.parametrize(("input_count", "reply_count", "expected"), [
-    (5, 9, 9),  # the reply wins
-    (5, "9", 5),  # a reply count that is not an int is not used
-    (5, None, 5),
-])
-async def test_execution_count_comes_from_the_reply(agent, connect, input_count, reply_count,
-                                                    expected):
+@pytest.mark.parametrize(
+    ("input_count", "reply_count", "expected"),
+    [
+        (5, 9, 9),  # the reply wins
+        (5, "9", 5),  # a reply count that is not an int is not used
+        (5, None, 5),
+    ],
+)
+async def test_execution_count_comes_from_the_reply(agent, connect, input_count, reply_count, expected):
     client = await connect()
 
     async def kernel(fake: FakeAgent, request: dict[str, Any]) -> None:
@@ -245,8 +265,9 @@ async def test_timeout_interrupts_the_kernel(agent, connect, interrupt_reply):
         await fake.status(request, "busy")
         await fake.iopub(request, "execute_input", {"code": "", "execution_count": 4})
         await fake.wait_for_request("interrupt")
-        await fake.iopub(request, "error", {"ename": "KeyboardInterrupt", "evalue": "",
-                                            "traceback": ["KeyboardInterrupt"]})
+        await fake.iopub(
+            request, "error", {"ename": "KeyboardInterrupt", "evalue": "", "traceback": ["KeyboardInterrupt"]}
+        )
         await fake.status(request, "idle")
         await fake.execute_reply(request, "error", 4)
 
@@ -256,9 +277,13 @@ async def test_timeout_interrupts_the_kernel(agent, connect, interrupt_reply):
     assert time.monotonic() - t0 >= 0.19
     # one error: the timeout, carrying the KeyboardInterrupt's traceback (where it stopped)
     assert events == [
-        {"type": "error", "name": "TimeoutError",
-         "value": "execution exceeded its timeout of 0.2s; the kernel was interrupted "
-                  "(KeyboardInterrupt); its state is kept", "traceback": ["KeyboardInterrupt"]},
+        {
+            "type": "error",
+            "name": "TimeoutError",
+            "value": "execution exceeded its timeout of 0.2s; the kernel was interrupted "
+            "(KeyboardInterrupt); its state is kept",
+            "traceback": ["KeyboardInterrupt"],
+        },
         end("timeout", 4, "interrupted"),
     ]
     assert agent.ops().count("interrupt") == 1
@@ -271,8 +296,9 @@ async def test_kernel_ignoring_the_interrupt_is_restarted(agent, connect, restar
     agent.on_execute = hang
     agent.replies["restart"] = restart_reply
     t0 = time.monotonic()
-    events = await collect(cell(client, "import time; time.sleep(1e9)", timeout=0.2,
-                                interrupt_grace=0.2, restart_timeout=0.3))
+    events = await collect(
+        cell(client, "import time; time.sleep(1e9)", timeout=0.2, interrupt_grace=0.2, restart_timeout=0.3)
+    )
     elapsed = time.monotonic() - t0
     assert elapsed >= 0.39
     events = without_duration(events)
@@ -330,9 +356,13 @@ async def test_injected_kernel_death_ends_the_cell(agent, connect):
         running.notify("kernel_died", exit_code=9)
         rest = without_duration(await collect(gen))
     assert rest == [
-        {"type": "error", "name": "KernelDied",
-         "value": "the kernel process died (exit code 9) while running this cell; it was "
-                  "restarted and its state is lost", "traceback": []},
+        {
+            "type": "error",
+            "name": "KernelDied",
+            "value": "the kernel process died (exit code 9) while running this cell; it was "
+            "restarted and its state is lost",
+            "traceback": [],
+        },
         end("kernel_died", 2, "kernel_restarted"),
     ]
     assert "interrupt" not in agent.ops()
@@ -398,7 +428,7 @@ async def test_channel_lost_mid_cell(agent, connect, how):
     # output read in the same chunk as the bad frame may be dropped: the VM is distrusted anyway.
     expected = ["stdout", "error", "end"] if how == "eof" else ["error", "end"]
     assert [e["type"] for e in events if e["type"] != "stdout"] == ["error", "end"]
-    assert [e["type"] for e in events][-len(expected):] == expected
+    assert [e["type"] for e in events][-len(expected) :] == expected
     assert events[-2]["name"] == "SandboxLost"
     reason, violation = await closes.wait()
     assert reason in events[-2]["value"]
@@ -428,8 +458,7 @@ async def test_consumer_leaving_early_interrupts_the_kernel(agent, connect):
         await fake.status(request, "busy")
         await fake.iopub(request, "stream", {"name": "stdout", "text": "step 1\n"})
         await fake.wait_for_request("interrupt")
-        await fake.iopub(request, "error", {"ename": "KeyboardInterrupt", "evalue": "",
-                                            "traceback": []})
+        await fake.iopub(request, "error", {"ename": "KeyboardInterrupt", "evalue": "", "traceback": []})
         await fake.status(request, "idle")
         await fake.execute_reply(request, "error", 1)
 
@@ -458,8 +487,7 @@ async def flooder(fake: FakeAgent, request: dict[str, Any], stop_on: str) -> Non
     await fake.execute_reply(request, "error", 1)
 
 
-async def _finish_or_close(task: asyncio.Task[Any], client: AgentClient,
-                           deadline: float) -> float:
+async def _finish_or_close(task: asyncio.Task[Any], client: AgentClient, deadline: float) -> float:
     """Seconds ``task`` took; if it misses ``deadline``, close the channel to end it promptly."""
     t0 = time.monotonic()
     done, _ = await asyncio.wait({task}, timeout=deadline)
@@ -475,8 +503,9 @@ async def _finish_or_close(task: asyncio.Task[Any], client: AgentClient,
 async def test_timeout_ladder_with_a_flooding_kernel_is_prompt(agent, connect):
     client = await connect(queue_size=8, max_frame_bytes=1 << 20)
     agent.on_execute = lambda fake, request: flooder(fake, request, stop_on="restart")
-    task = asyncio.ensure_future(collect(
-        cell(client, timeout=0.3, interrupt_grace=0.3, restart_timeout=WAIT), timeout=60))
+    task = asyncio.ensure_future(
+        collect(cell(client, timeout=0.3, interrupt_grace=0.3, restart_timeout=WAIT), timeout=60)
+    )
     took = await _finish_or_close(task, client, deadline=2.0)
     assert took < 2.0, "the cell did not end within timeout + grace + slack"
     events = without_duration(task.result())

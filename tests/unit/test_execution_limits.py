@@ -75,8 +75,7 @@ async def hang(agent: FakeAgent, request: dict[str, Any]) -> None:
 
 
 async def test_output_is_cut_at_the_cap_with_one_visible_marker(agent, client):
-    agent.on_execute = scripted([stream("a" * 600), stream("b" * 600, "stderr"),
-                                 stream("c" * 600)])
+    agent.on_execute = scripted([stream("a" * 600), stream("b" * 600, "stderr"), stream("c" * 600)])
     events = await collect(call(client, max_output_bytes=1000))
     request = await agent.wait_for_execute()
     assert request["metadata"]["kernelhost"]["max_output_bytes"] == 1000
@@ -94,12 +93,21 @@ async def test_cut_never_splits_a_character(agent, client):
 
 
 async def test_result_over_the_cap_loses_its_largest_formats_with_a_marker(agent, client):
-    agent.on_execute = scripted([
-        ("display_data", {"data": {"text/plain": "<Figure>", "image/png": "A" * 5000,
-                                   "text/html": "<b>small</b>"}, "metadata": {"m": 1}}),
-        ("display_data", {"data": {"text/plain": "ok", "application/octet-stream": b"raw"},
-                          "metadata": {}}),
-    ])
+    agent.on_execute = scripted(
+        [
+            (
+                "display_data",
+                {
+                    "data": {"text/plain": "<Figure>", "image/png": "A" * 5000, "text/html": "<b>small</b>"},
+                    "metadata": {"m": 1},
+                },
+            ),
+            (
+                "display_data",
+                {"data": {"text/plain": "ok", "application/octet-stream": b"raw"}, "metadata": {}},
+            ),
+        ]
+    )
     events = await collect(call(client, max_result_bytes=1000))
     big, raw = [e for e in events if e["type"] == "result"]
     assert set(big["data"]) == {"text/plain", "text/html"} and big["truncated"] is True
@@ -112,19 +120,28 @@ async def test_result_over_the_cap_loses_its_largest_formats_with_a_marker(agent
 # -- usage figures and kernel replies --------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("sent", "kept"), [
-    ({"cpu_ms": 12.5, "peak_memory_bytes": 4096}, {"cpu_ms": 12.5, "peak_memory_bytes": 4096}),
-    ({"cpu_ms": float("nan"), "peak_memory_bytes": -1}, {}),
-    ({"cpu_ms": "fast", "peak_memory_bytes": True}, {}),
-    ("not a map", {}),
-])
+@pytest.mark.parametrize(
+    ("sent", "kept"),
+    [
+        ({"cpu_ms": 12.5, "peak_memory_bytes": 4096}, {"cpu_ms": 12.5, "peak_memory_bytes": 4096}),
+        ({"cpu_ms": float("nan"), "peak_memory_bytes": -1}, {}),
+        ({"cpu_ms": "fast", "peak_memory_bytes": True}, {}),
+        ("not a map", {}),
+    ],
+)
 async def test_usage_figures_are_passed_on_only_when_sane(agent, client, sent, kept):
     async def kernel(fake: FakeAgent, request: dict[str, Any]) -> None:
         await fake.status(request, "busy")
         await fake.status(request, "idle")
-        await fake.emit("shell", jupyter_msg("execute_reply", {"status": "ok",
-                                                               "execution_count": 1},
-                                             request["header"], metadata={"kernelhost": sent}))
+        await fake.emit(
+            "shell",
+            jupyter_msg(
+                "execute_reply",
+                {"status": "ok", "execution_count": 1},
+                request["header"],
+                metadata={"kernelhost": sent},
+            ),
+        )
 
     agent.on_execute = kernel
     end = (await collect(call(client)))[-1]
@@ -133,9 +150,16 @@ async def test_usage_figures_are_passed_on_only_when_sane(agent, client, sent, k
 
 
 async def test_input_error_says_why_and_what_to_do(agent, client):
-    agent.on_execute = scripted([error("StdinNotImplementedError",
-                                       "raw_input was called, but this frontend does not support "
-                                       "input requests.", [])], status="error")
+    agent.on_execute = scripted(
+        [
+            error(
+                "StdinNotImplementedError",
+                "raw_input was called, but this frontend does not support input requests.",
+                [],
+            )
+        ],
+        status="error",
+    )
     events = await collect(call(client, "input()"))
     [err] = [e for e in events if e["type"] == "error"]
     assert "without a terminal" in err["value"] and "files.write" in err["value"]
@@ -166,7 +190,8 @@ def bash_runner(outputs: list[tuple[str, str]], content: dict[str, Any], *, ends
 async def test_bash_streams_and_reports_exit_code_and_usage(agent, client):
     agent.replies["bash"] = bash_runner(
         [("stdout", "one\n"), ("stderr", "warn\n")],
-        {"exit_code": 2, "signal": None, "cpu_ms": 3.5, "peak_memory_bytes": 2048})
+        {"exit_code": 2, "signal": None, "cpu_ms": 3.5, "peak_memory_bytes": 2048},
+    )
     events = await collect(call(client, "ls /nope", language="bash", max_output_bytes=100))
     [request] = agent.requests("bash")
     assert request["command"] == "ls /nope" and request["max_output_bytes"] == 100
@@ -204,12 +229,17 @@ async def test_a_failing_bash_start_is_an_error_event(agent, client):
 async def test_bash_timeout_interrupts_then_kills(agent, client):
     agent.replies["bash"] = bash_runner([("stdout", "started\n")], {}, ends=False)
     agent.replies["bash_signal"] = "ok"  # acknowledged, but the command never ends
-    events = await collect(call(client, "trap '' INT; sleep 1e9", language="bash", timeout=0.2,
-                                interrupt_grace=0.2), timeout=WAIT)
+    events = await collect(
+        call(client, "trap '' INT; sleep 1e9", language="bash", timeout=0.2, interrupt_grace=0.2),
+        timeout=WAIT,
+    )
     signals = [f["signal"] for f in agent.requests("bash_signal")]
     assert signals == ["INT", "KILL"]
-    assert [op for op in agent.ops() if op in ("bash_signal", "ping")] == \
-        ["bash_signal", "ping", "bash_signal"]
+    assert [op for op in agent.ops() if op in ("bash_signal", "ping")] == [
+        "bash_signal",
+        "ping",
+        "bash_signal",
+    ]
     [err] = [e for e in events if e["type"] == "error"]
     assert err["name"] == "TimeoutError" and "killed" in err["value"]
     assert events[-1]["status"] == "timeout" and events[-1]["recovery"] == "killed"
@@ -220,8 +250,7 @@ async def test_bash_interrupted_at_the_timeout_reports_one_timeout_error(agent, 
         await fake.reply(frame)
         await fake.wait_for_request("bash_signal")
         parent = {"msg_id": frame["run_id"]}
-        await fake.emit("shell", jupyter_msg("bash_reply", {"exit_code": 130, "signal": 2},
-                                             parent))
+        await fake.emit("shell", jupyter_msg("bash_reply", {"exit_code": 130, "signal": 2}, parent))
 
     agent.replies["bash"] = runner
     events = await collect(call(client, "sleep 1e9", language="bash", timeout=0.2))
@@ -240,8 +269,9 @@ async def test_unanswered_ping_gets_the_sandbox_a_new_vm(agent, client):
     agent.replies["interrupt"] = "ignore"
     replace = Replacer()
     t0 = time.monotonic()
-    events = await collect(call(client, timeout=0.2, interrupt_grace=0.2, agent_timeout=0.3,
-                                replace_vm=replace))
+    events = await collect(
+        call(client, timeout=0.2, interrupt_grace=0.2, agent_timeout=0.3, replace_vm=replace)
+    )
     assert time.monotonic() - t0 < 3
     assert len(replace.reasons) == 1 and "did not answer" in replace.reasons[0]
     assert "restart" not in agent.ops()
@@ -261,8 +291,15 @@ async def test_failed_kernel_restart_falls_back_to_a_new_vm(agent, client):
 async def test_failed_replacement_is_reported(agent, client):
     agent.on_execute = hang
     agent.replies["ping"] = "ignore"
-    events = await collect(call(client, timeout=0.2, interrupt_grace=0.2, agent_timeout=0.2,
-                                replace_vm=Replacer(RuntimeError("no capacity"))))
+    events = await collect(
+        call(
+            client,
+            timeout=0.2,
+            interrupt_grace=0.2,
+            agent_timeout=0.2,
+            replace_vm=Replacer(RuntimeError("no capacity")),
+        )
+    )
     [err] = [e for e in events if e["type"] == "error"]
     assert "replacing the VM failed" in err["value"]
     assert events[-1]["recovery"] == "failed"
@@ -308,8 +345,7 @@ async def test_requested_interrupt_gives_status_interrupted(agent, client):
 
     async def interrupted(fake: FakeAgent, request: dict[str, Any]) -> None:
         running.interrupt_requested = True  # what SandboxManager.interrupt does
-        await fake.run_execute(request, [error("KeyboardInterrupt", "", ["..."])],
-                               status="error")
+        await fake.run_execute(request, [error("KeyboardInterrupt", "", ["..."])], status="error")
 
     agent.on_execute = interrupted
     events = await collect(call(client, running=running))
@@ -362,5 +398,8 @@ async def test_consumer_leaving_a_kernel_that_will_not_stop_restarts_it(agent, c
     gen = call(client, interrupt_grace=0.2)
     await asyncio.wait_for(anext(gen), WAIT)
     await asyncio.wait_for(gen.aclose(), WAIT)
-    assert [op for op in agent.ops() if op in ("interrupt", "ping", "restart")] == \
-        ["interrupt", "ping", "restart"]
+    assert [op for op in agent.ops() if op in ("interrupt", "ping", "restart")] == [
+        "interrupt",
+        "ping",
+        "restart",
+    ]

@@ -48,15 +48,21 @@ def test_image_store_lists_and_rejects(image: GuestImage, tmp_path: Path) -> Non
 
 
 def test_domain_xml_shape(image: GuestImage, tmp_path: Path) -> None:
-    spec = DomainSpec(name="kh-a", uuid=str(uuid.uuid4()), kernel=image.kernel,
-                      initrd=image.initrd, rootfs=image.rootfs,
-                      channel_socket=tmp_path / "a.sock", console_log=tmp_path / "c.log",
-                      metadata={"sandbox": "sbx_1"})
+    spec = DomainSpec(
+        name="kh-a",
+        uuid=str(uuid.uuid4()),
+        kernel=image.kernel,
+        initrd=image.initrd,
+        rootfs=image.rootfs,
+        channel_socket=tmp_path / "a.sock",
+        console_log=tmp_path / "c.log",
+        metadata={"sandbox": "sbx_1"},
+    )
     xml = spec.to_xml()
     assert "<domain type='qemu'" in xml
     assert "org.kernelhost.0" in xml and "<readonly/>" in xml and "<interface" not in xml
     assert "<controller type='usb' model='none'/>" in xml  # no USB bus for a guest to poke
-    assert "sandbox=\"sbx_1\"" in xml
+    assert 'sandbox="sbx_1"' in xml
     assert "kh.upper_size=50%" in spec.cmdline
     kvm = DomainSpec(**{**spec.__dict__, "accel": "kvm"})
     assert "<domain type='kvm'" in kvm.to_xml() and "host-passthrough" in kvm.to_xml()
@@ -65,11 +71,19 @@ def test_domain_xml_shape(image: GuestImage, tmp_path: Path) -> None:
     assert "<cputune><period>100000</period><quota>25000</quota></cputune>" in capped
 
 
-@pytest.mark.parametrize("bad", [{"accel": "xen"}, {"memory_mib": 64}, {"vcpus": 0},
-                                 {"cpu_quota_percent": 150}])
+@pytest.mark.parametrize(
+    "bad", [{"accel": "xen"}, {"memory_mib": 64}, {"vcpus": 0}, {"cpu_quota_percent": 150}]
+)
 def test_domain_spec_rejects_bad_values(bad: dict, tmp_path: Path) -> None:
-    base = dict(name="kh-a", uuid="u", kernel=Path("/k"), initrd=Path("/i"), rootfs=Path("/r"),
-                channel_socket=tmp_path / "a.sock", console_log=tmp_path / "c.log")
+    base = dict(
+        name="kh-a",
+        uuid="u",
+        kernel=Path("/k"),
+        initrd=Path("/i"),
+        rootfs=Path("/r"),
+        channel_socket=tmp_path / "a.sock",
+        console_log=tmp_path / "c.log",
+    )
     with pytest.raises(ValueError) as err:
         DomainSpec(**{**base, **bad})
     assert str(next(iter(bad.values()))) in str(err.value)
@@ -77,8 +91,7 @@ def test_domain_spec_rejects_bad_values(bad: dict, tmp_path: Path) -> None:
 
 def test_start_list_destroy_is_idempotent(hv: Hypervisor, image: GuestImage) -> None:
     name = hv.new_name()
-    spec = hv.spec_for(name, image, accel="tcg", memory_mib=256, vcpus=1,
-                       metadata={"sandbox": "sbx_x"})
+    spec = hv.spec_for(name, image, accel="tcg", memory_mib=256, vcpus=1, metadata={"sandbox": "sbx_x"})
     hv.start(spec)
     assert hv.is_running(name)
     [info] = [d for d in hv.domains() if d.name == name]
@@ -99,7 +112,9 @@ def test_reconcile_destroys_unknown_domains_and_stray_dirs(hv: Hypervisor, image
     (stray / "console.log").write_text("old")
     foreign = hv.conn.createXML(
         "<domain type='test'><name>someone-else</name><memory>65536</memory>"
-        "<os><type>hvm</type></os></domain>", 0)
+        "<os><type>hvm</type></os></domain>",
+        0,
+    )
     removed = hv.reconcile({keep})
     assert drop in removed and stray.name in removed and keep not in removed
     assert hv.is_running(keep) and not hv.is_running(drop) and not stray.exists()
@@ -120,8 +135,9 @@ def test_accel_tcg_when_configured(hv: Hypervisor, image: GuestImage, tmp_path: 
         choose_accel(hv, image, "fast", tmp_path / "accel.json")
 
 
-def test_accel_probe_result_is_cached(hv: Hypervisor, image: GuestImage, tmp_path: Path,
-                                      monkeypatch: pytest.MonkeyPatch) -> None:
+def test_accel_probe_result_is_cached(
+    hv: Hypervisor, image: GuestImage, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     calls = []
 
     def fake_probe(h, img, timeout):
@@ -147,8 +163,7 @@ def test_unreachable_libvirt_names_the_uri(tmp_path: Path) -> None:
     assert isinstance(err.value.__cause__, libvirt.libvirtError)
 
 
-def test_destroy_that_fails_while_libvirt_is_away_is_retried(hv: Hypervisor,
-                                                             image: GuestImage) -> None:
+def test_destroy_that_fails_while_libvirt_is_away_is_retried(hv: Hypervisor, image: GuestImage) -> None:
     from hypervisor import HypervisorError
 
     class Away:  # a connection whose daemon went away: it says alive, every call fails
@@ -182,7 +197,9 @@ def test_device_model_changes_with_the_machine_not_with_names(monkeypatch: pytes
     first = device_model()
     assert first == device_model()
     original = DomainSpec.to_xml
-    monkeypatch.setattr(domain_mod.DomainSpec, "to_xml",
-                        lambda self, virt_type=None: original(self).replace("virtio-serial",
-                                                                            "virtio-serial2"))
+    monkeypatch.setattr(
+        domain_mod.DomainSpec,
+        "to_xml",
+        lambda self, virt_type=None: original(self).replace("virtio-serial", "virtio-serial2"),
+    )
     assert device_model() != first

@@ -61,10 +61,8 @@ def test_text_that_fits_is_unchanged() -> None:
     assert truncate_text("x" * 100, 100) == "x" * 100
 
 
-@given(st.text(min_size=0, max_size=3000), st.integers(MIN_MAX_CHARS, 2000),
-       st.floats(0, 1))
-def test_truncation_keeps_head_and_tail_within_the_budget(text: str, limit: int,
-                                                         head: float) -> None:
+@given(st.text(min_size=0, max_size=3000), st.integers(MIN_MAX_CHARS, 2000), st.floats(0, 1))
+def test_truncation_keeps_head_and_tail_within_the_budget(text: str, limit: int, head: float) -> None:
     out = truncate_text(text, limit, head)
     assert len(out) <= limit
     if len(text) <= limit:
@@ -74,7 +72,7 @@ def test_truncation_keeps_head_and_tail_within_the_budget(text: str, limit: int,
     assert match, out
     omitted, total = int(match[1]), int(match[2])
     assert total == len(text)
-    kept_head, kept_tail = out[:match.start()], out[match.end():]
+    kept_head, kept_tail = out[: match.start()], out[match.end() :]
     assert omitted == len(text) - len(kept_head) - len(kept_tail)
     assert text.startswith(kept_head) and text.endswith(kept_tail)
     assert len(out) >= limit - 1  # the budget is used, not wasted
@@ -109,26 +107,35 @@ def test_budget_errors_name_the_value_and_the_fix() -> None:
 
 
 def png_result(main: bool = False) -> Result:
-    return Result(data={"image/png": "iVBORw0K\nGgo=", "text/plain": "<Figure>"},
-                  is_main_result=main)
+    return Result(data={"image/png": "iVBORw0K\nGgo=", "text/plain": "<Figure>"}, is_main_result=main)
 
 
 def test_shape_execution_renders_everything_a_model_needs() -> None:
     execution = Execution(
-        stdout="out\n", stderr="warn\n",
-        results=[Result(data={"text/html": "<b>x</b>", "text/plain": "X"}), png_result(),
-                 Result(data={"text/plain": "42"}, is_main_result=True)],
+        stdout="out\n",
+        stderr="warn\n",
+        results=[
+            Result(data={"text/html": "<b>x</b>", "text/plain": "X"}),
+            png_result(),
+            Result(data={"text/plain": "42"}, is_main_result=True),
+        ],
         error=ExecutionError("ValueError", "bad", ["\x1b[31mTraceback\x1b[0m", "ValueError: bad"]),
-        execution_count=3, status="error")
+        execution_count=3,
+        status="error",
+    )
     shaped = shape_execution(execution)
-    assert shaped.to_text() == ("out\n[stderr]\nwarn\nX\n<image 1: image/png, attached>\n"
-                                "Out[3]: 42\nTraceback\nValueError: bad")
+    assert shaped.to_text() == (
+        "out\n[stderr]\nwarn\nX\n<image 1: image/png, attached>\nOut[3]: 42\nTraceback\nValueError: bad"
+    )
     assert shaped.images[0].data == "iVBORw0KGgo="  # base64 line breaks removed
     assert shaped.images[0].data_url() == "data:image/png;base64,iVBORw0KGgo="
     assert shaped.is_error
     fields = shaped.to_dict()
-    assert fields["error"] == {"name": "ValueError", "value": "bad",
-                               "traceback": "Traceback\nValueError: bad"}
+    assert fields["error"] == {
+        "name": "ValueError",
+        "value": "bad",
+        "traceback": "Traceback\nValueError: bad",
+    }
     assert fields["result"] == "42" and fields["images"] == 1 and not fields["truncated"]
 
 
@@ -139,8 +146,12 @@ def test_shape_execution_image_budget_timeout_and_bash_exit_code() -> None:
     assert "[1 more image(s) not shown" in shaped.to_text()
     assert shape_execution(Execution(status="timeout")).to_text().startswith("[timed out: ")
     assert shape_execution(Execution()).to_text() == "[no output]"
-    bash = Execution(stdout="x\n", status="error", exit_code=3,
-                     error=ExecutionError("CommandFailed", "the command exited with code 3"))
+    bash = Execution(
+        stdout="x\n",
+        status="error",
+        exit_code=3,
+        error=ExecutionError("CommandFailed", "the command exited with code 3"),
+    )
     assert shape_execution(bash).to_text() == "x\n[exit code 3]"
     assert shape_execution(bash).to_dict()["exit_code"] == 3
     budget = OutputBudget(max_chars=200)
@@ -167,8 +178,7 @@ class FakeFiles:
     def read(self, path: str) -> bytes:
         full = self.full(path)
         if full in self.dirs:
-            raise InvalidRequestError(f"{path!r} is a directory", status=400,
-                                      code="file_operation_failed")
+            raise InvalidRequestError(f"{path!r} is a directory", status=400, code="file_operation_failed")
         if full not in self.data:
             raise NotFoundError(f"no such file: {path!r}", status=404, code="file_not_found")
         return self.data[full]
@@ -185,13 +195,18 @@ class FakeFiles:
     def list(self, path: str = ".") -> list[FileInfo]:
         full = self.full(path)
         if full not in self.dirs:
-            raise NotFoundError(f"no such directory: {path!r}", status=404,
-                                code="file_not_found")
+            raise NotFoundError(f"no such directory: {path!r}", status=404, code="file_not_found")
         prefix = full.rstrip("/") + "/"
-        out = [FileInfo(name=p[len(prefix):], path=p, type="file", size=len(d))
-               for p, d in self.data.items() if p.startswith(prefix) and "/" not in p[len(prefix):]]
-        out += [FileInfo(name=d[len(prefix):], path=d, type="dir") for d in self.dirs
-                if d.startswith(prefix) and d != full and "/" not in d[len(prefix):]]
+        out = [
+            FileInfo(name=p[len(prefix) :], path=p, type="file", size=len(d))
+            for p, d in self.data.items()
+            if p.startswith(prefix) and "/" not in p[len(prefix) :]
+        ]
+        out += [
+            FileInfo(name=d[len(prefix) :], path=d, type="dir")
+            for d in self.dirs
+            if d.startswith(prefix) and d != full and "/" not in d[len(prefix) :]
+        ]
         return sorted(out, key=lambda e: e.name)
 
 
@@ -203,8 +218,7 @@ class FakeSandbox:
         self.calls: list[tuple[str, str, float | None]] = []
         self.files = FakeFiles()
 
-    def run_code(self, code: str, language: str = "python",
-                 timeout: float | None = None) -> Execution:
+    def run_code(self, code: str, language: str = "python", timeout: float | None = None) -> Execution:
         self.calls.append((code, language, timeout))
         answer = self.answers.pop(0)
         if isinstance(answer, Exception):
@@ -219,8 +233,7 @@ class AsyncFakeSandbox:
         self.sync = sync
         self.files = _AsyncFiles(sync.files)
 
-    async def run_code(self, code: str, language: str = "python",
-                       timeout: float | None = None) -> Execution:
+    async def run_code(self, code: str, language: str = "python", timeout: float | None = None) -> Execution:
         await asyncio.sleep(0)
         return self.sync.run_code(code, language, timeout)
 
@@ -247,10 +260,10 @@ def as_sandbox(fake: FakeSandbox) -> Sandbox:
 def handle_both(block: dict[str, Any], make: Any, **options: Any) -> dict[str, Any]:
     """Answer ``block`` through the sync and the async surface; both must agree."""
     sync_fake, async_fake = make(), AsyncFakeSandbox(make())
-    sync_answer = anthropic_adapter.handle_code_execution_tool_use(block, as_sandbox(sync_fake),
-                                                                   **options)
-    async_answer = asyncio.run(anthropic_adapter.ahandle_code_execution_tool_use(
-        block, async_fake, **options))  # type: ignore[arg-type]
+    sync_answer = anthropic_adapter.handle_code_execution_tool_use(block, as_sandbox(sync_fake), **options)
+    async_answer = asyncio.run(
+        anthropic_adapter.ahandle_code_execution_tool_use(block, async_fake, **options)
+    )  # type: ignore[arg-type]
     assert sync_answer == async_answer
     return sync_answer
 
@@ -260,19 +273,31 @@ def handle_both(block: dict[str, Any], make: Any, **options: Any) -> dict[str, A
 
 def test_client_tool_python_answers_with_text_and_images() -> None:
     block = {"type": "tool_use", "id": "toolu_1", "name": "run_python", "input": {"code": "x"}}
-    answer = handle_both(block, lambda: FakeSandbox(Execution(
-        stdout="hi\n", results=[png_result()], execution_count=1)))
+    answer = handle_both(
+        block, lambda: FakeSandbox(Execution(stdout="hi\n", results=[png_result()], execution_count=1))
+    )
     assert answer == {
-        "type": "tool_result", "tool_use_id": "toolu_1", "is_error": False,
-        "content": [{"type": "text", "text": "hi\n<image 1: image/png, attached>"},
-                    {"type": "image", "source": {"type": "base64", "media_type": "image/png",
-                                                 "data": "iVBORw0KGgo="}}]}
+        "type": "tool_result",
+        "tool_use_id": "toolu_1",
+        "is_error": False,
+        "content": [
+            {"type": "text", "text": "hi\n<image 1: image/png, attached>"},
+            {
+                "type": "image",
+                "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="},
+            },
+        ],
+    }
 
 
 def test_client_tool_bash_and_bad_input() -> None:
     bash = {"type": "tool_use", "id": "t", "name": "bash", "input": {"command": "false"}}
-    answer = handle_both(bash, lambda: FakeSandbox(Execution(
-        status="error", exit_code=1, error=ExecutionError("CommandFailed", "exit 1"))))
+    answer = handle_both(
+        bash,
+        lambda: FakeSandbox(
+            Execution(status="error", exit_code=1, error=ExecutionError("CommandFailed", "exit 1"))
+        ),
+    )
     assert answer["is_error"] and answer["content"][0]["text"] == "[exit code 1]"
     bad = {"type": "tool_use", "id": "t", "name": "run_python", "input": {"src": "1"}}
     answer = handle_both(bad, FakeSandbox)
@@ -283,25 +308,46 @@ def test_service_failures_become_answers_but_bad_keys_raise() -> None:
     block = {"type": "tool_use", "id": "t", "name": "run_python", "input": {"code": "1"}}
     down = handle_both(block, lambda: FakeSandbox(TransportError("cannot reach kernelhost")))
     assert down["is_error"] and "cannot reach kernelhost" in down["content"][0]["text"]
-    server = {"type": "server_tool_use", "id": "s", "name": "bash_code_execution",
-              "input": {"command": "true"}}
-    busy = handle_both(server, lambda: FakeSandbox(RateLimitError("slow down", status=429,
-                                                                  code="capacity_exceeded")))
-    assert busy["content"] == {"type": "bash_code_execution_tool_result_error",
-                               "error_code": "too_many_requests"}
-    for exc in (AuthenticationError("bad key", status=401, code="unauthorized"),
-                KernelHostError("sandbox sbx_1 is closed")):
+    server = {
+        "type": "server_tool_use",
+        "id": "s",
+        "name": "bash_code_execution",
+        "input": {"command": "true"},
+    }
+    busy = handle_both(
+        server, lambda: FakeSandbox(RateLimitError("slow down", status=429, code="capacity_exceeded"))
+    )
+    assert busy["content"] == {
+        "type": "bash_code_execution_tool_result_error",
+        "error_code": "too_many_requests",
+    }
+    for exc in (
+        AuthenticationError("bad key", status=401, code="unauthorized"),
+        KernelHostError("sandbox sbx_1 is closed"),
+    ):
         with pytest.raises(type(exc)):
             anthropic_adapter.handle_code_execution_tool_use(block, as_sandbox(FakeSandbox(exc)))
 
 
 def test_bash_server_tool_result_shapes() -> None:
-    block = {"type": "server_tool_use", "id": "srv", "name": "bash_code_execution",
-             "input": {"command": "ls"}}
+    block = {
+        "type": "server_tool_use",
+        "id": "srv",
+        "name": "bash_code_execution",
+        "input": {"command": "ls"},
+    }
     ok = handle_both(block, lambda: FakeSandbox(Execution(stdout="a\n", stderr="", exit_code=0)))
-    assert ok == {"type": "bash_code_execution_tool_result", "tool_use_id": "srv",
-                  "content": {"type": "bash_code_execution_result", "stdout": "a\n",
-                              "stderr": "", "return_code": 0, "content": []}}
+    assert ok == {
+        "type": "bash_code_execution_tool_result",
+        "tool_use_id": "srv",
+        "content": {
+            "type": "bash_code_execution_result",
+            "stdout": "a\n",
+            "stderr": "",
+            "return_code": 0,
+            "content": [],
+        },
+    }
     slow = handle_both(block, lambda: FakeSandbox(Execution(status="timeout", exit_code=130)))
     assert slow["content"]["error_code"] == "execution_time_exceeded"
     lost = handle_both(block, lambda: FakeSandbox(Execution(status="kernel_died")))
@@ -311,31 +357,43 @@ def test_bash_server_tool_result_shapes() -> None:
 
 
 def editor(command: str, path: str, **fields: Any) -> dict[str, Any]:
-    return {"type": "server_tool_use", "id": "ed", "name": "text_editor_code_execution",
-            "input": {"command": command, "path": path, **fields}}
+    return {
+        "type": "server_tool_use",
+        "id": "ed",
+        "name": "text_editor_code_execution",
+        "input": {"command": command, "path": path, **fields},
+    }
 
 
 def test_text_editor_create_view_and_str_replace() -> None:
     fake = FakeSandbox()
+
     def handle(block: dict[str, Any], sbx: FakeSandbox) -> dict[str, Any]:
         return anthropic_adapter.handle_code_execution_tool_use(block, as_sandbox(sbx))
 
     created = handle(editor("create", "src/m.py", file_text="a = 1\nb = 2\nc = 3\n"), fake)
-    assert created["content"] == {"type": "text_editor_code_execution_create_result",
-                                  "is_file_update": False}
+    assert created["content"] == {"type": "text_editor_code_execution_create_result", "is_file_update": False}
     again = handle(editor("create", "src/m.py", file_text="a = 1\nb = 2\nc = 3\n"), fake)
     assert again["content"]["is_file_update"] is True
-    replaced = handle(editor("str_replace", "src/m.py", old_str="b = 2\nc", new_str="B = 2\nC"),
-                      fake)
+    replaced = handle(editor("str_replace", "src/m.py", old_str="b = 2\nc", new_str="B = 2\nC"), fake)
     assert replaced["content"] == {
-        "type": "text_editor_code_execution_str_replace_result", "old_start": 2,
-        "old_lines": 2, "new_start": 2, "new_lines": 2,
-        "lines": ["-b = 2", "-c = 3", "+B = 2", "+C = 3"]}
+        "type": "text_editor_code_execution_str_replace_result",
+        "old_start": 2,
+        "old_lines": 2,
+        "new_start": 2,
+        "new_lines": 2,
+        "lines": ["-b = 2", "-c = 3", "+B = 2", "+C = 3"],
+    }
     assert fake.files.data["/home/user/src/m.py"] == b"a = 1\nB = 2\nC = 3\n"
     viewed = handle(editor("view", "src/m.py", view_range=[2, -1]), fake)
-    assert viewed["content"] == {"type": "text_editor_code_execution_view_result",
-                                 "file_type": "text", "content": "B = 2\nC = 3\n",
-                                 "num_lines": 2, "start_line": 2, "total_lines": 3}
+    assert viewed["content"] == {
+        "type": "text_editor_code_execution_view_result",
+        "file_type": "text",
+        "content": "B = 2\nC = 3\n",
+        "num_lines": 2,
+        "start_line": 2,
+        "total_lines": 3,
+    }
     listing = handle(editor("view", "src"), fake)["content"]
     assert listing["content"] == "m.py"
     fake.files.write("/tmp/p.png", b"\x89PNG\r\n\x1a\n....")
@@ -344,20 +402,32 @@ def test_text_editor_create_view_and_str_replace() -> None:
     assert fake.calls == []  # the editor uses the files API only
 
 
-@pytest.mark.parametrize(("block", "code", "message"), [
-    (editor("view", "/tmp/none"), "file_not_found", "/tmp/none does not exist"),
-    (editor("str_replace", "/tmp/none", old_str="a", new_str="b"), "file_not_found",
-     "/tmp/none does not exist"),
-    (editor("str_replace", "/tmp/f", old_str="zz", new_str=""), "invalid_tool_input",
-     "old_str was not found in /tmp/f"),
-    (editor("str_replace", "/tmp/f", old_str="a", new_str=""), "invalid_tool_input",
-     "old_str occurs 2 times in /tmp/f; include more surrounding lines"),
-    (editor("str_replace", "/tmp/f", old_str=""), "invalid_tool_input", "needs 'old_str'"),
-    (editor("undo_edit", "/tmp/f"), "invalid_tool_input", "is not one of view, create"),
-    (editor("create", "/tmp/g"), "invalid_tool_input", "create needs 'file_text'"),
-    (editor("create", "/tmp", file_text=""), "invalid_tool_input", "is a directory"),
-    (editor("view", ""), "invalid_tool_input", "'path' must be a non-empty string"),
-])
+@pytest.mark.parametrize(
+    ("block", "code", "message"),
+    [
+        (editor("view", "/tmp/none"), "file_not_found", "/tmp/none does not exist"),
+        (
+            editor("str_replace", "/tmp/none", old_str="a", new_str="b"),
+            "file_not_found",
+            "/tmp/none does not exist",
+        ),
+        (
+            editor("str_replace", "/tmp/f", old_str="zz", new_str=""),
+            "invalid_tool_input",
+            "old_str was not found in /tmp/f",
+        ),
+        (
+            editor("str_replace", "/tmp/f", old_str="a", new_str=""),
+            "invalid_tool_input",
+            "old_str occurs 2 times in /tmp/f; include more surrounding lines",
+        ),
+        (editor("str_replace", "/tmp/f", old_str=""), "invalid_tool_input", "needs 'old_str'"),
+        (editor("undo_edit", "/tmp/f"), "invalid_tool_input", "is not one of view, create"),
+        (editor("create", "/tmp/g"), "invalid_tool_input", "create needs 'file_text'"),
+        (editor("create", "/tmp", file_text=""), "invalid_tool_input", "is a directory"),
+        (editor("view", ""), "invalid_tool_input", "'path' must be a non-empty string"),
+    ],
+)
 def test_text_editor_errors(block: dict[str, Any], code: str, message: str) -> None:
     def make() -> FakeSandbox:
         fake = FakeSandbox()
@@ -372,10 +442,12 @@ def test_text_editor_errors(block: dict[str, Any], code: str, message: str) -> N
 
 
 def test_blocks_may_be_sdk_objects_and_tool_definitions() -> None:
-    block = anthropic_types.ToolUseBlock(type="tool_use", id="toolu_9", name="run_python",
-                                         input={"code": "1 + 1"})
-    fake = FakeSandbox(Execution(results=[Result({"text/plain": "2"}, is_main_result=True)],
-                                 execution_count=7))
+    block = anthropic_types.ToolUseBlock(
+        type="tool_use", id="toolu_9", name="run_python", input={"code": "1 + 1"}
+    )
+    fake = FakeSandbox(
+        Execution(results=[Result({"text/plain": "2"}, is_main_result=True)], execution_count=7)
+    )
     answer = anthropic_adapter.handle_code_execution_tool_use(block, as_sandbox(fake), timeout=5)
     assert answer["content"][0]["text"] == "Out[7]: 2"
     assert fake.calls == [("1 + 1", "python", 5)]
@@ -401,18 +473,29 @@ def test_stat_path_reads_the_parent_listing() -> None:
 
 
 def test_openai_agents_tool_outputs_and_bad_arguments() -> None:
-    fake = FakeSandbox(Execution(stdout="plot\n", results=[png_result()]),
-                       Execution(stdout="1\n"))
+    fake = FakeSandbox(Execution(stdout="plot\n", results=[png_result()]), Execution(stdout="1\n"))
     tool = code_interpreter_tool(Sandbox.__new__(Sandbox), name="py", timeout=9)
     tool._holder._sandbox = AsyncFakeSandbox(fake)  # type: ignore[assignment]
     assert tool.name == "py" and tool.params_json_schema == PARAMETERS
-    with_image: Any = asyncio.run(tool.on_invoke_tool(None, json.dumps(  # type: ignore[arg-type]
-        {"code": "plot()", "language": "python"})))
+    with_image: Any = asyncio.run(
+        tool.on_invoke_tool(
+            None,
+            json.dumps(  # type: ignore[arg-type]
+                {"code": "plot()", "language": "python"}
+            ),
+        )
+    )
     assert isinstance(with_image[0], ToolOutputText)
     assert isinstance(with_image[1], ToolOutputImage)
     assert with_image[1].image_url == "data:image/png;base64,iVBORw0KGgo="
-    text: Any = asyncio.run(tool.on_invoke_tool(None, json.dumps(  # type: ignore[arg-type]
-        {"code": "echo 1", "language": "bash"})))
+    text: Any = asyncio.run(
+        tool.on_invoke_tool(
+            None,
+            json.dumps(  # type: ignore[arg-type]
+                {"code": "echo 1", "language": "bash"}
+            ),
+        )
+    )
     assert text == "1"
     assert fake.calls == [("plot()", "python", 9), ("echo 1", "bash", 9)]
     bad: Any = asyncio.run(tool.on_invoke_tool(None, "{nope"))  # type: ignore[arg-type]
@@ -436,8 +519,14 @@ def test_loopback_url_for_wildcard_addresses() -> None:
 
 
 def test_mcp_command_rejects_a_budget_too_small() -> None:
-    proc = subprocess.run([sys.executable, "-m", "kernelhost.cli", "mcp", "--max-output-chars",
-                           "5"], capture_output=True, text=True, timeout=60, cwd=REPO,
-                          stdin=subprocess.DEVNULL, check=False)
+    proc = subprocess.run(
+        [sys.executable, "-m", "kernelhost.cli", "mcp", "--max-output-chars", "5"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO,
+        stdin=subprocess.DEVNULL,
+        check=False,
+    )
     assert proc.returncode == 2
     assert "--max-output-chars" in proc.stderr and "at least 100" in proc.stderr

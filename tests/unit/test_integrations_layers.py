@@ -10,21 +10,32 @@ import pytest
 
 pytestmark = pytest.mark.unit
 
-SERVER = {"kernelhost.api", "kernelhost.sandboxes", "kernelhost.channel", "hypervisor", "libvirt",
-          "jupyter_client", "aiohttp.web"}
+SERVER = {
+    "kernelhost.api",
+    "kernelhost.sandboxes",
+    "kernelhost.channel",
+    "hypervisor",
+    "libvirt",
+    "jupyter_client",
+    "aiohttp.web",
+}
 
 
 def loaded_after(module: str) -> set[str]:
     code = f"import sys, json, {module}; print(json.dumps(sorted(sys.modules)))"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                         timeout=60)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
     return set(json.loads(out.stdout))
 
 
-@pytest.mark.parametrize("module", ["kernelhost.integrations.anthropic",
-                                    "kernelhost.integrations.openai_agents",
-                                    "kernelhost.integrations.mcp_server",
-                                    "kernelhost.integrations.output"])
+@pytest.mark.parametrize(
+    "module",
+    [
+        "kernelhost.integrations.anthropic",
+        "kernelhost.integrations.openai_agents",
+        "kernelhost.integrations.mcp_server",
+        "kernelhost.integrations.output",
+    ],
+)
 def test_adapters_import_nothing_of_the_server(module: str) -> None:
     assert not loaded_after(module) & SERVER
 

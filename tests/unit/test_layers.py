@@ -12,9 +12,18 @@ import pytest
 
 pytestmark = pytest.mark.unit
 
-PACKAGES = ["hypervisor", "kernelhost", "kernelhost.channel", "kernelhost.channel.codec",
-            "kernelhost.sandboxes", "kernelhost.api", "kernelhost.client", "kernelhost.cli",
-            "kernelhost.integrations", "kernelhost.jupyter"]
+PACKAGES = [
+    "hypervisor",
+    "kernelhost",
+    "kernelhost.channel",
+    "kernelhost.channel.codec",
+    "kernelhost.sandboxes",
+    "kernelhost.api",
+    "kernelhost.client",
+    "kernelhost.cli",
+    "kernelhost.integrations",
+    "kernelhost.jupyter",
+]
 
 
 def loaded_after(module: str) -> set[str]:
@@ -39,10 +48,17 @@ def test_codec_is_sans_io_and_standalone() -> None:
 
     import kernelhost.channel.codec as codec
 
-    code = ("import sys, json; sys.path.insert(0, sys.argv[1]); import codec; "
-            "print(json.dumps(sorted(sys.modules)))")
-    out = subprocess.run([sys.executable, "-I", "-c", code, str(Path(codec.__file__).parent)],
-                         capture_output=True, text=True, check=True, cwd="/")
+    code = (
+        "import sys, json; sys.path.insert(0, sys.argv[1]); import codec; "
+        "print(json.dumps(sorted(sys.modules)))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-I", "-c", code, str(Path(codec.__file__).parent)],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd="/",
+    )
     mods = set(json.loads(out.stdout))
     assert not {m for m in mods if m.split(".")[0] in ("asyncio", "aiohttp", "kernelhost")}
 
@@ -55,8 +71,15 @@ def test_channel_and_sandboxes_do_not_know_http() -> None:
 
 def test_sdk_imports_nothing_of_the_server() -> None:
     mods = loaded_after("kernelhost")
-    server = {"kernelhost.api", "kernelhost.sandboxes", "kernelhost.channel", "hypervisor",
-              "libvirt", "jupyter_client", "aiohttp.web"}
+    server = {
+        "kernelhost.api",
+        "kernelhost.sandboxes",
+        "kernelhost.channel",
+        "hypervisor",
+        "libvirt",
+        "jupyter_client",
+        "aiohttp.web",
+    }
     assert not mods & server
 
 
@@ -67,10 +90,17 @@ def test_the_guest_shares_codec_and_protocol_standalone() -> None:
 
     import kernelhost.channel.codec as codec
 
-    code = ("import sys, json; sys.path.insert(0, sys.argv[1]); import codec, protocol; "
-            "print(json.dumps(sorted(sys.modules)))")
-    out = subprocess.run([sys.executable, "-I", "-c", code, str(Path(codec.__file__).parent)],
-                         capture_output=True, text=True, check=True, cwd="/")
+    code = (
+        "import sys, json; sys.path.insert(0, sys.argv[1]); import codec, protocol; "
+        "print(json.dumps(sorted(sys.modules)))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-I", "-c", code, str(Path(codec.__file__).parent)],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd="/",
+    )
     mods = set(json.loads(out.stdout))
     assert not {m for m in mods if m.split(".")[0] in ("asyncio", "aiohttp", "kernelhost")}
 
@@ -101,10 +131,11 @@ def test_no_caller_outside_the_sandbox_layer_touches_its_private_names(layer: st
     for path in files:
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ImportFrom) and node.module and "sandboxes" in node.module:
-                found += [f"{path.name}: import {a.name}" for a in node.names
-                          if a.name.startswith("_")]
-            if (isinstance(node, ast.Attribute) and node.attr in private
-                    and not (isinstance(node.value, ast.Name)
-                             and node.value.id in ("self", "cls"))):
+                found += [f"{path.name}: import {a.name}" for a in node.names if a.name.startswith("_")]
+            if (
+                isinstance(node, ast.Attribute)
+                and node.attr in private
+                and not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"))
+            ):
                 found.append(f"{path.name}:{node.lineno}: .{node.attr}")
     assert not found, found

@@ -27,8 +27,11 @@ KEY = "unit-test-key-0123456789"
 
 def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     """Every sample of a scrape, keyed by (name, sorted labels)."""
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for family in text_string_to_metric_families(text) for s in family.samples}
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
 
 
 def value(text: str, name: str, **labels: str) -> float:
@@ -37,9 +40,14 @@ def value(text: str, name: str, **labels: str) -> float:
 
 @pytest.fixture
 async def client(tmp_path: Path) -> AsyncIterator[TestClient[web.Request, web.Application]]:
-    settings = offline_settings(tmp_path, image_dir=fake_image_dir(tmp_path),
-                                domain_prefix="khmetrics-", boot_timeout=1.0, pool_size=0,
-                                api_keys=(KEY,))
+    settings = offline_settings(
+        tmp_path,
+        image_dir=fake_image_dir(tmp_path),
+        domain_prefix="khmetrics-",
+        boot_timeout=1.0,
+        pool_size=0,
+        api_keys=(KEY,),
+    )
     async with TestClient(TestServer(init_app(settings))) as c:
         yield c
 
@@ -48,17 +56,26 @@ async def test_metrics_is_public_prometheus_text(client: TestClient[web.Request,
     r = await client.get("/metrics")
     assert r.status == 200 and r.headers["Content-Type"].startswith("text/plain")
     names = {f.name for f in text_string_to_metric_families(await r.text())}
-    assert {"kernelhost_sandboxes", "kernelhost_pool_ready", "kernelhost_pool_hits",
-            "kernelhost_pool_misses", "kernelhost_vms", "kernelhost_sandbox_create_seconds",
-            "kernelhost_execute_seconds", "kernelhost_relayed_bytes",
-            "kernelhost_kernel_deaths", "kernelhost_execution_timeouts"} <= names
+    assert {
+        "kernelhost_sandboxes",
+        "kernelhost_pool_ready",
+        "kernelhost_pool_hits",
+        "kernelhost_pool_misses",
+        "kernelhost_vms",
+        "kernelhost_sandbox_create_seconds",
+        "kernelhost_execute_seconds",
+        "kernelhost_relayed_bytes",
+        "kernelhost_kernel_deaths",
+        "kernelhost_execution_timeouts",
+    } <= names
     assert value(await r.text(), "kernelhost_vms", accel="tcg") == 0
 
 
 async def test_a_failed_create_is_counted(client: TestClient[web.Request, web.Application]) -> None:
     before = await (await client.get("/metrics")).text()
-    r = await client.post("/v1/sandboxes", json={"template": "python"},
-                          headers={"Authorization": f"Bearer {KEY}"})
+    r = await client.post(
+        "/v1/sandboxes", json={"template": "python"}, headers={"Authorization": f"Bearer {KEY}"}
+    )
     assert r.status == 503
     after = await (await client.get("/metrics")).text()
     name = "kernelhost_sandbox_create_failures_total"
@@ -76,10 +93,11 @@ def test_hooks_move_the_counters() -> None:
     m.count_kernel_death("kernel")
     m.count_relayed("execute", "out", 120)
     text = m.render().decode()
-    assert value(text, "kernelhost_sandbox_create_seconds_count", template="python",
-                 how="pool") == 1
-    assert value(text, "kernelhost_sandbox_create_seconds_bucket", template="python",
-                 how="pool", le="0.005") == 1
+    assert value(text, "kernelhost_sandbox_create_seconds_count", template="python", how="pool") == 1
+    assert (
+        value(text, "kernelhost_sandbox_create_seconds_bucket", template="python", how="pool", le="0.005")
+        == 1
+    )
     assert value(text, "kernelhost_sandbox_forked_children_total", template="python") == 3
     assert value(text, "kernelhost_sandbox_wake_seconds_count", template="python") == 1
     assert value(text, "kernelhost_execute_seconds_count", language="python") == 2
@@ -98,14 +116,20 @@ def test_state_is_read_from_the_manager_at_scrape_time() -> None:
             return {"python": 2, "python-datasci": 1}[template]
 
     def sbx(state: str, template: str = "python") -> SimpleNamespace:
-        return SimpleNamespace(record=SimpleNamespace(state=state, template=template,
-                                                      accel="tcg"))
+        return SimpleNamespace(record=SimpleNamespace(state=state, template=template, accel="tcg"))
 
-    sandboxes = {"a": sbx("running"), "b": sbx("running"), "c": sbx("hibernated"),
-                 "d": sbx("running", "python-datasci")}
+    sandboxes = {
+        "a": sbx("running"),
+        "b": sbx("running"),
+        "c": sbx("hibernated"),
+        "d": sbx("running", "python-datasci"),
+    }
     manager = SimpleNamespace(
-        all=lambda: list(sandboxes.values()), accel="tcg", pool=Pool(),
-        templates=lambda: ["python", "python-datasci"])
+        all=lambda: list(sandboxes.values()),
+        accel="tcg",
+        pool=Pool(),
+        templates=lambda: ["python", "python-datasci"],
+    )
     m = Metrics()
     m.registry.register(StateCollector(manager))
     text = m.render().decode()
@@ -117,15 +141,14 @@ def test_state_is_read_from_the_manager_at_scrape_time() -> None:
     assert value(text, "kernelhost_pool_misses_total") == 1
     assert value(text, "kernelhost_vms", accel="tcg") == 3 + 3  # sandboxes + pooled clones
     sandboxes.pop("a")
-    assert value(m.render().decode(), "kernelhost_sandboxes", state="running",
-                 template="python") == 1
+    assert value(m.render().decode(), "kernelhost_sandboxes", state="running", template="python") == 1
 
 
 async def test_console_page_is_public_under_a_strict_policy(
-        client: TestClient[web.Request, web.Application]) -> None:
+    client: TestClient[web.Request, web.Application],
+) -> None:
     """The web console (``/``) shares this file: its three files need no key."""
-    for path, kind in (("/", "text/html"), ("/console.js", "text/javascript"),
-                       ("/console.css", "text/css")):
+    for path, kind in (("/", "text/html"), ("/console.js", "text/javascript"), ("/console.css", "text/css")):
         r = await client.get(path)
         assert r.status == 200 and r.content_type == kind, path
         assert "script-src 'self'" in r.headers["Content-Security-Policy"]

@@ -38,8 +38,9 @@ pytestmark = pytest.mark.unit
 OWN = {ipaddress.ip_address("192.0.2.2")}
 
 
-def host_network(tmp_path: Path, allow: tuple[str, ...] = (), pip: PipIndexes | None = None,
-                 port: int = 8999) -> HostNetwork:
+def host_network(
+    tmp_path: Path, allow: tuple[str, ...] = (), pip: PipIndexes | None = None, port: int = 8999
+) -> HostNetwork:
     settings = Settings(state_dir=tmp_path, network_allow=allow, port=port)
     return HostNetwork(settings, pip=pip or PipIndexes(), own_addresses=set(OWN))
 
@@ -47,18 +48,27 @@ def host_network(tmp_path: Path, allow: tuple[str, ...] = (), pip: PipIndexes | 
 # -- entries and requests --------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("text, host, port", [
-    ("Example.ORG", "example.org", None), ("example.org:8443", "example.org", 8443),
-    ("*.example.org", "*.example.org", None), ("10.1.2.3:80", "10.1.2.3", 80),
-    ("[::1]:443", "::1", 443), ("::1", "::1", None), ("example.org.", "example.org", None),
-])
+@pytest.mark.parametrize(
+    "text, host, port",
+    [
+        ("Example.ORG", "example.org", None),
+        ("example.org:8443", "example.org", 8443),
+        ("*.example.org", "*.example.org", None),
+        ("10.1.2.3:80", "10.1.2.3", 80),
+        ("[::1]:443", "::1", 443),
+        ("::1", "::1", None),
+        ("example.org.", "example.org", None),
+    ],
+)
 def test_entries_parse(text: str, host: str, port: int | None) -> None:
     entry = parse_entry(text)
     assert (entry.host, entry.port) == (host, port)
 
 
-@pytest.mark.parametrize("text", ["", "a b", "host:0", "host:99999", "host:", "http://x/",
-                                  "*.", "[::1", 5, "x" * 400, "ex*mple.org"])
+@pytest.mark.parametrize(
+    "text",
+    ["", "a b", "host:0", "host:99999", "host:", "http://x/", "*.", "[::1", 5, "x" * 400, "ex*mple.org"],
+)
 def test_bad_entries_name_the_value_and_the_shape(text: Any) -> None:
     with pytest.raises(ValueError, match="allow entry") as info:
         parse_entry(text)
@@ -73,11 +83,13 @@ def test_network_requests() -> None:
     assert NetworkSpec.from_dict(spec.to_dict()) == spec
     assert NetworkSpec.from_dict({"mode": "bogus"}) == NetworkSpec("none")
     for bad, fieldname, words in [
-            ("open", "network.mode", "'open'"), (5, "network", "5"),
-            ({"mode": "outbound", "allow": ["x:1"]}, "network.allow", "'allowlist' only"),
-            ({"mode": "allowlist", "allow": ["bad host"]}, "network.allow", "'bad host'"),
-            ({"mode": "allowlist", "allow": "x"}, "network.allow", "list"),
-            ({"mode": "none", "proxy": 1}, "network", "proxy")]:
+        ("open", "network.mode", "'open'"),
+        (5, "network", "5"),
+        ({"mode": "outbound", "allow": ["x:1"]}, "network.allow", "'allowlist' only"),
+        ({"mode": "allowlist", "allow": ["bad host"]}, "network.allow", "'bad host'"),
+        ({"mode": "allowlist", "allow": "x"}, "network.allow", "list"),
+        ({"mode": "none", "proxy": 1}, "network", "proxy"),
+    ]:
         with pytest.raises(InvalidRequest) as info:
             parse_network(bad)
         assert info.value.details["field"] == fieldname and words in str(info.value), str(info.value)
@@ -88,8 +100,7 @@ def test_network_requests() -> None:
 
 async def test_allowlist_matches_names_ports_and_wildcards(tmp_path: Path) -> None:
     net = host_network(tmp_path, pip=PipIndexes("https://index.example:8443/simple"))
-    policy = net.policy(parse_network({"mode": "allowlist",
-                                       "allow": ["*.files.example", "8.8.8.8:22"]}))
+    policy = net.policy(parse_network({"mode": "allowlist", "allow": ["*.files.example", "8.8.8.8:22"]}))
 
     async def ok(host: str, port: int) -> bool:
         try:
@@ -114,11 +125,20 @@ async def test_none_refuses_everything(tmp_path: Path) -> None:
     assert policy.local_endpoint(INDEX_HOST, 80) is None
 
 
-@pytest.mark.parametrize("addr, why", [
-    ("127.0.0.1", "loopback"), ("::1", "loopback"), ("169.254.169.254", "link-local"),
-    ("10.0.0.5", "private"), ("192.168.1.1", "private"), ("192.0.2.2", "host itself"),
-    ("::ffff:127.0.0.1", "loopback"), ("0.0.0.0", "unicast"), ("fe80::1", "link-local"),
-])
+@pytest.mark.parametrize(
+    "addr, why",
+    [
+        ("127.0.0.1", "loopback"),
+        ("::1", "loopback"),
+        ("169.254.169.254", "link-local"),
+        ("10.0.0.5", "private"),
+        ("192.168.1.1", "private"),
+        ("192.0.2.2", "host itself"),
+        ("::ffff:127.0.0.1", "loopback"),
+        ("0.0.0.0", "unicast"),
+        ("fe80::1", "link-local"),
+    ],
+)
 async def test_outbound_refuses_protected_addresses(tmp_path: Path, addr: str, why: str) -> None:
     policy = host_network(tmp_path).policy(NetworkSpec("outbound"))
     with pytest.raises(Refused, match=why):
@@ -132,15 +152,13 @@ async def test_localhost_by_name_is_refused(tmp_path: Path) -> None:
         await policy.resolve("localhost", 80)
 
 
-async def test_only_the_operator_lifts_the_protection_and_never_for_the_api(
-        tmp_path: Path) -> None:
+async def test_only_the_operator_lifts_the_protection_and_never_for_the_api(tmp_path: Path) -> None:
     net = host_network(tmp_path, allow=("10.0.0.5:3141", "127.0.0.1"), port=8999)
     for mode in ("allowlist", "outbound"):
         policy = net.policy(NetworkSpec(mode))
         assert await policy.resolve("10.0.0.5", 3141) == [ipaddress.ip_address("10.0.0.5")]
     # a tenant's entry for the same private address does not
-    tenant = host_network(tmp_path).policy(parse_network(
-        {"mode": "allowlist", "allow": ["10.0.0.5:3141"]}))
+    tenant = host_network(tmp_path).policy(parse_network({"mode": "allowlist", "allow": ["10.0.0.5:3141"]}))
     with pytest.raises(Refused, match="private"):
         await tenant.resolve("10.0.0.5", 3141)
     # the service's own API stays closed even to an operator-listed loopback
@@ -159,10 +177,12 @@ def test_bad_operator_entries_fail_at_start(tmp_path: Path) -> None:
 
 def test_pip_config_files_and_environment(tmp_path: Path) -> None:
     first, second = tmp_path / "a.conf", tmp_path / "b.conf"
-    first.write_text("[global]\nindex-url = https://one.example/simple\n"
-                     "extra-index-url = https://x.example/simple\n")
-    second.write_text("[install]\nextra-index-url =\n  file:///srv/idx/simple\n"
-                      "  http://mirror.example:3141/root/simple\n")
+    first.write_text(
+        "[global]\nindex-url = https://one.example/simple\nextra-index-url = https://x.example/simple\n"
+    )
+    second.write_text(
+        "[install]\nextra-index-url =\n  file:///srv/idx/simple\n  http://mirror.example:3141/root/simple\n"
+    )
     pip = read_pip_config({}, [first, second, tmp_path / "missing.conf"])
     assert pip.index_url == "https://one.example/simple"
     assert pip.extra_index_urls == ["file:///srv/idx/simple", "http://mirror.example:3141/root/simple"]
@@ -173,34 +193,42 @@ def test_pip_config_files_and_environment(tmp_path: Path) -> None:
 def test_guest_pip_settings_and_default_allowlist(tmp_path: Path) -> None:
     local = tmp_path / "pypi" / "simple"
     local.mkdir(parents=True)
-    net = host_network(tmp_path, pip=PipIndexes(None, [
-        local.as_uri(), "http://mirror.example:3141/root/simple", "file:///no/such/dir"]))
+    net = host_network(
+        tmp_path,
+        pip=PipIndexes(
+            None, [local.as_uri(), "http://mirror.example:3141/root/simple", "file:///no/such/dir"]
+        ),
+    )
     assert net.guest_pip == {
         "index-url": f"http://{INDEX_HOST}/0/simple/",
         "extra-index-url": ["http://mirror.example:3141/root/simple"],
-        "trusted-host": sorted([INDEX_HOST, "mirror.example"])}
+        "trusted-host": sorted([INDEX_HOST, "mirror.example"]),
+    }
     assert net.file_roots == [tmp_path / "pypi"]
     assert [str(e) for e in net.defaults] == ["mirror.example:3141"]
     config = net.guest_config(NetworkSpec("allowlist"))
     assert config["env"]["HTTPS_PROXY"] == "http://127.0.0.1:3128"
     assert net.guest_config(NetworkSpec("none")) == {"mode": "none", "env": {}, "pip": None}
     net.index_endpoint = tmp_path / "index.sock"
-    assert net.policy(NetworkSpec("allowlist")).local_endpoint(INDEX_HOST, 80) == \
-        tmp_path / "index.sock"
+    assert net.policy(NetworkSpec("allowlist")).local_endpoint(INDEX_HOST, 80) == tmp_path / "index.sock"
     assert net.policy(NetworkSpec("none")).local_endpoint(INDEX_HOST, 80) is None
 
 
 def test_old_databases_gain_the_network_column(tmp_path: Path) -> None:
     path = tmp_path / "old.sqlite3"
     db = sqlite3.connect(path)
-    db.execute("CREATE TABLE sandboxes (id TEXT PRIMARY KEY, owner TEXT NOT NULL, template TEXT "
-               "NOT NULL, domain TEXT NOT NULL UNIQUE, state TEXT NOT NULL, created_at REAL NOT "
-               "NULL, last_active_at REAL NOT NULL, idle_timeout_seconds INTEGER NOT NULL, "
-               "memory_mib INTEGER NOT NULL, vcpus INTEGER NOT NULL, accel TEXT NOT NULL, "
-               "image_key TEXT NOT NULL, metadata TEXT NOT NULL DEFAULT '{}', detail TEXT NOT "
-               "NULL DEFAULT '')")
-    db.execute("INSERT INTO sandboxes VALUES ('sbx_1', 'k', 'python', 'd1', 'running', 1, 1, "
-               "600, 512, 1, 'tcg', 'k1', '{}', '')")
+    db.execute(
+        "CREATE TABLE sandboxes (id TEXT PRIMARY KEY, owner TEXT NOT NULL, template TEXT "
+        "NOT NULL, domain TEXT NOT NULL UNIQUE, state TEXT NOT NULL, created_at REAL NOT "
+        "NULL, last_active_at REAL NOT NULL, idle_timeout_seconds INTEGER NOT NULL, "
+        "memory_mib INTEGER NOT NULL, vcpus INTEGER NOT NULL, accel TEXT NOT NULL, "
+        "image_key TEXT NOT NULL, metadata TEXT NOT NULL DEFAULT '{}', detail TEXT NOT "
+        "NULL DEFAULT '')"
+    )
+    db.execute(
+        "INSERT INTO sandboxes VALUES ('sbx_1', 'k', 'python', 'd1', 'running', 1, 1, "
+        "600, 512, 1, 'tcg', 'k1', '{}', '')"
+    )
     db.commit()
     db.close()
     store = Store(path)
@@ -247,31 +275,39 @@ class Remote:
         self.server.close()
 
 
-async def tunnels_for(agent: FakeAgent, sock_path: str, tmp_path: Path, mode: str,
-                      allow: tuple[str, ...] = (),
-                      counts: list[str] | None = None) -> tuple[AgentClient, Tunnels]:
+async def tunnels_for(
+    agent: FakeAgent,
+    sock_path: str,
+    tmp_path: Path,
+    mode: str,
+    allow: tuple[str, ...] = (),
+    counts: list[str] | None = None,
+) -> tuple[AgentClient, Tunnels]:
     client = AgentClient(sock_path)
     await client.connect(timeout=WAIT)
     net = host_network(tmp_path, allow=allow)
-    tunnels = Tunnels(net.policy(NetworkSpec(mode)), client, "sbx_test",
-                      count=None if counts is None else counts.append)
+    tunnels = Tunnels(
+        net.policy(NetworkSpec(mode)), client, "sbx_test", count=None if counts is None else counts.append
+    )
     client.add_listener(tunnels)
     return client, tunnels
 
 
 def net_frames(agent: FakeAgent, kind: str, tunnel: int = 1) -> list[dict[str, Any]]:
-    return [f for f in agent.received if f["op"] == "net" and f.get("t") == kind
-            and f.get("tunnel") == tunnel]
+    return [
+        f for f in agent.received if f["op"] == "net" and f.get("t") == kind and f.get("tunnel") == tunnel
+    ]
 
 
-async def test_tunnel_echoes_and_respects_the_window(agent: FakeAgent, sock_path: str,
-                                                     tmp_path: Path) -> None:
+async def test_tunnel_echoes_and_respects_the_window(
+    agent: FakeAgent, sock_path: str, tmp_path: Path
+) -> None:
     remote = await Remote(flood=4 * WINDOW).start()
-    client, tunnels = await tunnels_for(agent, sock_path, tmp_path, "outbound",
-                                        allow=(f"127.0.0.1:{remote.port}",))
+    client, tunnels = await tunnels_for(
+        agent, sock_path, tmp_path, "outbound", allow=(f"127.0.0.1:{remote.port}",)
+    )
     try:
-        await agent.send({"op": "net", "t": "open", "tunnel": 1, "host": "127.0.0.1",
-                          "port": remote.port})
+        await agent.send({"op": "net", "t": "open", "tunnel": 1, "host": "127.0.0.1", "port": remote.port})
         opened = await agent.wait_for_frame(lambda f: f.get("t") == "opened")
         assert opened["ok"] is True, opened
 
@@ -302,11 +338,11 @@ async def test_tunnel_echoes_and_respects_the_window(agent: FakeAgent, sock_path
 
 async def test_close_ends_every_tunnel(agent: FakeAgent, sock_path: str, tmp_path: Path) -> None:
     remote = await Remote().start()
-    client, tunnels = await tunnels_for(agent, sock_path, tmp_path, "outbound",
-                                        allow=(f"127.0.0.1:{remote.port}",))
+    client, tunnels = await tunnels_for(
+        agent, sock_path, tmp_path, "outbound", allow=(f"127.0.0.1:{remote.port}",)
+    )
     try:
-        await agent.send({"op": "net", "t": "open", "tunnel": 7, "host": "127.0.0.1",
-                          "port": remote.port})
+        await agent.send({"op": "net", "t": "open", "tunnel": 7, "host": "127.0.0.1", "port": remote.port})
         await agent.wait_for_frame(lambda f: f.get("t") == "opened" and f["ok"])
         assert tunnels.tasks
         await client.close()  # what hibernation, replacement and delete do
@@ -321,14 +357,12 @@ async def test_close_ends_every_tunnel(agent: FakeAgent, sock_path: str, tmp_pat
         remote.close()
 
 
-async def test_refusals_and_the_tunnel_cap(agent: FakeAgent, sock_path: str,
-                                           tmp_path: Path) -> None:
+async def test_refusals_and_the_tunnel_cap(agent: FakeAgent, sock_path: str, tmp_path: Path) -> None:
     counts: list[str] = []
     client, tunnels = await tunnels_for(agent, sock_path, tmp_path, "allowlist", counts=counts)
     remote = await Remote().start()
     try:
-        await agent.send({"op": "net", "t": "open", "tunnel": 1, "host": "127.0.0.1",
-                          "port": 8999})
+        await agent.send({"op": "net", "t": "open", "tunnel": 1, "host": "127.0.0.1", "port": 8999})
         refused = await agent.wait_for_frame(lambda f: f.get("t") == "opened")
         assert refused["ok"] is False and refused["reason"] == "policy"
         assert "allowlist" in refused["error"]
@@ -345,10 +379,10 @@ async def test_refusals_and_the_tunnel_cap(agent: FakeAgent, sock_path: str,
 
         tunnels.policy.resolve = slow  # type: ignore[method-assign]
         for n in range(10, 10 + MAX_TUNNELS + 1):
-            await agent.send({"op": "net", "t": "open", "tunnel": n, "host": "a.example",
-                              "port": 443})
+            await agent.send({"op": "net", "t": "open", "tunnel": n, "host": "a.example", "port": 443})
         capped = await agent.wait_for_frame(
-            lambda f: f.get("t") == "opened" and f["tunnel"] == 10 + MAX_TUNNELS)
+            lambda f: f.get("t") == "opened" and f["tunnel"] == 10 + MAX_TUNNELS
+        )
         assert capped["reason"] == "busy" and str(MAX_TUNNELS) in capped["error"]
         assert len(tunnels.tunnels) == MAX_TUNNELS
         gate.set()
@@ -358,8 +392,7 @@ async def test_refusals_and_the_tunnel_cap(agent: FakeAgent, sock_path: str,
         remote.close()
 
 
-async def test_file_index_is_served_read_only(agent: FakeAgent, sock_path: str,
-                                              tmp_path: Path) -> None:
+async def test_file_index_is_served_read_only(agent: FakeAgent, sock_path: str, tmp_path: Path) -> None:
     root = tmp_path / "pypi"
     (root / "simple" / "six").mkdir(parents=True)
     (root / "simple" / "six" / "index.html").write_text("<a href='../../files/six.whl'>six</a>")
@@ -368,18 +401,23 @@ async def test_file_index_is_served_read_only(agent: FakeAgent, sock_path: str,
     (tmp_path / "secret").write_text("no")
     client = AgentClient(sock_path)
     await client.connect(timeout=WAIT)
-    net = HostNetwork(Settings(state_dir=tmp_path),
-                      pip=PipIndexes((root / "simple").as_uri()), own_addresses=set(OWN))
+    net = HostNetwork(
+        Settings(state_dir=tmp_path), pip=PipIndexes((root / "simple").as_uri()), own_addresses=set(OWN)
+    )
     tunnels = Tunnels(net.policy(NetworkSpec("allowlist")), client, "sbx_test")
     client.add_listener(tunnels)
 
     async def get(tunnel: int, path: str) -> bytes:
-        await agent.send({"op": "net", "t": "open", "tunnel": tunnel, "host": INDEX_HOST,
-                          "port": 80})
+        await agent.send({"op": "net", "t": "open", "tunnel": tunnel, "host": INDEX_HOST, "port": 80})
         # as the guest's proxy forwards a request: absolute URL made relative, connection: close
-        await agent.send({"op": "net", "t": "data", "tunnel": tunnel, "data": (
-            f"GET {path} HTTP/1.1\r\nHost: {INDEX_HOST}\r\nConnection: close\r\n\r\n"
-        ).encode()})
+        await agent.send(
+            {
+                "op": "net",
+                "t": "data",
+                "tunnel": tunnel,
+                "data": (f"GET {path} HTTP/1.1\r\nHost: {INDEX_HOST}\r\nConnection: close\r\n\r\n").encode(),
+            }
+        )
         await agent.wait_for_frame(lambda f: f.get("t") == "close" and f["tunnel"] == tunnel)
         return b"".join(f["data"] for f in net_frames(agent, "data", tunnel))
 

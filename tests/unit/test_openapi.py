@@ -18,8 +18,7 @@ pytestmark = pytest.mark.unit
 # Served but documented elsewhere: the Kernel Gateway API (docs/jupyter.md), MCP
 # (docs/integrations.md), Prometheus metrics, the web console (/, /console.*) and the document
 # itself.
-UNDOCUMENTED_PREFIXES = ("/api/", "/kernelspecs/", "/mcp", "/metrics", "/openapi.json", "/static",
-                         "/console")
+UNDOCUMENTED_PREFIXES = ("/api/", "/kernelspecs/", "/mcp", "/metrics", "/openapi.json", "/static", "/console")
 
 
 def _app_routes(tmp_path: Path) -> set[tuple[str, str]]:

@@ -32,8 +32,14 @@ class Clock:
 
 def test_on_a_terminal_the_bar_shows_stage_n_of_n_and_the_time() -> None:
     term, clock = Terminal(), Clock()
-    with Stages("snapshot python", ["boot", "kernel ready", "warm-up", "freeze"], stream=term,
-                tick=0, clock=clock, width=8) as bar:
+    with Stages(
+        "snapshot python",
+        ["boot", "kernel ready", "warm-up", "freeze"],
+        stream=term,
+        tick=0,
+        clock=clock,
+        width=8,
+    ) as bar:
         bar.stage("boot", "512 MiB")
         assert bar.render() == "[snapshot python] ░░░░░░░░ 1/4 boot (512 MiB) 0:00"
         clock.now += 65
@@ -54,8 +60,10 @@ def test_without_a_terminal_each_stage_is_one_plain_line() -> None:
         clock.now += 42
         bar.stage("erofs")
     assert out.getvalue().splitlines() == [
-        "image python: [1/3] rootfs: mmdebstrap", "image python: [3/3] erofs",
-        "image python: done in 42.0 s"]
+        "image python: [1/3] rootfs: mmdebstrap",
+        "image python: [3/3] erofs",
+        "image python: done in 42.0 s",
+    ]
     assert "\r" not in out.getvalue() and "█" not in out.getvalue()
 
 
@@ -63,14 +71,18 @@ def test_lines_and_events_go_to_callbacks_and_a_failure_is_reported() -> None:
     lines: list[str] = []
     events: list[tuple[int, int, str, str, float]] = []
     with pytest.raises(RuntimeError):
-        with Stages("snapshot python", ["boot", "freeze"], tty=False, on_line=lines.append,
-                    on_stage=lambda *e: events.append(e)) as bar:
+        with Stages(
+            "snapshot python",
+            ["boot", "freeze"],
+            tty=False,
+            on_line=lines.append,
+            on_stage=lambda *e: events.append(e),
+        ) as bar:
             bar.stage("boot")
             raise RuntimeError("no kernel")
     assert lines[0] == "snapshot python: [1/2] boot"
     assert lines[1].startswith("snapshot python: failed in ") and "RuntimeError: no kernel" in lines[1]
-    assert [(n, total, stage) for n, total, stage, _, _ in events] == [
-        (1, 2, "boot"), (1, 2, "failed")]
+    assert [(n, total, stage) for n, total, stage, _, _ in events] == [(1, 2, "boot"), (1, 2, "failed")]
 
 
 def test_log_lines_written_through_terminal_aware_go_above_the_bar() -> None:
@@ -86,8 +98,7 @@ def test_log_lines_written_through_terminal_aware_go_above_the_bar() -> None:
     assert logs.isatty()
 
 
-def test_build_script_reports_its_stages_through_the_bar(capsys: pytest.CaptureFixture[str]
-                                                         ) -> None:
+def test_build_script_reports_its_stages_through_the_bar(capsys: pytest.CaptureFixture[str]) -> None:
     spec = importlib.util.spec_from_file_location("_build", REPO / "guest-image" / "build.py")
     assert spec is not None and spec.loader is not None
     build = importlib.util.module_from_spec(spec)
@@ -95,8 +106,9 @@ def test_build_script_reports_its_stages_through_the_bar(capsys: pytest.CaptureF
     progress = build._progress_module()
     assert progress is not None and progress.Stages.__name__ == "Stages"
     build.stage("rootfs", "before any bar")  # no bar: a plain log line
-    build._BAR = progress.Stages("image python", build.STAGES, stream=sys.stdout, tty=False,
-                                 on_line=lambda line: print(line))
+    build._BAR = progress.Stages(
+        "image python", build.STAGES, stream=sys.stdout, tty=False, on_line=lambda line: print(line)
+    )
     build.stage("kernel", "linux-image-cloud-amd64")
     build.log("kernel: 6.1.0")
     assert build.run(["true"]).returncode == 0

@@ -32,16 +32,26 @@ def image(images: Path, template: str, key: str, current: bool = False) -> Path:
     return path
 
 
-def snapshot(ram: Path, template: str, image_key: str, memory_mib: int = 512,
-             versions: dict[str, str] = VERSIONS) -> Path:
+def snapshot(
+    ram: Path, template: str, image_key: str, memory_mib: int = 512, versions: dict[str, str] = VERSIONS
+) -> Path:
     key = snapshot_key(image_key, versions, memory_mib, 1, "tcg")
     path = ram / "templates" / f"{template}-{memory_mib}m1ctcg-{key}"
     path.mkdir(parents=True)
     (path / "ram").write_bytes(b"m" * 16384)
     (path / "state").write_bytes(b"s" * 4096)
-    (path / "meta.json").write_text(json.dumps({
-        "template": template, "key": key, "image_key": image_key, "memory_mib": memory_mib,
-        "vcpus": 1, "accel": "tcg"}))
+    (path / "meta.json").write_text(
+        json.dumps(
+            {
+                "template": template,
+                "key": key,
+                "image_key": image_key,
+                "memory_mib": memory_mib,
+                "vcpus": 1,
+                "accel": "tcg",
+            }
+        )
+    )
     return path
 
 
@@ -67,8 +77,9 @@ def test_only_snapshots_no_clone_will_start_from_go(host: tuple[Path, Path]) -> 
     other_shape = snapshot(ram, "python", "new", memory_mib=1536)  # another service's size
     stale = snapshot(ram, "python", "old")
     gone = snapshot(ram, "ruby", "r1")  # its template has no image any more
-    upgraded = snapshot(ram, "python", "new", memory_mib=1024,
-                        versions={"libvirt": "8.0.0", "hypervisor": "6.2.0"})
+    upgraded = snapshot(
+        ram, "python", "new", memory_mib=1024, versions={"libvirt": "8.0.0", "hypervisor": "6.2.0"}
+    )
     broken = ram / "templates" / "python-512m1ctcg-0123456789abcdef"
     broken.mkdir()
     abandoned = old(ram / "templates" / ".build-python-x-1a2b3c")
@@ -82,7 +93,8 @@ def test_only_snapshots_no_clone_will_start_from_go(host: tuple[Path, Path]) -> 
     assert plan.bytes >= 16384 + 4096
     # without libvirt's versions, the image build alone decides
     assert {a.path for a in stale_snapshots(ram, ImageStore(images), InUse()).remove} == (
-        removed - {upgraded})
+        removed - {upgraded}
+    )
 
     freed = apply(plan)
     assert freed == plan.bytes
@@ -99,11 +111,9 @@ def test_a_snapshot_a_running_vm_maps_is_kept(host: tuple[Path, Path]) -> None:
         assert in_use.holds(stale) and not in_use.uncertain
         plan = stale_snapshots(ram, ImageStore(images), in_use)
     assert plan.remove == []
-    assert [(a.path, why) for a, why in plan.keep] == [
-        (stale, "mapped by a running VM (a clone of it)")]
+    assert [(a.path, why) for a, why in plan.keep] == [(stale, "mapped by a running VM (a clone of it)")]
     # once its clones are gone, the next prune removes it
-    assert [a.path for a in stale_snapshots(ram, ImageStore(images), scan_in_use()).remove] == [
-        stale]
+    assert [a.path for a in stale_snapshots(ram, ImageStore(images), scan_in_use()).remove] == [stale]
 
 
 def test_images_named_by_records_or_in_use_are_kept(tmp_path: Path) -> None:
@@ -117,16 +127,19 @@ def test_images_named_by_records_or_in_use_are_kept(tmp_path: Path) -> None:
         plan = stale_images(ImageStore(images), [("python", "hib")], scan_in_use())
     assert {a.path for a in plan.remove} == {unused, abandoned}
     kept = {a.path: why for a, why in plan.keep}
-    assert kept == {hibernated: "named by a sandbox record (a wake or fork needs it)",
-                    running: "in use by a running VM"}
+    assert kept == {
+        hibernated: "named by a sandbox record (a wake or fork needs it)",
+        running: "in use by a running VM",
+    }
     assert current not in kept
     uncertain = InUse(uncertain="cannot inspect qemu-system-x86 (pid 1); run as root")
     # when a VM's process cannot be inspected, nothing it could be using goes
     assert stale_images(ImageStore(images), [], uncertain).remove == []
 
 
-def test_prune_command(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                       capsys: pytest.CaptureFixture[str]) -> None:
+def test_prune_command(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     images, ram, state = tmp_path / "images", tmp_path / "ram", tmp_path / "state"
     image(images, "python", "new", current=True)
     hib = image(images, "python", "hib")
@@ -134,14 +147,31 @@ def test_prune_command(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     stale_snap = snapshot(ram, "python", "old")
     state.mkdir()
     store = Store(state / "kernelhost.sqlite3")
-    store.insert(SandboxRecord(
-        id="sbx_1", owner="key_1", template="python", domain="kh-1", state="hibernated",
-        created_at=0.0, last_active_at=0.0, idle_timeout_seconds=60, memory_mib=512, vcpus=1,
-        accel="tcg", image_key="hib"))
+    store.insert(
+        SandboxRecord(
+            id="sbx_1",
+            owner="key_1",
+            template="python",
+            domain="kh-1",
+            state="hibernated",
+            created_at=0.0,
+            last_active_at=0.0,
+            idle_timeout_seconds=60,
+            memory_mib=512,
+            vcpus=1,
+            accel="tcg",
+            image_key="hib",
+        )
+    )
     store.close()
-    for name, value in {"IMAGE_DIR": images, "RAM_DIR": ram, "STATE_DIR": state,
-                        "RUN_DIR": tmp_path / "run", "LIBVIRT_URI": "test:///default",
-                        "CONFIG": tmp_path / "none.toml"}.items():
+    for name, value in {
+        "IMAGE_DIR": images,
+        "RAM_DIR": ram,
+        "STATE_DIR": state,
+        "RUN_DIR": tmp_path / "run",
+        "LIBVIRT_URI": "test:///default",
+        "CONFIG": tmp_path / "none.toml",
+    }.items():
         monkeypatch.setenv(f"KERNELHOST_{name}", str(value))
     (tmp_path / "none.toml").write_text("")
 

@@ -22,10 +22,20 @@ pytestmark = pytest.mark.unit
 
 
 def _msg(msg_type: str = "execute_request", **content: Any) -> dict[str, Any]:
-    return {"header": {"msg_id": uuid.uuid4().hex, "msg_type": msg_type, "session": "s",
-                       "username": "u", "version": "5.3", "date": "2026-01-01T00:00:00Z"},
-            "parent_header": {}, "metadata": {"m": 1}, "content": content or {"code": "1"},
-            "buffers": [b"\x00\x01", b"buf"]}
+    return {
+        "header": {
+            "msg_id": uuid.uuid4().hex,
+            "msg_type": msg_type,
+            "session": "s",
+            "username": "u",
+            "version": "5.3",
+            "date": "2026-01-01T00:00:00Z",
+        },
+        "parent_header": {},
+        "metadata": {"m": 1},
+        "content": content or {"code": "1"},
+        "buffers": [b"\x00\x01", b"buf"],
+    }
 
 
 class FakeClient:
@@ -58,8 +68,11 @@ async def session_setup(tmp_path: Path):  # type: ignore[no-untyped-def]
         now = time.time()
         store = Store(tmp_path / "db.sqlite3")
         registry = Registry(store, Quota(10, 10_000))
-        sbx = Sandbox(SandboxRecord("sbx_1", "key", "python", "dom", SandboxState.RUNNING, now,
-                                    now, 600, 512, 1, "tcg", "k"))
+        sbx = Sandbox(
+            SandboxRecord(
+                "sbx_1", "key", "python", "dom", SandboxState.RUNNING, now, now, 600, 512, 1, "tcg", "k"
+            )
+        )
         store.insert(sbx.record)
         sbx.agent = agent
         registry.add(sbx)

@@ -25,8 +25,7 @@ from ..harness import Service, running_service
 
 @pytest.fixture(scope="session")
 def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
-    with running_service(tmp_path_factory.mktemp("state"), "vm",
-                         KERNELHOST_REAPER_INTERVAL="1") as svc:
+    with running_service(tmp_path_factory.mktemp("state"), "vm", KERNELHOST_REAPER_INTERVAL="1") as svc:
         yield svc
 
 

@@ -19,18 +19,33 @@ from ..harness import Service
 pytestmark = [pytest.mark.vm, pytest.mark.timeout(600)]  # bounded by --max-examples
 
 
-async def test_schemathesis_finds_no_server_error_and_nothing_leaks(service: Service,
-                                                                    tmp_path: Path) -> None:
+async def test_schemathesis_finds_no_server_error_and_nothing_leaks(service: Service, tmp_path: Path) -> None:
     st = shutil.which("schemathesis", path=str(Path(sys.executable).parent))
     assert st, "schemathesis is a dev dependency: pip install -e '.[dev]'"
     proc = await asyncio.create_subprocess_exec(
-        st, "run", f"{service.url}/openapi.json",
-        "-H", f"Authorization: Bearer {service.other_key}",
-        "--checks", "not_a_server_error", "--max-examples", "10",
-        "--phases", "examples,coverage,fuzzing", "--seed", "1",
-        "--generation-database", "none", "--request-timeout", "120",
-        "--suppress-health-check", "all",
-        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, cwd=tmp_path)
+        st,
+        "run",
+        f"{service.url}/openapi.json",
+        "-H",
+        f"Authorization: Bearer {service.other_key}",
+        "--checks",
+        "not_a_server_error",
+        "--max-examples",
+        "10",
+        "--phases",
+        "examples,coverage,fuzzing",
+        "--seed",
+        "1",
+        "--generation-database",
+        "none",
+        "--request-timeout",
+        "120",
+        "--suppress-health-check",
+        "all",
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+        cwd=tmp_path,
+    )
     out, _ = await asyncio.wait_for(proc.communicate(), 900)
     report = out.decode(errors="replace")[-8000:]
     try:

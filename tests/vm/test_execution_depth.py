@@ -46,10 +46,15 @@ AGENT_TIMEOUT = 5.0
 def depth_service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
     svc = Service.make(
         tmp_path_factory.mktemp("depth"),
-        KERNELHOST_VM_MEMORY_MIB="1536", KERNELHOST_POOL_SIZE="1",
-        KERNELHOST_INTERRUPT_GRACE=str(GRACE), KERNELHOST_AGENT_TIMEOUT=str(AGENT_TIMEOUT),
-        KERNELHOST_RESTART_TIMEOUT="60", KERNELHOST_MAX_OUTPUT_BYTES=str(MAX_OUTPUT),
-        KERNELHOST_MAX_RESULT_BYTES=str(MAX_RESULT), KERNELHOST_MAX_FILE_BYTES=str(MAX_FILE))
+        KERNELHOST_VM_MEMORY_MIB="1536",
+        KERNELHOST_POOL_SIZE="1",
+        KERNELHOST_INTERRUPT_GRACE=str(GRACE),
+        KERNELHOST_AGENT_TIMEOUT=str(AGENT_TIMEOUT),
+        KERNELHOST_RESTART_TIMEOUT="60",
+        KERNELHOST_MAX_OUTPUT_BYTES=str(MAX_OUTPUT),
+        KERNELHOST_MAX_RESULT_BYTES=str(MAX_RESULT),
+        KERNELHOST_MAX_FILE_BYTES=str(MAX_FILE),
+    )
     svc.start()
     try:
         yield svc
@@ -100,18 +105,22 @@ async def test_rich_results_stream_in_order_as_mime_bundles(py: AsyncSandbox) ->
         "from IPython.display import display, HTML, SVG, JSON, Markdown\n"
         "print('before')\n"
         "display(HTML('<table><tr><td>1</td></tr></table>'))\n"
-        "display(SVG('<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"4\" height=\"4\"/>'))\n"
+        'display(SVG(\'<svg xmlns="http://www.w3.org/2000/svg" width="4" height="4"/>\'))\n'
         "display(JSON({'a': [1, 2]}))\n"
         "display(Markdown('**bold**'))\n"
         "print('after')\n"
         "{'value': 1}",
         on_stdout=lambda t: seen.append(("stdout", t)),
-        on_result=lambda r: seen.append(("result", r.formats())))
+        on_result=lambda r: seen.append(("result", r.formats())),
+    )
     assert execution.error is None
     # ipykernel may split one print into several stream messages under load ("after", "\n"):
     # the order is what counts, so consecutive stdout chunks count as one
-    kinds = [kind for i, (kind, _) in enumerate(seen)
-             if not (kind == "stdout" and i > 0 and seen[i - 1][0] == "stdout")]
+    kinds = [
+        kind
+        for i, (kind, _) in enumerate(seen)
+        if not (kind == "stdout" and i > 0 and seen[i - 1][0] == "stdout")
+    ]
     assert kinds == ["stdout", "result", "result", "result", "result", "stdout", "result"]
     assert execution.stdout == "before\nafter\n"
     html, svg, js, md, value = execution.results
@@ -124,8 +133,7 @@ async def test_rich_results_stream_in_order_as_mime_bundles(py: AsyncSandbox) ->
 
 
 async def test_result_over_the_cap_keeps_its_text_with_a_marker(py: AsyncSandbox) -> None:
-    execution = await py.run_code(
-        "from IPython.display import HTML\nHTML('<p>' + 'x' * 5_000_000 + '</p>')")
+    execution = await py.run_code("from IPython.display import HTML\nHTML('<p>' + 'x' * 5_000_000 + '</p>')")
     [result] = execution.results
     assert result.html is None
     assert "max_result_bytes" in (result.text or "") and "text/html" in (result.text or "")
@@ -134,9 +142,8 @@ async def test_result_over_the_cap_keeps_its_text_with_a_marker(py: AsyncSandbox
 
 async def test_datasci_plot_is_a_png_and_dataframe_is_html(ds: AsyncSandbox) -> None:
     plot = await ds.run_code(
-        "import matplotlib.pyplot as plt\n"
-        "plt.plot([1, 3, 2])\n"
-        "plt.title('no show() needed')", timeout=180)
+        "import matplotlib.pyplot as plt\nplt.plot([1, 3, 2])\nplt.title('no show() needed')", timeout=180
+    )
     assert plot.error is None, plot.error
     pngs = [r.png for r in plot.results if r.png]
     assert len(pngs) == 1
@@ -145,12 +152,12 @@ async def test_datasci_plot_is_a_png_and_dataframe_is_html(ds: AsyncSandbox) -> 
     frame = await ds.run_code(
         "import numpy as np, pandas as pd, scipy.linalg\n"
         "pd.DataFrame({'x': np.arange(3), 'det': [scipy.linalg.det(np.eye(2))] * 3})",
-        timeout=180)
+        timeout=180,
+    )
     assert frame.error is None, frame.error
     [table] = frame.results
     assert table.is_main_result and "<table" in (table.html or "") and "det" in table.html
-    tooling = await ds.run_code("import shutil\n[shutil.which(c) for c in ('gcc', 'g++', 'cc')]",
-                                timeout=60)
+    tooling = await ds.run_code("import shutil\n[shutil.which(c) for c in ('gcc', 'g++', 'cc')]", timeout=60)
     assert tooling.text == "[None, None, None]"  # scipy came without a compiler toolchain
 
 
@@ -163,13 +170,17 @@ async def test_bash_streams_returns_exit_code_and_keeps_cwd_and_exports(py: Asyn
         "mkdir -p /tmp/work && cd /tmp/work\n"
         "export GREETING=hello\n"
         "echo start; sleep 2; echo done; echo oops >&2",
-        language="bash", timeout=60, on_stdout=lambda t: chunks.append((time.monotonic(), t)))
+        language="bash",
+        timeout=60,
+        on_stdout=lambda t: chunks.append((time.monotonic(), t)),
+    )
     returned = time.monotonic()
     assert first.status == "ok" and first.exit_code == 0 and first.error is None
     assert first.stdout == "start\ndone\n" and first.stderr == "oops\n"
     assert chunks[0][1] == "start\n" and chunks[0][0] < returned - 1.5  # streamed, not at the end
-    second = await py.run_code("pwd; echo $GREETING; echo -n data > f.txt; exit 3",
-                               language="bash", timeout=60)
+    second = await py.run_code(
+        "pwd; echo $GREETING; echo -n data > f.txt; exit 3", language="bash", timeout=60
+    )
     assert second.stdout == "/tmp/work\nhello\n"
     assert second.status == "error" and second.exit_code == 3
     assert second.error is not None and "code 3" in second.error.value
@@ -180,8 +191,7 @@ async def test_bash_streams_returns_exit_code_and_keeps_cwd_and_exports(py: Asyn
 
 async def test_bash_stdin_is_empty_and_python_input_fails_fast(py: AsyncSandbox) -> None:
     t0 = time.monotonic()
-    read = await py.run_code("read -r line; echo \"got [$line] rc=$?\"", language="bash",
-                             timeout=30)
+    read = await py.run_code('read -r line; echo "got [$line] rc=$?"', language="bash", timeout=30)
     assert read.stdout == "got [] rc=1\n"
     asked = await py.run_code("name = input('name? ')", timeout=30)
     assert asked.status == "error" and asked.error is not None
@@ -222,8 +232,8 @@ async def test_long_numpy_computation_ends_at_the_timeout(ds: AsyncSandbox) -> N
 async def test_kernel_ignoring_sigint_is_restarted(py: AsyncSandbox) -> None:
     await py.run_code("doomed = 1")
     execution = await py.run_code(
-        "import signal\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\nwhile True:\n    pass",
-        timeout=2)
+        "import signal\nsignal.signal(signal.SIGINT, signal.SIG_IGN)\nwhile True:\n    pass", timeout=2
+    )
     assert execution.status == "timeout" and execution.recovery == "kernel_restarted"
     assert execution.error is not None and "restarted" in execution.error.value
     gone = await py.run_code("doomed")
@@ -235,8 +245,8 @@ async def test_frozen_agent_gets_the_sandbox_a_new_vm(fresh: AsyncSandbox) -> No
     await fresh.files.write("/tmp/before.txt", b"x")
     t0 = time.monotonic()
     execution = await fresh.run_code(
-        "import os, signal\nos.kill(os.getppid(), signal.SIGSTOP)\nwhile True:\n    pass",
-        timeout=2)
+        "import os, signal\nos.kill(os.getppid(), signal.SIGSTOP)\nwhile True:\n    pass", timeout=2
+    )
     assert execution.status == "timeout" and execution.recovery == "vm_replaced", execution.error
     assert execution.error is not None and "fresh VM" in execution.error.value
     assert time.monotonic() - t0 < 2 + GRACE + AGENT_TIMEOUT + 90
@@ -258,10 +268,8 @@ async def test_bash_timeout_interrupts_then_kills(py: AsyncSandbox) -> None:
 # -- kernel and VM death --------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("code", ["import os\nos._exit(1)",
-                                  "import ctypes\nctypes.string_at(0)"])
-async def test_dead_kernel_is_reported_and_next_call_gets_a_fresh_one(
-        py: AsyncSandbox, code: str) -> None:
+@pytest.mark.parametrize("code", ["import os\nos._exit(1)", "import ctypes\nctypes.string_at(0)"])
+async def test_dead_kernel_is_reported_and_next_call_gets_a_fresh_one(py: AsyncSandbox, code: str) -> None:
     await py.run_code("lost = 1")
     died = await py.run_code(code, timeout=60)
     assert died.status == "kernel_died" and died.recovery == "kernel_restarted"
@@ -283,8 +291,7 @@ async def test_vm_that_dies_is_replaced(fresh: AsyncSandbox) -> None:
 
 async def test_interrupt_and_restart_do_not_wait_for_the_running_call(py: AsyncSandbox) -> None:
     await py.run_code("survivor = 'here'")
-    running = asyncio.create_task(py.run_code("import time\nfor i in range(1000):\n"
-                                              "    time.sleep(1)"))
+    running = asyncio.create_task(py.run_code("import time\nfor i in range(1000):\n    time.sleep(1)"))
     await asyncio.sleep(2)
     assert await py.interrupt() is True
     stopped = await asyncio.wait_for(running, 30)
@@ -311,14 +318,13 @@ async def test_interrupt_reaches_a_bash_command(py: AsyncSandbox) -> None:
     assert stopped.stdout == "go\n"
 
 
-async def test_client_disconnect_interrupts_the_call(
-        py: AsyncSandbox, depth_service: Service) -> None:
+async def test_client_disconnect_interrupts_the_call(py: AsyncSandbox, depth_service: Service) -> None:
     await py.run_code("still = 'there'")
-    async with aiohttp.ClientSession(
-            headers={"Authorization": f"Bearer {depth_service.api_key}"}) as http:
-        resp = await http.post(f"{depth_service.url}/v1/sandboxes/{py.id}/execute",
-                               json={"code": "print('spinning', flush=True)\nwhile True:\n"
-                                             "    pass"})
+    async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {depth_service.api_key}"}) as http:
+        resp = await http.post(
+            f"{depth_service.url}/v1/sandboxes/{py.id}/execute",
+            json={"code": "print('spinning', flush=True)\nwhile True:\n    pass"},
+        )
         assert (await asyncio.wait_for(resp.content.readline(), 30)).startswith(b'{"type":"stdout"')
         resp.close()  # hang up mid-call, no timeout given
     t0 = time.monotonic()
@@ -337,7 +343,8 @@ def _rss(pid: int) -> int:
 
 
 async def test_printing_forever_is_cut_at_the_cap_and_host_memory_stays_flat(
-        py: AsyncSandbox, depth_service: Service) -> None:
+    py: AsyncSandbox, depth_service: Service
+) -> None:
     assert depth_service.proc is not None
     pid = depth_service.proc.pid
     baseline = _rss(pid)
@@ -378,8 +385,8 @@ async def test_100_mb_file_round_trips_byte_for_byte(py: AsyncSandbox, tmp_path:
         info = await py.files.write("data/big.bin", f)
     assert info.path == "/home/user/data/big.bin" and info.size == size
     seen = await py.run_code(
-        "import hashlib\nhashlib.sha256(open('data/big.bin', 'rb').read()).hexdigest()",
-        timeout=300)
+        "import hashlib\nhashlib.sha256(open('data/big.bin', 'rb').read()).hexdigest()", timeout=300
+    )
     assert seen.text == repr(want)
     target = tmp_path / "back.bin"
     assert await py.files.download("data/big.bin", target) == size
@@ -414,15 +421,21 @@ async def test_files_small_text_errors_and_limits(py: AsyncSandbox, depth_servic
     with pytest.raises(Exception) as too_big:
         await py.files.read("/tmp/huge")
     assert getattr(too_big.value, "status", None) == 413 and "max_file_bytes" in str(too_big.value)
+
     async def endless() -> AsyncIterator[bytes]:
         yield b"\0" * 1024
         await asyncio.sleep(60)  # the answer must come before the body does
 
-    async with aiohttp.ClientSession(
-            headers={"Authorization": f"Bearer {depth_service.api_key}"}) as http:
-        r = await asyncio.wait_for(http.put(
-            f"{depth_service.url}/v1/sandboxes/{py.id}/files", params={"path": "x.bin"},
-            data=endless(), headers={"Content-Length": str(MAX_FILE + 1)}), 30)
+    async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {depth_service.api_key}"}) as http:
+        r = await asyncio.wait_for(
+            http.put(
+                f"{depth_service.url}/v1/sandboxes/{py.id}/files",
+                params={"path": "x.bin"},
+                data=endless(),
+                headers={"Content-Length": str(MAX_FILE + 1)},
+            ),
+            30,
+        )
         assert r.status == 413, await r.text()
         assert "max_file_bytes" in (await r.json())["error"]["message"]
         r = await http.get(f"{depth_service.url}/v1/sandboxes/{py.id}/files")
@@ -447,15 +460,16 @@ def test_sync_files_and_bash(depth_service: Service) -> None:
 
 async def test_each_execution_reports_wall_cpu_and_peak_memory(py: AsyncSandbox) -> None:
     idle = await py.run_code("import time\ntime.sleep(1)")
-    busy = await py.run_code("import time\nt = time.time()\nwhile time.time() - t < 1:\n    pass\n"
-                             "big = bytearray(200 * 2**20)\ndel big")
+    busy = await py.run_code(
+        "import time\nt = time.time()\nwhile time.time() - t < 1:\n    pass\n"
+        "big = bytearray(200 * 2**20)\ndel big"
+    )
     for execution in (idle, busy):
         assert execution.duration_ms is not None and execution.duration_ms >= 900
         assert execution.cpu_time_ms is not None and execution.peak_memory_bytes is not None
     assert busy.cpu_time_ms > 800 > idle.cpu_time_ms
     assert busy.peak_memory_bytes >= 200 * 2**20 > idle.peak_memory_bytes
-    shell = await py.run_code("python3 -c 'b = bytearray(100 * 2**20)'", language="bash",
-                              timeout=60)
+    shell = await py.run_code("python3 -c 'b = bytearray(100 * 2**20)'", language="bash", timeout=60)
     assert shell.peak_memory_bytes is not None and shell.peak_memory_bytes >= 100 * 2**20
     assert shell.cpu_time_ms is not None and shell.cpu_time_ms > 0
     wire = json.dumps({"cpu": busy.cpu_time_ms, "peak": busy.peak_memory_bytes})

@@ -15,8 +15,10 @@ from ..harness import Service
 
 pytestmark = pytest.mark.vm
 
-RANDOMS = ("import json, os, random, uuid\n"
-           "print(json.dumps([random.random(), os.urandom(16).hex(), str(uuid.uuid4())]))")
+RANDOMS = (
+    "import json, os, random, uuid\n"
+    "print(json.dumps([random.random(), os.urandom(16).hex(), str(uuid.uuid4())]))"
+)
 
 
 async def _randoms(sbx: AsyncSandbox) -> list[object]:
@@ -27,8 +29,9 @@ async def _randoms(sbx: AsyncSandbox) -> list[object]:
 
 async def _state(service: Service, sandbox_id: str) -> str:
     async with aiohttp.ClientSession() as http:
-        r = await http.get(f"{service.url}/v1/sandboxes/{sandbox_id}",
-                           headers={"Authorization": f"Bearer {service.api_key}"})
+        r = await http.get(
+            f"{service.url}/v1/sandboxes/{sandbox_id}", headers={"Authorization": f"Bearer {service.api_key}"}
+        )
         return str((await r.json())["state"])
 
 
@@ -44,7 +47,8 @@ async def test_fork_children_hold_parent_state_and_diverge(sandbox: AsyncSandbox
         "import collections\n"
         "data = list(range(100_000))\n"
         "tally = collections.Counter(a=1)\n"
-        "open('/tmp/shared.txt', 'w').write('from parent')")
+        "open('/tmp/shared.txt', 'w').write('from parent')"
+    )
     assert setup.error is None
     kids = await sandbox.fork(2)
     try:
@@ -53,10 +57,12 @@ async def test_fork_children_hold_parent_state_and_diverge(sandbox: AsyncSandbox
             seen = await kid.run_code("(len(data), tally['a'], open('/tmp/shared.txt').read())")
             assert seen.text == "(100000, 1, 'from parent')"
         await kids[0].run_code("tally['a'] = 99\nopen('/tmp/shared.txt', 'w').write('child 0')")
-        assert (await kids[1].run_code("tally['a'], open('/tmp/shared.txt').read()")).text == \
-            "(1, 'from parent')"
-        assert (await sandbox.run_code("tally['a'], open('/tmp/shared.txt').read()")).text == \
-            "(1, 'from parent')"
+        assert (
+            await kids[1].run_code("tally['a'], open('/tmp/shared.txt').read()")
+        ).text == "(1, 'from parent')"
+        assert (
+            await sandbox.run_code("tally['a'], open('/tmp/shared.txt').read()")
+        ).text == "(1, 'from parent')"
         # children of one fork never share random streams
         a, b = await _randoms(kids[0]), await _randoms(kids[1])
         assert all(x != y for x, y in zip(a, b, strict=True)), (a, b)
@@ -67,35 +73,36 @@ async def test_fork_children_hold_parent_state_and_diverge(sandbox: AsyncSandbox
 
 
 async def test_sandboxes_from_one_template_do_not_share_random_streams(
-        sandbox: AsyncSandbox, fresh_sandbox: AsyncSandbox) -> None:
+    sandbox: AsyncSandbox, fresh_sandbox: AsyncSandbox
+) -> None:
     a, b = await _randoms(sandbox), await _randoms(fresh_sandbox)
     assert all(x != y for x, y in zip(a, b, strict=True)), (a, b)
 
 
-async def test_a_new_sandbox_shows_no_trace_of_its_template_warm_up(
-        fresh_sandbox: AsyncSandbox) -> None:
+async def test_a_new_sandbox_shows_no_trace_of_its_template_warm_up(fresh_sandbox: AsyncSandbox) -> None:
     """The template ran a few cells before it was frozen (so a clone's first call is fast); a
     user's first cell is still number 1 in a namespace like a fresh kernel's."""
     first = await fresh_sandbox.run_code(
         "import sys\n"
         "(repr(_), hasattr(sys, 'last_value'), len(Out), "
-        "sorted(k for k in globals() if k[:1] == '_' and k[1:].isdigit()))")
+        "sorted(k for k in globals() if k[:1] == '_' and k[1:].isdigit()))"
+    )
     assert first.error is None, first.error
     assert first.text == "(\"''\", False, 0, [])", first.text
     assert first.execution_count == 1
 
 
 async def test_hibernate_on_idle_then_wake_with_state_and_a_fresh_clock(service: Service) -> None:
-    sbx = await AsyncSandbox.create(idle_timeout_seconds=2, url=service.url,
-                                    api_key=service.api_key)
+    sbx = await AsyncSandbox.create(idle_timeout_seconds=2, url=service.url, api_key=service.api_key)
     try:
         await sbx.run_code("kept = {'answer': 42}\nopen('/tmp/kept', 'w').write('on disk')")
         await _wait_state(service, sbx.id, "hibernated")
         saved = service.state_dir / "hibernated" / f"{sbx.id}.state"
         assert saved.is_file() and saved.stat().st_size > 1_000_000
         await asyncio.sleep(3)  # the guest clock stands still while hibernated
-        woken = await sbx.run_code("import time\nprint(time.time())\n"
-                                   "(kept['answer'], open('/tmp/kept').read())")
+        woken = await sbx.run_code(
+            "import time\nprint(time.time())\n(kept['answer'], open('/tmp/kept').read())"
+        )
         host_now = time.time()
         assert woken.text == "(42, 'on disk')"
         assert abs(float(woken.stdout) - host_now) < 1.0
@@ -107,8 +114,7 @@ async def test_hibernate_on_idle_then_wake_with_state_and_a_fresh_clock(service:
 
 async def test_deleting_a_hibernated_sandbox_removes_its_saved_state(service: Service) -> None:
     sbx = await AsyncSandbox.create(url=service.url, api_key=service.api_key)
-    async with aiohttp.ClientSession(
-            headers={"Authorization": f"Bearer {service.api_key}"}) as http:
+    async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {service.api_key}"}) as http:
         r = await http.post(f"{service.url}/v1/sandboxes/{sbx.id}/hibernate")
         assert r.status == 200 and (await r.json())["state"] == "hibernated"
     saved = service.state_dir / "hibernated" / f"{sbx.id}.state"
@@ -123,21 +129,23 @@ async def test_deleting_a_hibernated_sandbox_removes_its_saved_state(service: Se
 
 
 async def test_restart_racing_hibernate_and_delete_leaves_a_working_sandbox_or_nothing(
-        service: Service) -> None:
+    service: Service,
+) -> None:
     """Restart, hibernate and delete of one sandbox at once (what an API fuzzer found): each call
     gets a clear answer, the sandbox ends up either working or gone, and nothing leaks."""
     sbx = await AsyncSandbox.create(url=service.url, api_key=service.api_key)
     url = f"{service.url}/v1/sandboxes/{sbx.id}"
-    async with aiohttp.ClientSession(
-            headers={"Authorization": f"Bearer {service.api_key}"}) as http:
+    async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {service.api_key}"}) as http:
+
         async def post(action: str) -> int:
             async with http.post(f"{url}/{action}") as r:
                 body = await r.json()
                 assert r.status in (200, 404, 409), (action, r.status, body)
                 return r.status
 
-        statuses = await asyncio.gather(post("hibernate"), post("restart"), post("hibernate"),
-                                        post("restart"))
+        statuses = await asyncio.gather(
+            post("hibernate"), post("restart"), post("hibernate"), post("restart")
+        )
         assert statuses.count(200) >= 2, statuses
         ran = await sbx.run_code("21 * 2")
         assert ran.text == "42", ran
@@ -169,8 +177,7 @@ async def test_pool_refills_after_being_drained(service: Service) -> None:
     while await pool() < 2:
         assert time.monotonic() < deadline, "pool never filled"
         await asyncio.sleep(0.5)
-    taken = [await AsyncSandbox.create(url=service.url, api_key=service.api_key)
-             for _ in range(3)]
+    taken = [await AsyncSandbox.create(url=service.url, api_key=service.api_key) for _ in range(3)]
     try:
         assert await pool() < 2
         deadline = time.monotonic() + 120

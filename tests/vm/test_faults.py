@@ -22,7 +22,8 @@ pytestmark = pytest.mark.vm
 
 
 async def test_qemu_killed_from_outside_is_reported_and_recoverable(
-        service: Service, sandbox: AsyncSandbox) -> None:
+    service: Service, sandbox: AsyncSandbox
+) -> None:
     victim = await AsyncSandbox.create(url=service.url, api_key=service.api_key)
     hv = service.hypervisor()
     try:
@@ -56,8 +57,7 @@ async def test_service_killed_mid_create_leaks_nothing(tmp_path: Path) -> None:
     svc = Service.make(tmp_path, KERNELHOST_SNAPSHOTS="off", KERNELHOST_POOL_SIZE="0")
     svc.start()
     try:
-        async with aiohttp.ClientSession(
-                headers={"Authorization": f"Bearer {svc.api_key}"}) as http:
+        async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {svc.api_key}"}) as http:
             create = asyncio.create_task(http.post(f"{svc.url}/v1/sandboxes", json={}))
             hv = svc.hypervisor()
             try:
@@ -92,15 +92,15 @@ def _restart_libvirt_daemons() -> None:
         pid = int(Path(pidfile).read_text())
         os.kill(pid, signal.SIGTERM)
         deadline = time.monotonic() + 30
-        while Path(f"/proc/{pid}").exists() and \
-                Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z":
+        while Path(f"/proc/{pid}").exists() and Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z":
             assert time.monotonic() < deadline, f"{pidfile} did not stop"
             time.sleep(0.1)
     subprocess.run(["bash", str(REPO / "scripts" / "start-libvirt.sh")], check=True, timeout=60)
 
 
 async def test_libvirt_daemons_restarted_under_live_sandboxes_lose_nothing(
-        service: Service, sandbox: AsyncSandbox) -> None:
+    service: Service, sandbox: AsyncSandbox
+) -> None:
     survivor = await AsyncSandbox.create(url=service.url, api_key=service.api_key)
     kids: list[AsyncSandbox] = []
     try:
@@ -136,10 +136,10 @@ async def test_service_killed_mid_fork_leaks_nothing(tmp_path: Path) -> None:
         hv = svc.hypervisor()
         try:
             before = {d.name for d in hv.domains()}
-            async with aiohttp.ClientSession(
-                    headers={"Authorization": f"Bearer {svc.api_key}"}) as http:
+            async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {svc.api_key}"}) as http:
                 fork = asyncio.create_task(
-                    http.post(f"{svc.url}/v1/sandboxes/{parent.id}/fork", json={"n": 3}))
+                    http.post(f"{svc.url}/v1/sandboxes/{parent.id}/fork", json={"n": 3})
+                )
                 deadline = time.monotonic() + 60
                 while not ({d.name for d in hv.domains()} - before):  # children appearing
                     assert time.monotonic() < deadline, "no child domain appeared"

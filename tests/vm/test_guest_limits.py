@@ -61,7 +61,8 @@ def _tree_bytes(root: Path) -> int:
 
 
 async def test_qemu_runs_unprivileged_under_seccomp_with_no_host_share_or_nic(
-        service: Service, sandbox: AsyncSandbox) -> None:
+    service: Service, sandbox: AsyncSandbox
+) -> None:
     hv = service.hypervisor()
     try:
         deadline = time.monotonic() + 30
@@ -72,18 +73,27 @@ async def test_qemu_runs_unprivileged_under_seccomp_with_no_host_share_or_nic(
     finally:
         hv.close()
     argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
-    status = dict(line.split(":\t", 1) for line in
-                  Path(f"/proc/{pid}/status").read_text().splitlines() if ":\t" in line)
+    status = dict(
+        line.split(":\t", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines() if ":\t" in line
+    )
     sandbox_arg = argv[argv.index("-sandbox") + 1]
-    for flag in ("on", "obsolete=deny", "elevateprivileges=deny", "spawn=deny",
-                 "resourcecontrol=deny"):
+    for flag in ("on", "obsolete=deny", "elevateprivileges=deny", "spawn=deny", "resourcecontrol=deny"):
         assert flag in sandbox_arg.split(","), sandbox_arg
     assert status["Uid"].split()[0] != "0" and status["Gid"].split()[0] != "0", status["Uid"]
     assert int(status["CapEff"], 16) == 0 and int(status["CapPrm"], 16) == 0
     assert status["NoNewPrivs"].strip() == "1" or status["Seccomp"].strip() == "2"
     joined = " ".join(argv)
-    for shared in ("-virtfs", "-fsdev", "vhost-user-fs", "virtio-9p", "-netdev", "-nic ",
-                   "usb-uhci", "usb-ehci", "qemu-xhci"):
+    for shared in (
+        "-virtfs",
+        "-fsdev",
+        "vhost-user-fs",
+        "virtio-9p",
+        "-netdev",
+        "-nic ",
+        "usb-uhci",
+        "usb-ehci",
+        "qemu-xhci",
+    ):
         assert shared not in joined, f"QEMU got {shared}: {joined}"
 
 
@@ -114,8 +124,9 @@ async def test_cpu_quota_caps_a_spinning_guest(tmp_path: Path) -> None:
             hv.close()
         assert params["vcpu_period"] == 100_000 and params["vcpu_quota"] == 25_000, params
         cpu0, t0 = _cpu_seconds(pid), time.monotonic()
-        spun = await sbx.run_code("import time\nt = time.time()\n"
-                                  "while time.time() - t < 4:\n    pass", timeout=120)
+        spun = await sbx.run_code(
+            "import time\nt = time.time()\nwhile time.time() - t < 4:\n    pass", timeout=120
+        )
         share = (_cpu_seconds(pid) - cpu0) / (time.monotonic() - t0)
         assert spun.error is None, spun.error
         # the vCPU thread gets a quarter of a core; QEMU's own threads add a little
@@ -130,10 +141,12 @@ async def test_cpu_quota_caps_a_spinning_guest(tmp_path: Path) -> None:
 
 
 async def test_allocation_bomb_ends_in_a_reported_kernel_death_then_a_working_sandbox(
-        victim: AsyncSandbox, sandbox: AsyncSandbox) -> None:
+    victim: AsyncSandbox, sandbox: AsyncSandbox
+) -> None:
     await victim.run_code("before = 'set'")
-    bomb = asyncio.ensure_future(victim.run_code(
-        "hoard = []\nwhile True:\n    hoard.append(bytearray(32 * 2**20))", timeout=300))
+    bomb = asyncio.ensure_future(
+        victim.run_code("hoard = []\nwhile True:\n    hoard.append(bytearray(32 * 2**20))", timeout=300)
+    )
     answered = await _while_other_answers(sandbox, bomb)
     died = bomb.result()
     assert died.status == "kernel_died", (died.status, died.error)
@@ -145,7 +158,8 @@ async def test_allocation_bomb_ends_in_a_reported_kernel_death_then_a_working_sa
 
 
 async def test_full_disk_is_a_clear_error_in_the_guest_and_costs_the_host_nothing(
-        service: Service, victim: AsyncSandbox) -> None:
+    service: Service, victim: AsyncSandbox
+) -> None:
     host_before = _tree_bytes(service.state_dir) + _tree_bytes(service.run_dir)
     filled = await victim.run_code(
         "import os\n"
@@ -153,7 +167,9 @@ async def test_full_disk_is_a_clear_error_in_the_guest_and_costs_the_host_nothin
         "with open('/home/user/fill', 'wb') as f:\n"
         "    while True:\n"
         "        f.write(chunk)\n"
-        "        f.flush()\n", timeout=300)
+        "        f.flush()\n",
+        timeout=300,
+    )
     assert filled.error is not None, filled
     assert filled.error.name == "OSError" and "No space left on device" in filled.error.value
     size = await victim.run_code("os.path.getsize('/home/user/fill') // 2**20")
@@ -162,8 +178,9 @@ async def test_full_disk_is_a_clear_error_in_the_guest_and_costs_the_host_nothin
     with pytest.raises(APIError) as full:
         await victim.files.write("/home/user/more", b"y" * (8 << 20))
     assert full.value.status == 507 and full.value.code == "sandbox_disk_full", full.value
-    cleared = await victim.run_code("os.remove('/home/user/fill')\n"
-                                    "open('/home/user/after', 'w').write('fits again')")
+    cleared = await victim.run_code(
+        "os.remove('/home/user/fill')\nopen('/home/user/after', 'w').write('fits again')"
+    )
     assert cleared.error is None, cleared.error
     assert (await victim.files.read("/home/user/after")) == b"fits again"
     grown = _tree_bytes(service.state_dir) + _tree_bytes(service.run_dir) - host_before
@@ -171,20 +188,20 @@ async def test_full_disk_is_a_clear_error_in_the_guest_and_costs_the_host_nothin
 
 
 async def test_fork_bomb_stays_inside_the_vm_and_the_timeout_recovers_it(
-        victim: AsyncSandbox, sandbox: AsyncSandbox) -> None:
-    bomb = asyncio.ensure_future(victim.run_code(
-        "bomb() { bomb | bomb & }; bomb; sleep 600", language="bash", timeout=20))
+    victim: AsyncSandbox, sandbox: AsyncSandbox
+) -> None:
+    bomb = asyncio.ensure_future(
+        victim.run_code("bomb() { bomb | bomb & }; bomb; sleep 600", language="bash", timeout=20)
+    )
     answered = await _while_other_answers(sandbox, bomb)
     ended = bomb.result()
     assert ended.status == "timeout", (ended.status, ended.error)
     # pids.max keeps the bomb small enough for SIGINT to end it; the ladder's later rungs are
     # there for a guest without that cgroup
-    assert ended.recovery in ("interrupted", "killed", "kernel_restarted", "vm_replaced"), \
-        ended.recovery
+    assert ended.recovery in ("interrupted", "killed", "kernel_restarted", "vm_replaced"), ended.recovery
     if ended.recovery != "vm_replaced":  # a starved VM (a loaded host) may print nothing
         assert "Resource temporarily unavailable" in ended.stderr  # it hit the cap
-    after = await victim.run_code("echo alive; ps -e --no-headers | wc -l", language="bash",
-                                  timeout=120)
+    after = await victim.run_code("echo alive; ps -e --no-headers | wc -l", language="bash", timeout=120)
     lines = after.stdout.split()
     assert lines[0] == "alive" and int(lines[1]) < 200, after.stdout
     assert answered >= 1
@@ -225,7 +242,8 @@ PAYLOADS = {
 
 @pytest.mark.parametrize("payload", sorted(PAYLOADS))
 async def test_guest_sending_bad_frames_loses_its_vm_and_nobody_else_notices(
-        service: Service, victim: AsyncSandbox, sandbox: AsyncSandbox, payload: str) -> None:
+    service: Service, victim: AsyncSandbox, sandbox: AsyncSandbox, payload: str
+) -> None:
     await victim.run_code("x = 1")
     hijacked = await victim.run_code(f"PAYLOAD = {PAYLOADS[payload]}\n{HIJACK}", timeout=120)
     assert hijacked.status == "kernel_died", (hijacked.status, hijacked.error)
@@ -245,14 +263,17 @@ async def test_guest_sending_bad_frames_loses_its_vm_and_nobody_else_notices(
 
 
 async def test_guest_that_starts_a_frame_and_goes_silent_gets_a_new_vm(
-        victim: AsyncSandbox, sandbox: AsyncSandbox) -> None:
+    victim: AsyncSandbox, sandbox: AsyncSandbox
+) -> None:
     """Half a frame, then nothing: the channel waits, the ladder's ping fails, the VM is replaced."""
     await victim.run_code("x = 1")
     payload = "(1000).to_bytes(4, 'big') + b'\\x81\\xa4type'"
-    stalled = await victim.run_code(f"PAYLOAD = {payload}\n{HIJACK}\nimport time\ntime.sleep(600)",
-                                    timeout=5)
-    assert stalled.status == "timeout" and stalled.recovery == "vm_replaced", \
-        (stalled.status, stalled.recovery, stalled.error)
+    stalled = await victim.run_code(f"PAYLOAD = {payload}\n{HIJACK}\nimport time\ntime.sleep(600)", timeout=5)
+    assert stalled.status == "timeout" and stalled.recovery == "vm_replaced", (
+        stalled.status,
+        stalled.recovery,
+        stalled.error,
+    )
     fresh = await victim.run_code("'x' in globals()", timeout=120)
     assert fresh.text == "False"
     assert (await sandbox.run_code("1 + 1")).text == "2"

@@ -42,7 +42,9 @@ async def _worker(sbx: AsyncSandbox, latencies: list[float]) -> int:
         t0 = time.perf_counter()
         ex = await sbx.run_code(
             f"count += 1\nprint({token!r})\nprint(OWN, count)\n(OWN, count, {i} * 7)",
-            timeout=120, on_stdout=streamed.append)
+            timeout=120,
+            on_stdout=streamed.append,
+        )
         latencies.append(time.perf_counter() - t0)
         assert ex.error is None, ex.error
         assert ex.stdout == f"{token}\n{own} {i + 1}\n", (ex.stdout, token, own)
@@ -52,10 +54,11 @@ async def _worker(sbx: AsyncSandbox, latencies: list[float]) -> int:
 
 
 async def test_concurrent_sandboxes_each_get_exactly_their_own_output(
-        service: Service, capsys: pytest.CaptureFixture[str]) -> None:
-    sandboxes = await asyncio.gather(*(AsyncSandbox.create(url=service.url,
-                                                           api_key=service.api_key)
-                                       for _ in range(SANDBOXES)))
+    service: Service, capsys: pytest.CaptureFixture[str]
+) -> None:
+    sandboxes = await asyncio.gather(
+        *(AsyncSandbox.create(url=service.url, api_key=service.api_key) for _ in range(SANDBOXES))
+    )
     latencies: list[float] = []
     try:
         t0 = time.perf_counter()
@@ -66,8 +69,10 @@ async def test_concurrent_sandboxes_each_get_exactly_their_own_output(
     assert sum(done) == SANDBOXES * EXECUTIONS == len(latencies)
     ordered = sorted(latencies)
     figures = {
-        "sandboxes": SANDBOXES, "executions_each": EXECUTIONS,
-        "executions": len(ordered), "wall_s": round(wall, 3),
+        "sandboxes": SANDBOXES,
+        "executions_each": EXECUTIONS,
+        "executions": len(ordered),
+        "wall_s": round(wall, 3),
         "throughput_per_s": round(len(ordered) / wall, 2),
         "p50_ms": round(statistics.median(ordered) * 1000, 1),
         "p99_ms": round(_percentile(ordered, 0.99) * 1000, 1),
@@ -76,6 +81,8 @@ async def test_concurrent_sandboxes_each_get_exactly_their_own_output(
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "load.json").write_text(json.dumps(figures, indent=2) + "\n")
     with capsys.disabled():
-        print(f"\nload: {SANDBOXES} sandboxes x {EXECUTIONS} executions: "
-              f"{figures['throughput_per_s']} executions/s, p50 {figures['p50_ms']} ms, "
-              f"p99 {figures['p99_ms']} ms (results/load.json)")
+        print(
+            f"\nload: {SANDBOXES} sandboxes x {EXECUTIONS} executions: "
+            f"{figures['throughput_per_s']} executions/s, p50 {figures['p50_ms']} ms, "
+            f"p99 {figures['p99_ms']} ms (results/load.json)"
+        )

@@ -26,8 +26,7 @@ def _json_lines(text: str) -> list[dict[str, Any]]:
     return lines
 
 
-async def test_log_lines_are_bound_to_sandbox_and_key_and_never_hold_the_key(
-        client_env: Service) -> None:
+async def test_log_lines_are_bound_to_sandbox_and_key_and_never_hold_the_key(client_env: Service) -> None:
     start = client_env.log_path.stat().st_size
     sbx = await AsyncSandbox.create(template="python")
     sandbox_id = sbx.id
@@ -48,16 +47,15 @@ async def test_log_lines_are_bound_to_sandbox_and_key_and_never_hold_the_key(
         assert key not in whole, "an API key appears in the service log"
 
     lines = _json_lines(text)
-    created = [ln for ln in lines
-               if ln.get("event") == "sandbox.created" and ln.get("sandbox_id") == sandbox_id]
+    created = [
+        ln for ln in lines if ln.get("event") == "sandbox.created" and ln.get("sandbox_id") == sandbox_id
+    ]
     assert len(created) == 1, f"no sandbox.created line for {sandbox_id}: {lines[-20:]}"
     domain = created[0].get("domain")
     assert domain
-    about = [ln for ln in lines
-             if sandbox_id in json.dumps(ln) or (domain and domain in json.dumps(ln))]
+    about = [ln for ln in lines if sandbox_id in json.dumps(ln) or (domain and domain in json.dumps(ln))]
     events = {ln.get("event") for ln in about}
     assert {"sandbox.created", "sandbox.removed"} <= events, events
     kid = key_id(client_env.api_key)
-    unbound = [ln for ln in about
-               if ln.get("sandbox_id") != sandbox_id or ln.get("key_id") != kid]
+    unbound = [ln for ln in about if ln.get("sandbox_id") != sandbox_id or ln.get("key_id") != kid]
     assert not unbound, f"log lines about {sandbox_id} not bound to it and to {kid}: {unbound}"

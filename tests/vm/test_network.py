@@ -44,8 +44,9 @@ class _Hello(http.server.BaseHTTPRequestHandler):
 
 @pytest.fixture(scope="module")
 def local_server() -> Iterator[tuple[str, int]]:
-    addrs = sorted(str(a) for a in host_addresses()
-                   if isinstance(a, ipaddress.IPv4Address) and not a.is_loopback)
+    addrs = sorted(
+        str(a) for a in host_addresses() if isinstance(a, ipaddress.IPv4Address) and not a.is_loopback
+    )
     assert addrs, "this host has no non-loopback IPv4 address to serve the test server on"
     server = http.server.ThreadingHTTPServer((addrs[0], 0), _Hello)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
@@ -58,11 +59,11 @@ def local_server() -> Iterator[tuple[str, int]]:
 
 
 @pytest.fixture(scope="module")
-def net_service(tmp_path_factory: pytest.TempPathFactory,
-                local_server: tuple[str, int]) -> Iterator[Service]:
+def net_service(tmp_path_factory: pytest.TempPathFactory, local_server: tuple[str, int]) -> Iterator[Service]:
     addr, port = local_server
-    with running_service(tmp_path_factory.mktemp("net-state"), "vm-network",
-                         KERNELHOST_NETWORK_ALLOW=f"{addr}:{port}") as svc:
+    with running_service(
+        tmp_path_factory.mktemp("net-state"), "vm-network", KERNELHOST_NETWORK_ALLOW=f"{addr}:{port}"
+    ) as svc:
         yield svc
 
 
@@ -71,8 +72,12 @@ def _has_index() -> bool:
 
 
 async def _make(svc: Service, network: object) -> AsyncSandbox:
-    return await AsyncSandbox.create(template="python", network=network,  # type: ignore[arg-type]
-                                     url=svc.url, api_key=svc.api_key)
+    return await AsyncSandbox.create(
+        template="python",
+        network=network,  # type: ignore[arg-type]
+        url=svc.url,
+        api_key=svc.api_key,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -119,17 +124,22 @@ async def test_none_has_no_network(net_service: Service, local_server: tuple[str
         pip = await sbx.run_code(PIP, language="bash", timeout=300)
         took = time.monotonic() - t0
         assert pip.exit_code != 0, pip.stdout
-        assert "Failed to establish a new connection" in pip.stdout or \
-            "name resolution" in pip.stdout, pip.stdout
+        assert "Failed to establish a new connection" in pip.stdout or "name resolution" in pip.stdout, (
+            pip.stdout
+        )
         assert took < 120, f"pip took {took:.0f}s to fail"
-        out = await _py(sbx, (
-            "import socket\n"
-            f"for where in [({addr!r}, {port}), ('127.0.0.1', 3128), ('10.0.2.2', 80)]:\n"
-            "    try:\n"
-            "        socket.create_connection(where, timeout=5).close(); print(where, 'OPEN')\n"
-            "    except OSError as exc:\n"
-            "        print(where, 'refused', exc.errno)\n"
-            "import os; print(sorted(k for k in os.environ if 'proxy' in k.lower()))"))
+        out = await _py(
+            sbx,
+            (
+                "import socket\n"
+                f"for where in [({addr!r}, {port}), ('127.0.0.1', 3128), ('10.0.2.2', 80)]:\n"
+                "    try:\n"
+                "        socket.create_connection(where, timeout=5).close(); print(where, 'OPEN')\n"
+                "    except OSError as exc:\n"
+                "        print(where, 'refused', exc.errno)\n"
+                "import os; print(sorted(k for k in os.environ if 'proxy' in k.lower()))"
+            ),
+        )
         assert "OPEN" not in out, out
         assert out.strip().endswith("[]"), out
     finally:
@@ -137,9 +147,12 @@ async def test_none_has_no_network(net_service: Service, local_server: tuple[str
 
 
 async def test_allowlist_installs_from_the_index_and_refuses_the_rest(
-        net_service: Service, local_server: tuple[str, int]) -> None:
-    assert _has_index(), ("the host's pip configuration names no package index the guest can "
-                          "use: configure pip (PIP_INDEX_URL or pip.conf) on this machine")
+    net_service: Service, local_server: tuple[str, int]
+) -> None:
+    assert _has_index(), (
+        "the host's pip configuration names no package index the guest can "
+        "use: configure pip (PIP_INDEX_URL or pip.conf) on this machine"
+    )
     addr, port = local_server
     sbx = await _make(net_service, {"mode": "allowlist", "allow": ["10.0.2.2:80"]})
     try:
@@ -148,14 +161,20 @@ async def test_allowlist_installs_from_the_index_and_refuses_the_rest(
         assert pip.exit_code == 0 and "Successfully installed" in pip.stdout, pip.stdout
         # the running kernel imports the copy pip just put in /usr/local
         imported = await sbx.run_code(
-            f"import importlib, {PACKAGE}; importlib.reload({PACKAGE}); {PACKAGE}.__file__")
+            f"import importlib, {PACKAGE}; importlib.reload({PACKAGE}); {PACKAGE}.__file__"
+        )
         assert imported.error is None, imported.error
         assert imported.text.startswith("'/usr/local/lib/"), imported.text
-        out = await _py(sbx, FETCH + (
-            "print(fetch('https://example.com/'))\n"
-            "print(fetch('http://example.com/'))\n"
-            f"print(fetch('http://{addr}:{port}/'))\n"
-            "print(connect('10.0.2.2:80'))\n"))
+        out = await _py(
+            sbx,
+            FETCH
+            + (
+                "print(fetch('https://example.com/'))\n"
+                "print(fetch('http://example.com/'))\n"
+                f"print(fetch('http://{addr}:{port}/'))\n"
+                "print(connect('10.0.2.2:80'))\n"
+            ),
+        )
         lines = out.splitlines()
         assert "not in this sandbox's network allowlist" in lines[0], out
         assert "403" in lines[1] and "allowlist" in lines[1], out
@@ -168,19 +187,25 @@ async def test_allowlist_installs_from_the_index_and_refuses_the_rest(
 
 
 async def test_outbound_reaches_what_is_not_protected(
-        outbound: AsyncSandbox, net_service: Service, local_server: tuple[str, int]) -> None:
+    outbound: AsyncSandbox, net_service: Service, local_server: tuple[str, int]
+) -> None:
     addr, port = local_server
     api_port = int(net_service.url.rsplit(":", 1)[1])
     assert (await outbound.info()).network == {"mode": "outbound", "allow": []}
-    out = await _py(outbound, FETCH + (
-        "import configparser\n"
-        "conf = configparser.ConfigParser(); conf.read('/etc/pip.conf')\n"
-        "index = conf.get('global', 'index-url', fallback='')\n"
-        f"print(fetch(index + '{PACKAGE}/') if index else 'OK no index')\n"
-        f"print(fetch('http://{addr}:{port}/'))\n"
-        f"for target in ['127.0.0.1:{api_port}', 'localhost:{api_port}',\n"
-        "               'no-such-host.invalid:443', '169.254.169.254:80']:\n"
-        "    print(connect(target))\n"))
+    out = await _py(
+        outbound,
+        FETCH
+        + (
+            "import configparser\n"
+            "conf = configparser.ConfigParser(); conf.read('/etc/pip.conf')\n"
+            "index = conf.get('global', 'index-url', fallback='')\n"
+            f"print(fetch(index + '{PACKAGE}/') if index else 'OK no index')\n"
+            f"print(fetch('http://{addr}:{port}/'))\n"
+            f"for target in ['127.0.0.1:{api_port}', 'localhost:{api_port}',\n"
+            "               'no-such-host.invalid:443', '169.254.169.254:80']:\n"
+            "    print(connect(target))\n"
+        ),
+    )
     lines = out.splitlines()
     assert lines[0].startswith("OK 200"), out  # the package index, listed nowhere
     assert lines[1] == "OK 200 hello from the host test server", out  # operator-listed
@@ -192,8 +217,7 @@ async def test_outbound_reaches_what_is_not_protected(
     assert lines[5].startswith("HTTP/1.1 403") and "link-local" in lines[5], out
 
 
-async def test_forks_inherit_the_network(outbound: AsyncSandbox,
-                                         local_server: tuple[str, int]) -> None:
+async def test_forks_inherit_the_network(outbound: AsyncSandbox, local_server: tuple[str, int]) -> None:
     addr, port = local_server
     [kid] = await outbound.fork(1)
     try:
@@ -205,7 +229,8 @@ async def test_forks_inherit_the_network(outbound: AsyncSandbox,
 
 
 async def test_network_survives_hibernation_and_a_service_restart(
-        net_service: Service, local_server: tuple[str, int]) -> None:
+    net_service: Service, local_server: tuple[str, int]
+) -> None:
     """The tunnel's host side is re-established when the sandbox wakes and when a restarted
     service reattaches it; the kernel keeps its proxy environment."""
     addr, port = local_server
@@ -213,8 +238,7 @@ async def test_network_survives_hibernation_and_a_service_restart(
     fetch = FETCH + f"print(fetch('http://{addr}:{port}/'))"
     try:
         assert (await _py(sbx, fetch)).strip() == "OK 200 hello from the host test server"
-        async with aiohttp.ClientSession(
-                headers={"Authorization": f"Bearer {net_service.api_key}"}) as http:
+        async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {net_service.api_key}"}) as http:
             r = await http.post(f"{net_service.url}/v1/sandboxes/{sbx.id}/hibernate")
             assert r.status == 200 and (await r.json())["state"] == "hibernated"
         woken = await _py(sbx, fetch)  # wakes it

@@ -26,15 +26,16 @@ RESULTS = REPO / "results"
 def scrape(service: Service) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     with urllib.request.urlopen(service.url + "/metrics", timeout=10) as r:
         text = r.read().decode()
-    return {(s.name, tuple(sorted(s.labels.items()))): s.value
-            for family in text_string_to_metric_families(text) for s in family.samples}
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
 
 
-def total(samples: dict[tuple[str, tuple[tuple[str, str], ...]], float], name: str,
-          **labels: str) -> float:
+def total(samples: dict[tuple[str, tuple[tuple[str, str], ...]], float], name: str, **labels: str) -> float:
     """The sum of ``name`` over every series whose labels include ``labels``."""
-    return sum(v for (n, ls), v in samples.items()
-               if n == name and set(labels.items()) <= set(ls))
+    return sum(v for (n, ls), v in samples.items() if n == name and set(labels.items()) <= set(ls))
 
 
 async def test_metrics_move_when_work_is_done(client_env: Service) -> None:
@@ -51,34 +52,46 @@ async def test_metrics_move_when_work_is_done(client_env: Service) -> None:
     finally:
         await sbx.close()
     after = scrape(client_env)
-    moved = {name: total(after, name, **labels) - total(before, name, **labels)
-             for name, labels in [
-                 ("kernelhost_sandbox_create_seconds_count", {"template": "python"}),
-                 ("kernelhost_execute_seconds_count", {"language": "python"}),
-                 ("kernelhost_executions_total", {"status": "ok"}),
-                 ("kernelhost_execution_timeouts_total", {"rung": "interrupted"}),
-                 ("kernelhost_relayed_bytes_total", {"kind": "execute", "direction": "out"}),
-             ]}
+    moved = {
+        name: total(after, name, **labels) - total(before, name, **labels)
+        for name, labels in [
+            ("kernelhost_sandbox_create_seconds_count", {"template": "python"}),
+            ("kernelhost_execute_seconds_count", {"language": "python"}),
+            ("kernelhost_executions_total", {"status": "ok"}),
+            ("kernelhost_execution_timeouts_total", {"rung": "interrupted"}),
+            ("kernelhost_relayed_bytes_total", {"kind": "execute", "direction": "out"}),
+        ]
+    }
     assert moved["kernelhost_sandbox_create_seconds_count"] == 1, moved
     assert moved["kernelhost_execute_seconds_count"] == 2, moved
     assert moved["kernelhost_executions_total"] == 1, moved
     assert moved["kernelhost_execution_timeouts_total"] == 1, moved
     assert moved["kernelhost_relayed_bytes_total"] > 1000, moved
-    hits_and_misses = (total(after, "kernelhost_pool_hits_total")
-                       + total(after, "kernelhost_pool_misses_total")
-                       - total(before, "kernelhost_pool_hits_total")
-                       - total(before, "kernelhost_pool_misses_total"))
+    hits_and_misses = (
+        total(after, "kernelhost_pool_hits_total")
+        + total(after, "kernelhost_pool_misses_total")
+        - total(before, "kernelhost_pool_hits_total")
+        - total(before, "kernelhost_pool_misses_total")
+    )
     assert hits_and_misses == 1
 
 
 # -- the CLI, as subprocesses ------------------------------------------------------------------
 
 
-def cli(service: Service, *args: str, stdin: str | None = None,
-        timeout: float = 120) -> subprocess.CompletedProcess[str]:
+def cli(
+    service: Service, *args: str, stdin: str | None = None, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
     env = {**service.env, "KERNELHOST_URL": service.url, "KERNELHOST_API_KEY": service.api_key}
-    return subprocess.run([sys.executable, "-m", "kernelhost.cli", *args], input=stdin,
-                          capture_output=True, text=True, env=env, timeout=timeout, cwd=REPO)
+    return subprocess.run(
+        [sys.executable, "-m", "kernelhost.cli", *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=timeout,
+        cwd=REPO,
+    )
 
 
 def ids(service: Service) -> set[str]:
@@ -89,13 +102,17 @@ def ids(service: Service) -> set[str]:
 
 def test_run_streams_output_and_deletes_its_sandbox(service: Service, tmp_path: Path) -> None:
     script = tmp_path / "job.py"
-    script.write_text("import time\nprint('first', flush=True)\ntime.sleep(3)\n"
-                      "print('second')\n6 * 7\n")
+    script.write_text("import time\nprint('first', flush=True)\ntime.sleep(3)\nprint('second')\n6 * 7\n")
     before = ids(service)
     env = {**service.env, "KERNELHOST_URL": service.url, "KERNELHOST_API_KEY": service.api_key}
-    proc = subprocess.Popen([sys.executable, "-m", "kernelhost.cli", "run", str(script)],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                            cwd=REPO)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kernelhost.cli", "run", str(script)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=REPO,
+    )
     try:
         assert proc.stdout is not None
         first = proc.stdout.readline()  # blocks until the line arrives (bounded by the wait below)
@@ -147,8 +164,14 @@ def test_exec_keeps_the_sandbox_and_rm_deletes_it(client_env: Service) -> None:
 
 def test_cli_without_a_key_says_how_to_get_one(service: Service) -> None:
     env = {k: v for k, v in service.env.items() if k != "KERNELHOST_API_KEY"}
-    done = subprocess.run([sys.executable, "-m", "kernelhost.cli", "ls", "--url", service.url],
-                          capture_output=True, text=True, env=env, timeout=60, cwd=REPO)
+    done = subprocess.run(
+        [sys.executable, "-m", "kernelhost.cli", "ls", "--url", service.url],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+        cwd=REPO,
+    )
     assert done.returncode == 2 and "KERNELHOST_API_KEY" in done.stderr
 
 
@@ -157,13 +180,20 @@ def test_doctor_checks_the_host(service: Service) -> None:
     assert done.returncode == 0, done.stdout + done.stderr
     lines = done.stdout.splitlines()
     for name in ("qemu", "libvirt", "images", "acceleration", "vm memory tmpfs", "service"):
-        assert any(line.split(maxsplit=1)[1].startswith(name + ":") for line in lines
-                   if line[:4] in ("ok  ", "warn", "FAIL")), (name, done.stdout)
+        assert any(
+            line.split(maxsplit=1)[1].startswith(name + ":")
+            for line in lines
+            if line[:4] in ("ok  ", "warn", "FAIL")
+        ), (name, done.stdout)
     assert f"ok   service: {service.url} answers" in done.stdout
     broken = subprocess.run(
-        [sys.executable, "-m", "kernelhost.cli", "doctor"], capture_output=True, text=True,
-        timeout=120, cwd=REPO,
-        env={**service.env, "KERNELHOST_IMAGE_DIR": str(service.state_dir / "no-images")})
+        [sys.executable, "-m", "kernelhost.cli", "doctor"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+        env={**service.env, "KERNELHOST_IMAGE_DIR": str(service.state_dir / "no-images")},
+    )
     assert broken.returncode == 1
     assert "FAIL images" in broken.stdout and "make image" in broken.stdout
 
@@ -172,8 +202,15 @@ def test_doctor_checks_the_host(service: Service) -> None:
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 # as root, without a GPU, and without the background traffic this machine's closed network refuses
-FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+FLAGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 PATIENCE_MS = 180_000  # a first datasci create may be a cold boot under TCG
 
 
@@ -194,8 +231,7 @@ async def test_console_runs_a_printing_and_a_plotting_cell(service: Service) -> 
             page.set_default_timeout(PATIENCE_MS)
             problems: list[str] = []
             page.on("pageerror", lambda exc: problems.append(str(exc)))
-            page.on("console", lambda msg: problems.append(msg.text)
-                    if msg.type == "error" else None)
+            page.on("console", lambda msg: problems.append(msg.text) if msg.type == "error" else None)
             await page.goto(f"{service.url}/#key={service.api_key}")
             await page.wait_for_function("location.hash === ''")  # the key left the address bar
             await page.locator("#status", has_text="connected").wait_for()
@@ -208,7 +244,8 @@ async def test_console_runs_a_printing_and_a_plotting_cell(service: Service) -> 
             await cell.locator(".cell-output pre.stdout", has_text="hello console 42").wait_for()
             plot = panel.locator(".cell").nth(1)
             await plot.locator("textarea").fill(
-                "import matplotlib.pyplot as plt\nplt.plot([1, 3, 2, x])\nplt.title('console')")
+                "import matplotlib.pyplot as plt\nplt.plot([1, 3, 2, x])\nplt.title('console')"
+            )
             await plot.locator("button.run").click()
             image = plot.locator(".cell-output img")
             await image.wait_for()

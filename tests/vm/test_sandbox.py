@@ -27,19 +27,20 @@ async def test_persistent_repl_keeps_variables_imports_and_files(sandbox: AsyncS
         "counter = 41\n"
         "with open('/tmp/note.txt', 'w') as f:\n"
         "    f.write('kept')\n"
-        "print('stored')")
+        "print('stored')"
+    )
     assert first.error is None and first.stdout == "stored\n"
     second = await sandbox.run_code("counter += 1\ncounter")
     assert second.error is None and second.text == "42"
     third = await sandbox.run_code(
-        "print(json.dumps({'counter': counter, 'file': open('/tmp/note.txt').read()}))")
+        "print(json.dumps({'counter': counter, 'file': open('/tmp/note.txt').read()}))"
+    )
     assert third.error is None
     assert third.stdout.strip() == '{"counter": 42, "file": "kept"}'
     assert third.execution_count == second.execution_count + 1 == first.execution_count + 2
 
 
-async def test_exception_reports_name_value_traceback_and_kernel_survives(
-        sandbox: AsyncSandbox) -> None:
+async def test_exception_reports_name_value_traceback_and_kernel_survives(sandbox: AsyncSandbox) -> None:
     failed = await sandbox.run_code("def boom():\n    return 1 / 0\nboom()")
     assert failed.status == "error"
     assert failed.error is not None
@@ -62,8 +63,8 @@ async def test_stdout_streams_in_order_before_the_call_ends(sandbox: AsyncSandbo
     )
     errs: list[str] = []
     execution = await sandbox.run_code(
-        code, on_stdout=lambda text: seen.append((time.monotonic(), text)),
-        on_stderr=errs.append)
+        code, on_stdout=lambda text: seen.append((time.monotonic(), text)), on_stderr=errs.append
+    )
     returned = time.monotonic()
     text = "".join(t for _, t in seen)
     assert text == "".join(f"line {i}\n" for i in range(5)) == execution.stdout
@@ -75,17 +76,16 @@ async def test_stdout_streams_in_order_before_the_call_ends(sandbox: AsyncSandbo
 async def test_results_are_mime_bundles(sandbox: AsyncSandbox) -> None:
     got = []
     execution = await sandbox.run_code(
-        "from IPython.display import display, HTML\n"
-        "display(HTML('<b>bold</b>'))\n"
-        "{'a': 1}", on_result=got.append)
+        "from IPython.display import display, HTML\ndisplay(HTML('<b>bold</b>'))\n{'a': 1}",
+        on_result=got.append,
+    )
     assert [r.is_main_result for r in execution.results] == [False, True]
     assert execution.results[0].html == "<b>bold</b>"
     assert execution.results[1].text == "{'a': 1}"
     assert len(got) == 2
 
 
-async def test_two_sandboxes_do_not_share_state(sandbox: AsyncSandbox,
-                                                fresh_sandbox: AsyncSandbox) -> None:
+async def test_two_sandboxes_do_not_share_state(sandbox: AsyncSandbox, fresh_sandbox: AsyncSandbox) -> None:
     await sandbox.run_code("secret = 'mine'\nopen('/tmp/secret', 'w').write('x')")
     other = await fresh_sandbox.run_code("secret")
     assert other.error is not None and other.error.name == "NameError"
@@ -126,9 +126,11 @@ async def test_foreign_and_unknown_ids_are_404(sandbox: AsyncSandbox, service: S
     listed = await AsyncSandbox.list(url=service.url, api_key=service.other_key)
     assert sandbox.id not in [s.id for s in listed]
     async with aiohttp.ClientSession() as http:
-        r = await http.post(f"{service.url}/v1/sandboxes/{sandbox.id}/execute",
-                            json={"code": "secret"},
-                            headers={"Authorization": f"Bearer {service.other_key}"})
+        r = await http.post(
+            f"{service.url}/v1/sandboxes/{sandbox.id}/execute",
+            json={"code": "secret"},
+            headers={"Authorization": f"Bearer {service.other_key}"},
+        )
         assert r.status == 404
 
 
@@ -167,18 +169,20 @@ async def test_per_key_limits_answer_429_and_other_keys_go_on(tmp_path) -> None:
 
 async def test_bad_template_names_the_valid_ones(service: Service) -> None:
     with pytest.raises(InvalidRequestError) as err:
-        await AsyncSandbox.create(template="no-such-template", url=service.url,
-                                  api_key=service.api_key)
+        await AsyncSandbox.create(template="no-such-template", url=service.url, api_key=service.api_key)
     assert err.value.status == 400
     assert "no-such-template" in str(err.value) and "python" in str(err.value)
 
 
 async def test_bad_input_gets_a_clear_400(sandbox: AsyncSandbox, service: Service) -> None:
-    async with aiohttp.ClientSession(
-            headers={"Authorization": f"Bearer {service.api_key}"}) as http:
+    async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {service.api_key}"}) as http:
         url = f"{service.url}/v1/sandboxes/{sandbox.id}/execute"
-        for body, word in [({}, "code"), ({"code": 1}, "code"), ({"code": "1", "timeout": -1}, "timeout"),
-                           ({"code": "1", "language": "cobol"}, "cobol")]:
+        for body, word in [
+            ({}, "code"),
+            ({"code": 1}, "code"),
+            ({"code": "1", "timeout": -1}, "timeout"),
+            ({"code": "1", "language": "cobol"}, "cobol"),
+        ]:
             r = await http.post(url, json=body)
             assert r.status == 400, body
             assert word in (await r.json())["error"]["message"]
@@ -221,8 +225,7 @@ async def test_service_restart_reattaches_with_state(service: Service) -> None:
     try:
         await sbx.run_code("survivor = [1, 2, 3]")
         await sleeper.run_code("dreamt = 'of sheep'")
-        async with aiohttp.ClientSession(
-                headers={"Authorization": f"Bearer {service.api_key}"}) as http:
+        async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {service.api_key}"}) as http:
             r = await http.post(f"{service.url}/v1/sandboxes/{sleeper.id}/hibernate")
             assert (await r.json())["state"] == "hibernated"
         service.stop()
@@ -242,13 +245,16 @@ async def test_service_restart_reattaches_with_state(service: Service) -> None:
 
 
 async def test_guest_cannot_fill_the_host_disk_through_its_serial_console(
-        sandbox: AsyncSandbox, service: Service) -> None:
+    sandbox: AsyncSandbox, service: Service
+) -> None:
     """The console log goes through virtlogd, which rotates it: at most 4 x 2 MiB per VM."""
     flood = await sandbox.run_code(
         "fd = open('/dev/ttyS0', 'wb', buffering=0)\n"
         "for _ in range(9):\n"
         "    fd.write(b'x' * 1024 * 1024)\n"
-        "fd.close()", timeout=240)
+        "fd.close()",
+        timeout=240,
+    )
     assert flood.error is None, flood.error
     hv = service.hypervisor()
     try:

@@ -114,7 +114,7 @@ class Kernel:
                     timeout=min(_INFO_TIMEOUT, left),
                     iopub_timeout=_IOPUB_TIMEOUT,
                 )
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 continue
             content = reply.get("content")
             self.kernel_info = content if isinstance(content, dict) else {}
@@ -130,7 +130,7 @@ class Kernel:
         timeout = self.config.request_ready_timeout
         try:
             await asyncio.wait_for(self.ready.wait(), timeout)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise KernelNotReady(
                 f"the kernel has not been ready for {timeout}s (a start or restart failed); "
                 "send restart, or recreate the sandbox"

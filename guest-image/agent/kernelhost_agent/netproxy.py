@@ -61,8 +61,9 @@ class _Tunnel:
         """End the tunnel from our side (the host is gone or closed it)."""
         self.inbox.put_nowait(None)
         if not self.opened.done():
-            self.opened.set_result({"ok": False, "reason": protocol.NetRefusal.UNREACHABLE.value,
-                                    "error": error})
+            self.opened.set_result(
+                {"ok": False, "reason": protocol.NetRefusal.UNREACHABLE.value, "error": error}
+            )
 
 
 class NetProxy:
@@ -145,12 +146,7 @@ class NetProxy:
         try:
             try:
                 head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), HEAD_TIMEOUT)
-            except (
-                asyncio.IncompleteReadError,
-                asyncio.LimitOverrunError,
-                asyncio.TimeoutError,
-                ConnectionError,
-            ):
+            except (TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError):
                 return
             host, port, first = _parse_head(head)
             tun = _Tunnel(next(self._ids), writer)
@@ -173,7 +169,7 @@ class NetProxy:
         self._net(protocol.NetFrame.OPEN, tun.id, host=host, port=port)
         try:
             reply = await asyncio.wait_for(asyncio.shield(tun.opened), OPEN_TIMEOUT)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise _Refused(504, "kernelhost proxy: the host did not answer") from None
         if not reply.get("ok"):
             reason = reply.get("reason")

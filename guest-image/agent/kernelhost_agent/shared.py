@@ -17,9 +17,8 @@ try:
 except ModuleNotFoundError as exc:  # the guest: no kernelhost package, the copies instead
     if exc.name is None or exc.name.split(".")[0] != "kernelhost":
         raise  # kernelhost is there but broken: say so rather than hide it behind the copies
-    import protocol  # type: ignore[no-redef]
-
     import codec  # type: ignore[no-redef]
+    import protocol  # type: ignore[no-redef]
 
 __all__ = ["codec", "log", "log_exception", "log_failure", "protocol"]
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 import structlog
@@ -41,10 +41,15 @@ class Closed(Exception):
 
 def gateway_hint(exc: SandboxError) -> str:
     """An error's message with its remedy worded for a Jupyter client."""
-    hint = {Remedy.RESTART: "restart the kernel",
+    hint = (
+        {
+            Remedy.RESTART: "restart the kernel",
             Remedy.RECREATE: "shut this kernel down and start a new one",
-            Remedy.LIST_SANDBOXES: "list the running kernels"}.get(exc.remedy) \
-        if exc.remedy is not None else None
+            Remedy.LIST_SANDBOXES: "list the running kernels",
+        }.get(exc.remedy)
+        if exc.remedy is not None
+        else None
+    )
     return f"{exc.message}; {hint}" if hint else exc.message
 
 
@@ -70,7 +75,7 @@ def fill_header(header: dict[str, Any]) -> None:
     """Give a client's header the fields the kernel needs, where the client left them out."""
     for name, value in (("session", ""), ("username", ""), ("version", JUPYTER_PROTOCOL_VERSION)):
         header.setdefault(name, value)
-    header.setdefault("date", datetime.now(timezone.utc).isoformat())
+    header.setdefault("date", datetime.now(UTC).isoformat())
 
 
 def presentable(msg: dict[str, Any]) -> dict[str, Any]:
@@ -79,8 +84,7 @@ def presentable(msg: dict[str, Any]) -> dict[str, Any]:
     names = ("msg_id", "msg_type", "session", "username", "version", "date")
     if all(isinstance(header.get(n), str) for n in names):
         return msg
-    fixed = {**header, **{n: str(header.get(n) or "") for n in names
-                          if not isinstance(header.get(n), str)}}
+    fixed = {**header, **{n: str(header.get(n) or "") for n in names if not isinstance(header.get(n), str)}}
     return {**msg, "header": fixed}
 
 
@@ -115,11 +119,13 @@ class Connection:
         payload = cache.get(self.v1)
         if payload is None:
             msg = presentable(msg)
-            payload = cache[self.v1] = (wire.to_v1(channel, msg) if self.v1
-                                        else wire.to_text(channel, msg))
+            payload = cache[self.v1] = wire.to_v1(channel, msg) if self.v1 else wire.to_text(channel, msg)
         if self.out.full() or self.out_bytes + len(payload) > SEND_QUEUE_BYTES:
-            self.close(1013, f"client too slow: over {SEND_QUEUE_MESSAGES} messages or "
-                             f"{SEND_QUEUE_BYTES >> 20} MiB waiting; reconnect")
+            self.close(
+                1013,
+                f"client too slow: over {SEND_QUEUE_MESSAGES} messages or "
+                f"{SEND_QUEUE_BYTES >> 20} MiB waiting; reconnect",
+            )
             return
         self.out_bytes += len(payload)
         self.out.put_nowait(payload)
@@ -160,8 +166,7 @@ class Connection:
         if raw.type == WSMsgType.TEXT:
             channel, msg = wire.from_text(raw.data)
         elif raw.type == WSMsgType.BINARY:
-            channel, msg = (wire.from_v1(raw.data) if self.v1
-                            else wire.from_legacy_binary(raw.data))
+            channel, msg = wire.from_v1(raw.data) if self.v1 else wire.from_legacy_binary(raw.data)
         else:
             return None
         if channel == "iopub":

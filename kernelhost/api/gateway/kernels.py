@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 import structlog
@@ -35,7 +35,7 @@ def kernel_id(sandbox_id: str) -> str:
 
 def iso(ts: float) -> str:
     """``last_activity`` exactly as jupyter_server parses it (``%Y-%m-%dT%H:%M:%S.%fZ``)."""
-    return datetime.fromtimestamp(ts, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 def kernel_model(sbx: Sandbox) -> dict[str, Any]:
@@ -44,12 +44,18 @@ def kernel_model(sbx: Sandbox) -> dict[str, Any]:
     if rec.state == SandboxState.RUNNING:
         state = session.execution_state if session else ("busy" if sbx.busy else "idle")
     else:  # a hibernated kernel is idle: its next message wakes it
-        state = {SandboxState.HIBERNATED: "idle", SandboxState.STARTING: "starting",
-                 SandboxState.REPLACING: "restarting"}.get(rec.state, "dead")
+        state = {
+            SandboxState.HIBERNATED: "idle",
+            SandboxState.STARTING: "starting",
+            SandboxState.REPLACING: "restarting",
+        }.get(rec.state, "dead")
     last = max(rec.last_active_at, session.last_activity if session else 0.0)
     model: dict[str, Any] = {
-        "id": kernel_id(sbx.id), "name": rec.template, "last_activity": iso(last),
-        "execution_state": state, "connections": len(session.clients) if session else 0,
+        "id": kernel_id(sbx.id),
+        "name": rec.template,
+        "last_activity": iso(last),
+        "execution_state": state,
+        "connections": len(session.clients) if session else 0,
         "sandbox_id": sbx.id,
     }
     if rec.state == SandboxState.DEAD:
@@ -67,8 +73,7 @@ def resolve(request: web.Request) -> Sandbox:
     owner, wanted = request[KEY_ID], request.match_info["kernel_id"]
     sandbox_id = wanted
     if not wanted.startswith("sbx_"):
-        sandbox_id = next((s.id for s in manager.owned(owner) if kernel_id(s.id) == wanted),
-                          wanted)
+        sandbox_id = next((s.id for s in manager.owned(owner) if kernel_id(s.id) == wanted), wanted)
     sbx = manager.get(owner, sandbox_id)
     structlog.contextvars.bind_contextvars(sandbox_id=sbx.id)
     return sbx
@@ -86,15 +91,19 @@ def _start_options(body: dict[str, Any], templates: list[str]) -> dict[str, Any]
         name = default_spec(templates)  # jupyter_server's and notebooks' usual name
     env = body.get("env") or {}
     if not isinstance(name, str) or not isinstance(env, dict):
-        raise InvalidRequest("'name' must be a kernelspec name (a template) and 'env' an object "
-                             "of strings", field="name" if not isinstance(name, str) else "env")
+        raise InvalidRequest(
+            "'name' must be a kernelspec name (a template) and 'env' an object of strings",
+            field="name" if not isinstance(name, str) else "env",
+        )
     idle = body.get("idle_timeout_seconds", env.get("KERNEL_IDLE_TIMEOUT_SECONDS"))
     if idle is not None:
         try:
             idle = int(idle)
         except (TypeError, ValueError):
-            raise InvalidRequest(f"idle_timeout_seconds={idle!r:.40} must be a whole number of "
-                                 "seconds", field="idle_timeout_seconds") from None
+            raise InvalidRequest(
+                f"idle_timeout_seconds={idle!r:.40} must be a whole number of seconds",
+                field="idle_timeout_seconds",
+            ) from None
     metadata = {MARK_KEY: MARK_VALUE}
     user = env.get("KERNEL_USERNAME")
     if isinstance(user, str) and user:
@@ -102,8 +111,7 @@ def _start_options(body: dict[str, Any], templates: list[str]) -> dict[str, Any]
     network = body.get("network")
     if network is None and env.get("KERNEL_NETWORK") is not None:
         allow = str(env.get("KERNEL_NETWORK_ALLOW") or "")
-        network = {"mode": env["KERNEL_NETWORK"],
-                   "allow": [a.strip() for a in allow.split(",") if a.strip()]}
+        network = {"mode": env["KERNEL_NETWORK"], "allow": [a.strip() for a in allow.split(",") if a.strip()]}
     return {"template": name, "idle_timeout": idle, "metadata": metadata, "network": network}
 
 
@@ -122,10 +130,8 @@ async def start_kernel(request: web.Request) -> web.Response:
     options = _start_options(body, manager.templates())
     sbx = await manager.create(request[KEY_ID], **options)
     model = kernel_model(sbx)
-    log.info("gateway.kernel_started", sandbox_id=sbx.id, kernel_id=model["id"],
-             template=options["template"])
-    return web.json_response(model, status=201,
-                             headers={"Location": f"/api/kernels/{model['id']}"})
+    log.info("gateway.kernel_started", sandbox_id=sbx.id, kernel_id=model["id"], template=options["template"])
+    return web.json_response(model, status=201, headers={"Location": f"/api/kernels/{model['id']}"})
 
 
 @routes.get("/api/kernels/{kernel_id}")
@@ -146,8 +152,10 @@ async def delete_kernel(request: web.Request) -> web.Response:
     else:
         for client in list(sbx.kernel.clients if sbx.kernel else ()):
             if isinstance(client, Connection):
-                client.close(CLOSE_DETACHED, "detached: this sandbox was not started as a "
-                                             "kernel, so it was not deleted")
+                client.close(
+                    CLOSE_DETACHED,
+                    "detached: this sandbox was not started as a kernel, so it was not deleted",
+                )
         log.info("gateway.kernel_detached", sandbox_id=sbx.id)
     return web.Response(status=204)
 
@@ -180,16 +188,21 @@ async def kernel_channels(request: web.Request) -> web.StreamResponse:
     sbx = resolve(request)
     manager.check_usable(sbx)  # 409 before the upgrade for a dead sandbox
     settings = manager.settings
-    ws = web.WebSocketResponse(protocols=(wire.V1_PROTOCOL,), heartbeat=30.0,
-                               max_msg_size=settings.max_code_bytes + 1024 * 1024)
+    ws = web.WebSocketResponse(
+        protocols=(wire.V1_PROTOCOL,), heartbeat=30.0, max_msg_size=settings.max_code_bytes + 1024 * 1024
+    )
     await ws.prepare(request)
     session = manager.sessions.open(sbx)
     conn = Connection(ws, session)
     session.attach(conn)
     conn.start()
-    log.info("gateway.attached", sandbox_id=sbx.id, connections=len(session.clients),
-             protocol=ws.ws_protocol or "legacy",
-             session_id=request.query.get("session_id", "")[:64])
+    log.info(
+        "gateway.attached",
+        sandbox_id=sbx.id,
+        connections=len(session.clients),
+        protocol=ws.ws_protocol or "legacy",
+        session_id=request.query.get("session_id", "")[:64],
+    )
     try:
         await conn.serve()
     finally:
@@ -197,6 +210,7 @@ async def kernel_channels(request: web.Request) -> web.StreamResponse:
         await conn.stop()
         if not ws.closed:
             await ws.close()
-        log.info("gateway.detached", sandbox_id=sbx.id, connections=len(session.clients),
-                 close_code=ws.close_code)
+        log.info(
+            "gateway.detached", sandbox_id=sbx.id, connections=len(session.clients), close_code=ws.close_code
+        )
     return ws

@@ -30,14 +30,24 @@ def _logo_dir() -> Path | None:
 
 def spec_model(name: str) -> dict[str, Any]:
     logos = _logo_dir()
-    resources = {f.rsplit(".", 1)[0]: f"/kernelspecs/{name}/{f}"
-                 for f in LOGOS if logos is not None and (logos / f).is_file()}
-    return {"name": name, "resources": resources, "spec": {
-        # what runs in the VM; shown to clients, never run by them
-        "argv": ["python3", "-m", "ipykernel_launcher", "-f", "{connection_file}"],
-        "display_name": f"Python 3 (kernelhost VM, {name})", "language": "python",
-        "interrupt_mode": "signal", "env": {},
-        "metadata": {"kernelhost": {"template": name}, "debugger": False}}}
+    resources = {
+        f.rsplit(".", 1)[0]: f"/kernelspecs/{name}/{f}"
+        for f in LOGOS
+        if logos is not None and (logos / f).is_file()
+    }
+    return {
+        "name": name,
+        "resources": resources,
+        "spec": {
+            # what runs in the VM; shown to clients, never run by them
+            "argv": ["python3", "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+            "display_name": f"Python 3 (kernelhost VM, {name})",
+            "language": "python",
+            "interrupt_mode": "signal",
+            "env": {},
+            "metadata": {"kernelhost": {"template": name}, "debugger": False},
+        },
+    }
 
 
 def default_spec(templates: list[str]) -> str:
@@ -47,19 +57,27 @@ def default_spec(templates: list[str]) -> str:
 @routes.get("/api/kernelspecs")
 async def list_kernelspecs(request: web.Request) -> web.Response:
     templates = _manager(request).templates()
-    return web.json_response({"default": default_spec(templates),
-                              "kernelspecs": {t: spec_model(t) for t in templates}})
+    return web.json_response(
+        {"default": default_spec(templates), "kernelspecs": {t: spec_model(t) for t in templates}}
+    )
 
 
 @routes.get("/api/kernelspecs/{name}")
 async def get_kernelspec(request: web.Request) -> web.Response:
     name, templates = request.match_info["name"], _manager(request).templates()
     if name not in templates:
-        raise web.HTTPNotFound(text=json.dumps({"error": {
-            "code": "kernelspec_not_found",
-            "message": f"no kernelspec {name!r}; kernelspecs are the templates: "
-                       f"{', '.join(templates) or 'none built (run make image)'}"}}),
-            content_type="application/json")
+        raise web.HTTPNotFound(
+            text=json.dumps(
+                {
+                    "error": {
+                        "code": "kernelspec_not_found",
+                        "message": f"no kernelspec {name!r}; kernelspecs are the templates: "
+                        f"{', '.join(templates) or 'none built (run make image)'}",
+                    }
+                }
+            ),
+            content_type="application/json",
+        )
     return web.json_response(spec_model(name))
 
 

@@ -15,8 +15,10 @@ from ..states import Recovery
 from .events import ClearOutput, Error, Event, Result, Stream
 from .output import OutputBudget
 
-STDIN_HINT = (" (kernelhost runs code without a terminal, so input() and getpass() fail at once: "
-              "put the value in the code, or in a file written with files.write)")
+STDIN_HINT = (
+    " (kernelhost runs code without a terminal, so input() and getpass() fail at once: "
+    "put the value in the code, or in a file written with files.write)"
+)
 
 
 def _text(value: Any) -> str:
@@ -53,8 +55,7 @@ def usage(value: Any) -> dict[str, Any]:
     if not isinstance(value, dict):
         return out
     cpu = value.get("cpu_ms")
-    if isinstance(cpu, int | float) and not isinstance(cpu, bool) and math.isfinite(cpu) \
-            and cpu >= 0:
+    if isinstance(cpu, int | float) and not isinstance(cpu, bool) and math.isfinite(cpu) and cpu >= 0:
         out["cpu_ms"] = round(float(cpu), 1)
     peak = value.get("peak_memory_bytes")
     if isinstance(peak, int) and not isinstance(peak, bool) and 0 <= peak < 1 << 50:
@@ -107,12 +108,22 @@ class PythonCall(Call):
 
     async def start(self) -> list[Event]:
         limits = self.budget.limits.for_guest()
-        msg = jupyter_message("execute_request", {
-            "code": self.code, "silent": False, "store_history": True, "user_expressions": {},
-            # Calls never queue in the kernel (the host runs them one at a time), so nothing is
-            # there to abort after an error; an abort would only ever hit an innocent call.
-            "allow_stdin": False, "stop_on_error": False,
-        }, self.session, msg_id=self.run_id, metadata={"kernelhost": limits} if limits else None)
+        msg = jupyter_message(
+            "execute_request",
+            {
+                "code": self.code,
+                "silent": False,
+                "store_history": True,
+                "user_expressions": {},
+                # Calls never queue in the kernel (the host runs them one at a time), so nothing is
+                # there to abort after an error; an abort would only ever hit an innocent call.
+                "allow_stdin": False,
+                "stop_on_error": False,
+            },
+            self.session,
+            msg_id=self.run_id,
+            metadata={"kernelhost": limits} if limits else None,
+        )
         await self.agent.send_jupyter("shell", msg, timeout=self.agent_timeout)
         return []
 
@@ -164,12 +175,18 @@ class BashCall(Call):
 
     async def start(self) -> list[Event]:
         try:
-            await self.agent.request(Op.BASH, timeout=self.agent_timeout, run_id=self.run_id,
-                                     command=self.command,
-                                     max_output_bytes=self.budget.limits.max_output_bytes)
+            await self.agent.request(
+                Op.BASH,
+                timeout=self.agent_timeout,
+                run_id=self.run_id,
+                command=self.command,
+                max_output_bytes=self.budget.limits.max_output_bytes,
+            )
         except NotSupportedByAgent:
-            return self._unavailable("the sandbox's guest image predates language='bash'; "
-                                     "rebuild the images (make image) and create a new sandbox")
+            return self._unavailable(
+                "the sandbox's guest image predates language='bash'; "
+                "rebuild the images (make image) and create a new sandbox"
+            )
         except ChannelError as exc:
             return self._unavailable(f"the sandbox could not start the command: {exc}")
         return []
@@ -192,26 +209,30 @@ class BashCall(Call):
             self.outcome["exit_code"] = code
         if isinstance(c.get("failure"), str):
             self.failed = True
-            return [Error("AgentError",
-                          f"the sandbox's agent lost track of the command: {c['failure']}")]
+            return [Error("AgentError", f"the sandbox's agent lost track of the command: {c['failure']}")]
         if self.outcome.get("exit_code", 0) == 0:
             return []
         self.failed = True
-        how = (f"was killed by signal {sig} (exit code {code})"
-               if isinstance(sig, int) and not isinstance(sig, bool) else f"exited with code {code}")
+        how = (
+            f"was killed by signal {sig} (exit code {code})"
+            if isinstance(sig, int) and not isinstance(sig, bool)
+            else f"exited with code {code}"
+        )
         return [Error("CommandFailed", f"the command {how}")]
 
     async def interrupt(self) -> None:
         try:
-            await self.agent.request(Op.BASH_SIGNAL, timeout=self.agent_timeout,
-                                     run_id=self.run_id, signal="INT")
+            await self.agent.request(
+                Op.BASH_SIGNAL, timeout=self.agent_timeout, run_id=self.run_id, signal="INT"
+            )
         except ChannelError:
             pass  # the ladder's next rung deals with an agent that does not answer
 
     async def stop(self, timeout: float) -> bool:
         try:
-            await self.agent.request(Op.BASH_SIGNAL, timeout=min(timeout, self.agent_timeout),
-                                     run_id=self.run_id, signal="KILL")
+            await self.agent.request(
+                Op.BASH_SIGNAL, timeout=min(timeout, self.agent_timeout), run_id=self.run_id, signal="KILL"
+            )
         except ChannelError:
             return False
         return True

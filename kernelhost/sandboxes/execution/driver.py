@@ -69,21 +69,39 @@ class RunningCall:
     def notify(self, what: str, **content: Any) -> None:
         """Wake the execution with a notice (``restarted``, ``kernel_died``) from the host."""
         if self.sub is not None:
-            msg = {"header": {"msg_type": what}, "parent_header": {}, "content": content,
-                   "metadata": {}, "buffers": []}
+            msg = {
+                "header": {"msg_type": what},
+                "parent_header": {},
+                "content": content,
+                "metadata": {},
+                "buffers": [],
+            }
             self.sub.notify(JupyterMessage("agent", msg))
 
 
-def run_cell(agent: AgentClient, cell: Cell, policy: CellPolicy, running: RunningCall,
-             session: str, replace_vm: ReplaceVm | None = None) -> AsyncGenerator[Event, None]:
+def run_cell(
+    agent: AgentClient,
+    cell: Cell,
+    policy: CellPolicy,
+    running: RunningCall,
+    session: str,
+    replace_vm: ReplaceVm | None = None,
+) -> AsyncGenerator[Event, None]:
     """The events of running ``cell``; the caller holds the sandbox's execution lock. Close the
     generator (``aclosing``) when leaving early: the code is then stopped before it returns."""
     return _Driver(agent, cell, policy, running, session, replace_vm).run()
 
 
 class _Driver:
-    def __init__(self, agent: AgentClient, cell: Cell, policy: CellPolicy, running: RunningCall,
-                 session: str, replace_vm: ReplaceVm | None) -> None:
+    def __init__(
+        self,
+        agent: AgentClient,
+        cell: Cell,
+        policy: CellPolicy,
+        running: RunningCall,
+        session: str,
+        replace_vm: ReplaceVm | None,
+    ) -> None:
         self.agent = agent
         self.cell = cell
         self.policy = policy
@@ -94,9 +112,9 @@ class _Driver:
         budget = OutputBudget(policy.limits)
         self.call: Call = (
             BashCall(agent, run_id, budget, policy.agent_timeout, command=cell.code)
-            if cell.language == "bash" else
-            PythonCall(agent, run_id, budget, policy.agent_timeout, code=cell.code,
-                       session=session))
+            if cell.language == "bash"
+            else PythonCall(agent, run_id, budget, policy.agent_timeout, code=cell.code, session=session)
+        )
         self.status: ExecutionStatus | None = None
         self.recovery: Recovery | None = None
         self.timeout_reported = False
@@ -161,31 +179,38 @@ class _Driver:
     def _notice(self, m: JupyterMessage) -> Event | None:
         if m.msg_type == "kernel_died" and self.call.language == "python":
             self.status, self.recovery = ExecutionStatus.KERNEL_DIED, Recovery.KERNEL_RESTARTED
-            return Error("KernelDied", f"the kernel process died (exit code "
-                         f"{m.content.get('exit_code')}) while running this cell; it was "
-                         "restarted and its state is lost")
+            return Error(
+                "KernelDied",
+                f"the kernel process died (exit code "
+                f"{m.content.get('exit_code')}) while running this cell; it was "
+                "restarted and its state is lost",
+            )
         if m.msg_type == "restarted":
             self.status = ExecutionStatus.RESTARTED
-            return Error("KernelRestarted", "the sandbox was restarted by a restart request "
-                         "while this call ran; variables, imports and the shell's state are lost")
+            return Error(
+                "KernelRestarted",
+                "the sandbox was restarted by a restart request "
+                "while this call ran; variables, imports and the shell's state are lost",
+            )
         return None
 
     def _as_timeout(self, event: Event) -> Event:
-        if isinstance(event, Error) and self.status == ExecutionStatus.TIMEOUT \
-                and not self.timeout_reported:
+        if isinstance(event, Error) and self.status == ExecutionStatus.TIMEOUT and not self.timeout_reported:
             # the interrupt's KeyboardInterrupt: report it as the timeout it is
             self.timeout_reported = True
-            return Error("TimeoutError", self._timeout_text(Recovery.INTERRUPTED),
-                         event.traceback)
+            return Error("TimeoutError", self._timeout_text(Recovery.INTERRUPTED), event.traceback)
         return event
 
     async def _lost(self, exc: Exception) -> Event:
         self.status = ExecutionStatus.KERNEL_DIED
         lost = f"the sandbox's VM stopped answering ({exc})"
         self.recovery = await replace(self.replace_vm, lost)
-        value = (f"{lost}; it was replaced with a fresh VM from its template, and variables, "
-                 "imports and files are lost" if self.recovery == Recovery.VM_REPLACED
-                 else f"{lost}; create a new sandbox")
+        value = (
+            f"{lost}; it was replaced with a fresh VM from its template, and variables, "
+            "imports and files are lost"
+            if self.recovery == Recovery.VM_REPLACED
+            else f"{lost}; create a new sandbox"
+        )
         return Error("SandboxLost", value)
 
     async def _cleanup(self, sub: Subscription) -> None:
@@ -195,22 +220,39 @@ class _Driver:
         if not self.finished and not self.recovering:
             # The consumer went away mid-call (client disconnected): stop the code, and hold the
             # sandbox until it has stopped, so the next call starts on an idle kernel.
-            await asyncio.shield(stop_abandoned(self.call, sub, self.agent, self.policy,
-                                                self.replace_vm,
-                                                interrupt=self.interrupting is None))
+            await asyncio.shield(
+                stop_abandoned(
+                    self.call,
+                    sub,
+                    self.agent,
+                    self.policy,
+                    self.replace_vm,
+                    interrupt=self.interrupting is None,
+                )
+            )
 
     def _end(self) -> End:
         status = self.status
         if status is None:
-            status = (ExecutionStatus.INTERRUPTED if self.running.interrupt_requested
-                      else ExecutionStatus.ERROR if self.call.failed else ExecutionStatus.OK)
+            status = (
+                ExecutionStatus.INTERRUPTED
+                if self.running.interrupt_requested
+                else ExecutionStatus.ERROR
+                if self.call.failed
+                else ExecutionStatus.OK
+            )
         out = self.call.outcome
-        return End(status=status,
-                   duration_ms=round((time.monotonic() - self.started) * 1000, 2),
-                   execution_count=out.get("execution_count"), language=self.call.language,
-                   exit_code=out.get("exit_code"), cpu_ms=out.get("cpu_ms"),
-                   peak_memory_bytes=out.get("peak_memory_bytes"),
-                   output_truncated=self.call.budget.truncated, recovery=self.recovery)
+        return End(
+            status=status,
+            duration_ms=round((time.monotonic() - self.started) * 1000, 2),
+            execution_count=out.get("execution_count"),
+            language=self.call.language,
+            exit_code=out.get("exit_code"),
+            cpu_ms=out.get("cpu_ms"),
+            peak_memory_bytes=out.get("peak_memory_bytes"),
+            output_truncated=self.call.budget.truncated,
+            recovery=self.recovery,
+        )
 
     def _timeout_error(self, recovery: Recovery | None) -> Error:
         return Error("TimeoutError", self._timeout_text(recovery))
@@ -220,8 +262,14 @@ class _Driver:
         return f"execution exceeded its timeout of {self.cell.timeout}s; {what}"
 
 
-async def stop_abandoned(call: Call, sub: Subscription, agent: AgentClient, policy: CellPolicy,
-                         replace_vm: ReplaceVm | None, interrupt: bool = True) -> None:
+async def stop_abandoned(
+    call: Call,
+    sub: Subscription,
+    agent: AgentClient,
+    policy: CellPolicy,
+    replace_vm: ReplaceVm | None,
+    interrupt: bool = True,
+) -> None:
     """Interrupt a call nobody listens to any more (unless that was done) and drain it until it
     ends; climb the ladder if it does not end within the grace. Its output is dropped."""
     loop = asyncio.get_running_loop()
@@ -243,8 +291,9 @@ async def stop_abandoned(call: Call, sub: Subscription, agent: AgentClient, poli
         interrupting.cancel()
 
 
-async def recover(call: Call, agent: AgentClient, policy: CellPolicy,
-                  replace_vm: ReplaceVm | None) -> Recovery:
+async def recover(
+    call: Call, agent: AgentClient, policy: CellPolicy, replace_vm: ReplaceVm | None
+) -> Recovery:
     """Rungs 2 and 3: stop the code if the agent answers, else (or if that fails) a new VM."""
     try:
         await agent.request(Op.PING, timeout=policy.agent_timeout)
@@ -253,8 +302,11 @@ async def recover(call: Call, agent: AgentClient, policy: CellPolicy,
         alive = False
     if alive and await call.stop(policy.restart_timeout):
         return call.stop_rung
-    reason = (f"its agent did not answer within {policy.agent_timeout:g}s" if not alive
-              else "stopping the code failed")
+    reason = (
+        f"its agent did not answer within {policy.agent_timeout:g}s"
+        if not alive
+        else "stopping the code failed"
+    )
     return await replace(replace_vm, reason) or Recovery.FAILED
 
 
@@ -275,19 +327,27 @@ async def replace(replace_vm: ReplaceVm | None, reason: str) -> Recovery | None:
 def rung_text(recovery: Recovery | None, language: str, grace: float) -> str:
     what = "command" if language == "bash" else "kernel"
     texts = {
-        Recovery.INTERRUPTED: (f"the {what} was interrupted (KeyboardInterrupt); its state is kept"
-                               if language == "python" else
-                               "the command was interrupted (SIGINT); the shell's state is kept"),
-        Recovery.KERNEL_RESTARTED: (f"the kernel did not stop within {grace:g}s of the interrupt "
-                                    "and was restarted; variables and imports were lost"),
-        Recovery.KILLED: (f"the command did not stop within {grace:g}s of SIGINT and its "
-                          "processes were killed"),
-        Recovery.VM_REPLACED: (f"the {what} did not stop and the sandbox's agent could not stop "
-                               "it, so the sandbox got a fresh VM from its template; variables, "
-                               "imports and files were lost"),
+        Recovery.INTERRUPTED: (
+            f"the {what} was interrupted (KeyboardInterrupt); its state is kept"
+            if language == "python"
+            else "the command was interrupted (SIGINT); the shell's state is kept"
+        ),
+        Recovery.KERNEL_RESTARTED: (
+            f"the kernel did not stop within {grace:g}s of the interrupt "
+            "and was restarted; variables and imports were lost"
+        ),
+        Recovery.KILLED: (
+            f"the command did not stop within {grace:g}s of SIGINT and its processes were killed"
+        ),
+        Recovery.VM_REPLACED: (
+            f"the {what} did not stop and the sandbox's agent could not stop "
+            "it, so the sandbox got a fresh VM from its template; variables, "
+            "imports and files were lost"
+        ),
     }
     if recovery in texts:
         return texts[recovery]
-    return (f"the {what} could not be stopped and replacing the VM failed; delete the sandbox "
-            "and create a new one")
-
+    return (
+        f"the {what} could not be stopped and replacing the VM failed; delete the sandbox "
+        "and create a new one"
+    )

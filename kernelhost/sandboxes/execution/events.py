@@ -38,8 +38,12 @@ class Result:
     truncated: bool = False
 
     def wire(self) -> dict[str, Any]:
-        out = {"type": "result", "data": self.data, "metadata": self.metadata,
-               "is_main_result": self.is_main_result}
+        out = {
+            "type": "result",
+            "data": self.data,
+            "metadata": self.metadata,
+            "is_main_result": self.is_main_result,
+        }
         if self.truncated:
             out["truncated"] = True
         return out
@@ -52,8 +56,7 @@ class Error:
     traceback: list[str] = field(default_factory=list)
 
     def wire(self) -> dict[str, Any]:
-        return {"type": "error", "name": self.name, "value": self.value,
-                "traceback": self.traceback}
+        return {"type": "error", "name": self.name, "value": self.value, "traceback": self.traceback}
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,9 +80,12 @@ class End:
     recovery: Recovery | None = None
 
     def wire(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"type": "end", "status": self.status.value,
-                               "execution_count": self.execution_count,
-                               "duration_ms": self.duration_ms}
+        out: dict[str, Any] = {
+            "type": "end",
+            "status": self.status.value,
+            "execution_count": self.execution_count,
+            "duration_ms": self.duration_ms,
+        }
         if self.language == "bash":
             out["exit_code"] = self.exit_code
         if self.cpu_ms is not None:

@@ -21,8 +21,14 @@ class OutputLimits:
 
     def for_guest(self) -> dict[str, int]:
         """The caps as the kernel and the agent are told them (unset ones left out)."""
-        return {k: v for k, v in (("max_output_bytes", self.max_output_bytes),
-                                  ("max_result_bytes", self.max_result_bytes)) if v is not None}
+        return {
+            k: v
+            for k, v in (
+                ("max_output_bytes", self.max_output_bytes),
+                ("max_result_bytes", self.max_result_bytes),
+            )
+            if v is not None
+        }
 
 
 class OutputBudget:
@@ -46,10 +52,16 @@ class OutputBudget:
         keep = data[: cap - self.used].decode("utf-8", "ignore")
         self.used, self.truncated = cap, True
         events = [Stream(name, keep)] if keep else []
-        events.append(Stream(name, (
-            f"\n[kernelhost: output truncated: this call wrote more than {cap} bytes to "
-            "stdout/stderr (the server's max_output_bytes); the rest was dropped. Write large "
-            "output to a file and read it with files.read]\n")))
+        events.append(
+            Stream(
+                name,
+                (
+                    f"\n[kernelhost: output truncated: this call wrote more than {cap} bytes to "
+                    "stdout/stderr (the server's max_output_bytes); the rest was dropped. Write large "
+                    "output to a file and read it with files.read]\n"
+                ),
+            )
+        )
         return events
 
     def result(self, event: Result) -> Result:
@@ -72,9 +84,11 @@ class OutputBudget:
                 dropped.append(mime)
         if not dropped:
             return event
-        note = (f"[kernelhost: {', '.join(dropped)} dropped from this result: over the "
-                f"server's max_result_bytes of {limit} bytes, or not JSON data. Save large "
-                "outputs to a file and read it with files.read]")
+        note = (
+            f"[kernelhost: {', '.join(dropped)} dropped from this result: over the "
+            f"server's max_result_bytes of {limit} bytes, or not JSON data. Save large "
+            "outputs to a file and read it with files.read]"
+        )
         plain = data.get("text/plain")
         data["text/plain"] = f"{plain}\n{note}" if isinstance(plain, str) else note
         metadata = event.metadata if json_size(event.metadata) is not None else {}

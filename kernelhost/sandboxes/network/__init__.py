@@ -77,8 +77,7 @@ class SandboxNetwork:
         if sbx.net is not None:
             sbx.net.close()
         spec = NetworkSpec.from_dict(sbx.record.network)
-        sbx.net = Tunnels(self.host.policy(spec), agent, sbx.id,
-                          count=self.metrics.count_connection)
+        sbx.net = Tunnels(self.host.policy(spec), agent, sbx.id, count=self.metrics.count_connection)
         agent.add_listener(sbx.net)
 
     async def configure(self, sbx: Sandbox, strict: bool) -> None:
@@ -92,8 +91,9 @@ class SandboxNetwork:
         if spec.mode == "none" or agent is None:
             return
         try:
-            await agent.request(Op.NET_CONFIG, timeout=self.settings.timeouts.net_config,
-                                **self.host.guest_config(spec))
+            await agent.request(
+                Op.NET_CONFIG, timeout=self.settings.timeouts.net_config, **self.host.guest_config(spec)
+            )
         except ChannelError as exc:
             log.warning("sandbox.net_config_failed", sandbox_id=sbx.id, error=str(exc))
             if not strict:
@@ -105,4 +105,6 @@ class SandboxNetwork:
                 ) from exc
             raise AgentUnresponsive(
                 f"sandbox {sbx.id}: its agent did not set up network mode {spec.mode!r}: "
-                f"{exc or type(exc).__name__}", sandbox_id=sbx.id) from exc
+                f"{exc or type(exc).__name__}",
+                sandbox_id=sbx.id,
+            ) from exc

@@ -54,8 +54,9 @@ def pip_config_files(environ: Mapping[str, str]) -> list[Path]:
     return files
 
 
-def read_pip_config(environ: Mapping[str, str] | None = None,
-                    files: Sequence[Path] | None = None) -> PipIndexes:
+def read_pip_config(
+    environ: Mapping[str, str] | None = None, files: Sequence[Path] | None = None
+) -> PipIndexes:
     """index-url and extra-index-url as the host's pip sees them: its config files ([global],
     then [install]) and then ``PIP_INDEX_URL`` / ``PIP_EXTRA_INDEX_URL``."""
     env = os.environ if environ is None else environ
@@ -85,8 +86,11 @@ def host_addresses() -> set[IPAddress]:
     with contextlib.suppress(OSError), socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
         for _, name in socket.if_nameindex():
             with contextlib.suppress(OSError):
-                packed = fcntl.ioctl(s.fileno(), 0x8915,  # SIOCGIFADDR
-                                     struct.pack("256s", name.encode()[:15]))
+                packed = fcntl.ioctl(
+                    s.fileno(),
+                    0x8915,  # SIOCGIFADDR
+                    struct.pack("256s", name.encode()[:15]),
+                )
                 found.add(ipaddress.IPv4Address(packed[20:24]))
     with contextlib.suppress(OSError, ValueError), open("/proc/net/if_inet6") as f:
         for line in f:
@@ -101,33 +105,34 @@ def host_addresses() -> set[IPAddress]:
 class HostNetwork:
     """The host's side of every sandbox's network: defaults, protection, guest configuration."""
 
-    def __init__(self, settings: Settings, environ: Mapping[str, str] | None = None,
-                 pip: PipIndexes | None = None,
-                 own_addresses: set[IPAddress] | None = None) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        environ: Mapping[str, str] | None = None,
+        pip: PipIndexes | None = None,
+        own_addresses: set[IPAddress] | None = None,
+    ) -> None:
         self.settings = settings
-        self.own = {plain_address(a) for a in (host_addresses() if own_addresses is None
-                                               else own_addresses)}
+        self.own = {plain_address(a) for a in (host_addresses() if own_addresses is None else own_addresses)}
         self.operator: list[AllowEntry] = []
         for text in settings.network_allow:
             try:
                 self.operator.append(parse_entry(text, operator=True))
             except ValueError as exc:
-                raise ConfigError(f"setting network_allow (KERNELHOST_NETWORK_ALLOW): {exc}") \
-                    from None
+                raise ConfigError(f"setting network_allow (KERNELHOST_NETWORK_ALLOW): {exc}") from None
         self.pip = read_pip_config(environ) if pip is None else pip
         self.defaults: list[AllowEntry] = []
         self.file_roots: list[Path] = []
         #: the local socket of the server of ``file_roots`` (set by the API layer when it runs)
         self.index_endpoint: Path | None = None
-        configured = ([self.pip.index_url] if self.pip.index_url else []) \
-            + self.pip.extra_index_urls
+        configured = ([self.pip.index_url] if self.pip.index_url else []) + self.pip.extra_index_urls
         urls = [u for u in (self._guest_url(u) for u in configured) if u]
-        trusted = sorted({urllib.parse.urlsplit(u).hostname or "" for u in urls
-                          if u.startswith("http://")} - {""})
+        trusted = sorted(
+            {urllib.parse.urlsplit(u).hostname or "" for u in urls if u.startswith("http://")} - {""}
+        )
         self.guest_pip: dict[str, Any] = {}
         if urls:
-            self.guest_pip = {"index-url": urls[0], "extra-index-url": urls[1:],
-                              "trusted-host": trusted}
+            self.guest_pip = {"index-url": urls[0], "extra-index-url": urls[1:], "trusted-host": trusted}
 
     def _guest_url(self, url: str) -> str | None:
         """The index URL as the guest uses it; http(s) hosts join the default allowlist."""
@@ -168,8 +173,14 @@ class HostNetwork:
             return {"mode": "none", "env": {}, "pip": None}
         proxy = f"http://127.0.0.1:{PROXY_PORT}"
         no_proxy = "localhost,127.0.0.1,::1"
-        env = {"HTTP_PROXY": proxy, "HTTPS_PROXY": proxy, "http_proxy": proxy,
-               "https_proxy": proxy, "NO_PROXY": no_proxy, "no_proxy": no_proxy}
+        env = {
+            "HTTP_PROXY": proxy,
+            "HTTPS_PROXY": proxy,
+            "http_proxy": proxy,
+            "https_proxy": proxy,
+            "NO_PROXY": no_proxy,
+            "no_proxy": no_proxy,
+        }
         return {"mode": spec.mode, "env": env, "pip": dict(self.guest_pip)}
 
     def protected(self, addr: IPAddress) -> str | None:
@@ -192,5 +203,4 @@ class HostNetwork:
         if port != self.settings.port:
             return False
         addr = plain_address(addr)
-        return addr.is_loopback or addr in self.own or addr.is_unspecified or \
-            str(addr) == self.settings.host
+        return addr.is_loopback or addr in self.own or addr.is_unspecified or str(addr) == self.settings.host

@@ -57,8 +57,9 @@ class AllowEntry:
 def parse_entry(text: Any, operator: bool = False) -> AllowEntry:
     """Parse ``host``, ``host:port``, ``*.domain[:port]``, ``1.2.3.4[:port]``, ``[::1][:port]``;
     ValueError names the bad value and the expected shape."""
-    shape = ("use 'host', 'host:port', '*.example.org[:port]' or an IP address "
-             "('[v6]:port' for IPv6 with a port)")
+    shape = (
+        "use 'host', 'host:port', '*.example.org[:port]' or an IP address ('[v6]:port' for IPv6 with a port)"
+    )
     if not isinstance(text, str) or not text.strip() or len(text) > 300:
         raise ValueError(f"allow entry {text!r:.80} is not a string of 1-300 characters; {shape}")
     raw = text.strip().lower()
@@ -80,8 +81,7 @@ def parse_entry(text: Any, operator: bool = False) -> AllowEntry:
         host = str(ipaddress.ip_address(host))
     except ValueError:
         if not _HOSTNAME.match(host) or len(host) > 253:
-            raise ValueError(f"allow entry {text!r} is not a host name or IP address; "
-                             f"{shape}") from None
+            raise ValueError(f"allow entry {text!r} is not a host name or IP address; {shape}") from None
     return AllowEntry(host, port, operator)
 
 
@@ -101,14 +101,15 @@ class NetworkSpec:
         if not isinstance(data, dict) or data.get("mode") not in MODES:
             return cls()
         allow = data.get("allow")
-        return cls(str(data["mode"]),
-                   tuple(str(a) for a in allow) if isinstance(allow, list) else ())
+        return cls(str(data["mode"]), tuple(str(a) for a in allow) if isinstance(allow, list) else ())
 
 
 def parse_network(value: Any) -> NetworkSpec:
     """The ``network`` field of a create request: a mode name, or ``{"mode", "allow"}``."""
-    fix = ('give "none", "allowlist" or "outbound", or {"mode": "allowlist", "allow": '
-           '["host:port", ...]}; see docs/network.md')
+    fix = (
+        'give "none", "allowlist" or "outbound", or {"mode": "allowlist", "allow": '
+        '["host:port", ...]}; see docs/network.md'
+    )
     if value is None:
         return NetworkSpec()
     if isinstance(value, NetworkSpec):
@@ -119,19 +120,23 @@ def parse_network(value: Any) -> NetworkSpec:
         raise InvalidRequest(f"field 'network' is {value!r:.80}; {fix}", field="network")
     unknown = set(value) - {"mode", "allow"}
     if unknown:
-        raise InvalidRequest(f"field 'network' has unknown keys {sorted(unknown)}; {fix}",
-                             field="network")
+        raise InvalidRequest(f"field 'network' has unknown keys {sorted(unknown)}; {fix}", field="network")
     mode = value.get("mode", "none")
     if mode not in MODES:
-        raise InvalidRequest(f"network mode {mode!r} is not one of none, allowlist, outbound; "
-                             f"{fix}", field="network.mode")
+        raise InvalidRequest(
+            f"network mode {mode!r} is not one of none, allowlist, outbound; {fix}", field="network.mode"
+        )
     allow = value.get("allow") or []
     if not isinstance(allow, list) or len(allow) > MAX_ALLOW:
-        raise InvalidRequest(f"network.allow must be a list of at most {MAX_ALLOW} entries "
-                             "('host[:port]')", field="network.allow")
+        raise InvalidRequest(
+            f"network.allow must be a list of at most {MAX_ALLOW} entries ('host[:port]')",
+            field="network.allow",
+        )
     if allow and mode != "allowlist":
-        raise InvalidRequest(f"network.allow applies to mode 'allowlist' only, not {mode!r}; "
-                             "drop it or set mode to allowlist", field="network.allow")
+        raise InvalidRequest(
+            f"network.allow applies to mode 'allowlist' only, not {mode!r}; drop it or set mode to allowlist",
+            field="network.allow",
+        )
     entries = []
     for item in allow:
         try:
@@ -175,8 +180,10 @@ class Policy:
         """The addresses ``host:port`` may be reached at; Refused says why not."""
         name = host.strip().lower().rstrip(".")
         if self.mode == "none":
-            raise Refused("kernelhost: this sandbox has no network (network mode none); "
-                          "create it with network mode allowlist or outbound")
+            raise Refused(
+                "kernelhost: this sandbox has no network (network mode none); "
+                "create it with network mode allowlist or outbound"
+            )
         if not isinstance(port, int) or not 0 < port < 65536:
             raise Refused(f"kernelhost: port {port!r} is not valid", NetRefusal.INVALID)
         literal: IPAddress | None
@@ -186,8 +193,7 @@ class Policy:
         except ValueError:
             literal = None
             if not _HOSTNAME.match(name) or name.startswith("*.") or len(name) > 253:
-                raise Refused(f"kernelhost: {host[:100]!r} is not a host name",
-                              NetRefusal.INVALID) from None
+                raise Refused(f"kernelhost: {host[:100]!r} is not a host name", NetRefusal.INVALID) from None
         matched = [e for e in self.entries if e.matches(name, port)]
         if self.mode == "allowlist" and not matched:
             raise Refused(f"kernelhost: {name}:{port} is not in this sandbox's network allowlist")
@@ -196,31 +202,39 @@ class Policy:
         addrs = [literal] if literal is not None else await _lookup(name, port)
         return self._check(f"{name}:{port}", addrs, port, trusted)
 
-    def _check(self, where: str, addrs: list[IPAddress], port: int,
-               trusted: bool) -> list[IPAddress]:
+    def _check(self, where: str, addrs: list[IPAddress], port: int, trusted: bool) -> list[IPAddress]:
         allowed: list[IPAddress] = []
         reasons = []
         for addr in addrs:
-            why = "the kernelhost API" if self.host.api_endpoint(addr, port) else \
-                None if trusted else self.host.protected(addr)
+            why = (
+                "the kernelhost API"
+                if self.host.api_endpoint(addr, port)
+                else None
+                if trusted
+                else self.host.protected(addr)
+            )
             if why is None:
                 allowed.append(addr)
             else:
                 reasons.append(f"{addr} is {why}")
         if not allowed:
-            hint = "" if any("kernelhost API" in r for r in reasons) else \
-                " (an operator can list it in network_allow)"
-            raise Refused(f"kernelhost: {where} refused: {'; '.join(reasons)[:200]}; sandboxes "
-                          f"may not reach it{hint}")
+            hint = (
+                ""
+                if any("kernelhost API" in r for r in reasons)
+                else " (an operator can list it in network_allow)"
+            )
+            raise Refused(
+                f"kernelhost: {where} refused: {'; '.join(reasons)[:200]}; sandboxes may not reach it{hint}"
+            )
         return allowed
 
 
 async def _lookup(name: str, port: int) -> list[IPAddress]:
     loop = asyncio.get_running_loop()
     try:
-        infos = await asyncio.wait_for(
-            loop.getaddrinfo(name, port, type=socket.SOCK_STREAM), CONNECT_TIMEOUT)
+        infos = await asyncio.wait_for(loop.getaddrinfo(name, port, type=socket.SOCK_STREAM), CONNECT_TIMEOUT)
     except (OSError, TimeoutError) as exc:
-        raise Refused(f"kernelhost: cannot resolve {name}: {exc or 'timed out'}",
-                      NetRefusal.UNREACHABLE) from None
+        raise Refused(
+            f"kernelhost: cannot resolve {name}: {exc or 'timed out'}", NetRefusal.UNREACHABLE
+        ) from None
     return list(dict.fromkeys(ipaddress.ip_address(str(i[4][0]).split("%")[0]) for i in infos))

@@ -55,8 +55,9 @@ Count = Callable[[str], None]
 class Tunnels(ChannelListener):
     """The tunnels of one agent's channel; ``close()`` ends every one of them."""
 
-    def __init__(self, policy: Policy, agent: AgentClient, sandbox_id: str,
-                 count: Count | None = None) -> None:
+    def __init__(
+        self, policy: Policy, agent: AgentClient, sandbox_id: str, count: Count | None = None
+    ) -> None:
         self.policy = policy
         self.agent = agent
         self.log = log.bind(sandbox_id=sandbox_id, network=policy.mode)
@@ -73,8 +74,12 @@ class Tunnels(ChannelListener):
 
     def on_net(self, frame: dict[str, Any]) -> None:
         kind, tunnel_id = frame.get("t"), frame.get("tunnel")
-        if self.closed or not isinstance(tunnel_id, int) or isinstance(tunnel_id, bool) \
-                or not 0 < tunnel_id < 1 << 62:
+        if (
+            self.closed
+            or not isinstance(tunnel_id, int)
+            or isinstance(tunnel_id, bool)
+            or not 0 < tunnel_id < 1 << 62
+        ):
             return
         tun = self.tunnels.get(tunnel_id)
         if kind == NetFrame.OPEN:
@@ -109,10 +114,12 @@ class Tunnels(ChannelListener):
             return
         if len(self.tunnels) >= MAX_TUNNELS:
             self._count("refused")
-            self.log.warning("network.refused", host=host[:100], port=port,
-                             reason="too many connections")
-            self._refuse(tunnel_id, NetRefusal.BUSY,
-                         f"kernelhost: this sandbox already has {MAX_TUNNELS} connections open")
+            self.log.warning("network.refused", host=host[:100], port=port, reason="too many connections")
+            self._refuse(
+                tunnel_id,
+                NetRefusal.BUSY,
+                f"kernelhost: this sandbox already has {MAX_TUNNELS} connections open",
+            )
             return
         tun = _Tunnel(tunnel_id)
         tun.room.set()
@@ -120,8 +127,16 @@ class Tunnels(ChannelListener):
         tun.task = self.tasks.spawn(self._run(tun, host[:300], port), name=f"tunnel:{tunnel_id}")
 
     def _refuse(self, tunnel_id: int, reason: NetRefusal, error: str) -> None:
-        self._post({"op": Frame.NET.value, "t": NetFrame.OPENED.value, "tunnel": tunnel_id,
-                    "ok": False, "reason": reason.value, "error": error})
+        self._post(
+            {
+                "op": Frame.NET.value,
+                "t": NetFrame.OPENED.value,
+                "tunnel": tunnel_id,
+                "ok": False,
+                "reason": reason.value,
+                "error": error,
+            }
+        )
 
     def _answer_unknown(self, tunnel_id: int) -> None:
         if tunnel_id in self._ended:
@@ -163,8 +178,9 @@ class Tunnels(ChannelListener):
     # -- one tunnel --------------------------------------------------------------------------------
 
     async def _send(self, kind: NetFrame, tunnel_id: int, **fields: Any) -> None:
-        await self.agent.send_net({"op": Frame.NET.value, "t": kind.value, "tunnel": tunnel_id,
-                                   **fields}, timeout=SEND_TIMEOUT)
+        await self.agent.send_net(
+            {"op": Frame.NET.value, "t": kind.value, "tunnel": tunnel_id, **fields}, timeout=SEND_TIMEOUT
+        )
 
     async def _run(self, tun: _Tunnel, host: str, port: int) -> None:
         writer: asyncio.StreamWriter | None = None
@@ -174,8 +190,7 @@ class Tunnels(ChannelListener):
             except Refused as exc:
                 self._count("refused")
                 self.log.warning("network.refused", host=host[:100], port=port, reason=str(exc))
-                await self._send(NetFrame.OPENED, tun.id, ok=False, reason=exc.reason.value,
-                                 error=str(exc))
+                await self._send(NetFrame.OPENED, tun.id, ok=False, reason=exc.reason.value, error=str(exc))
                 return
             self._count("opened")
             await self._send(NetFrame.OPENED, tun.id, ok=True)
@@ -189,16 +204,14 @@ class Tunnels(ChannelListener):
             if not tun.guest_closed and not self.closed and self.agent.connected:
                 self._answer_unknown(tun.id)  # tell the guest the tunnel is over (once)
 
-    async def _connect(self, host: str, port: int
-                       ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    async def _connect(self, host: str, port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         local = self.policy.local_endpoint(host, port)
         if local is not None:
             return await _open_local(local)
         addrs = await self.policy.resolve(host, port)
         return await _open_tcp(host, addrs, port)
 
-    async def _pump(self, tun: _Tunnel, reader: asyncio.StreamReader,
-                    writer: asyncio.StreamWriter) -> None:
+    async def _pump(self, tun: _Tunnel, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         up = asyncio.ensure_future(self._to_remote(tun, writer))
         down = asyncio.ensure_future(self._from_remote(tun, reader))
         try:
@@ -207,8 +220,7 @@ class Tunnels(ChannelListener):
             for task in (up, down):
                 task.cancel()
             for task in (up, down):
-                with contextlib.suppress(asyncio.CancelledError, ConnectionError, OSError,
-                                         ChannelError):
+                with contextlib.suppress(asyncio.CancelledError, ConnectionError, OSError, ChannelError):
                     await task
 
     async def _to_remote(self, tun: _Tunnel, writer: asyncio.StreamWriter) -> None:
@@ -247,14 +259,18 @@ class Tunnels(ChannelListener):
 async def _open_local(path: Path) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
     try:
         return await asyncio.wait_for(
-            asyncio.open_unix_connection(str(path), limit=NET_CHUNK), CONNECT_TIMEOUT)
+            asyncio.open_unix_connection(str(path), limit=NET_CHUNK), CONNECT_TIMEOUT
+        )
     except (OSError, TimeoutError) as exc:
-        raise Refused(f"kernelhost: the host's package index is not available: "
-                      f"{exc or 'timed out'}", NetRefusal.UNREACHABLE) from None
+        raise Refused(
+            f"kernelhost: the host's package index is not available: {exc or 'timed out'}",
+            NetRefusal.UNREACHABLE,
+        ) from None
 
 
-async def _open_tcp(host: str, addrs: list[IPAddress], port: int
-                    ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+async def _open_tcp(
+    host: str, addrs: list[IPAddress], port: int
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
     errors = []
     loop = asyncio.get_running_loop()
     deadline = loop.time() + CONNECT_TIMEOUT
@@ -263,9 +279,10 @@ async def _open_tcp(host: str, addrs: list[IPAddress], port: int
         if left <= 0:
             break
         try:
-            return await asyncio.wait_for(
-                asyncio.open_connection(str(addr), port, limit=NET_CHUNK), left)
+            return await asyncio.wait_for(asyncio.open_connection(str(addr), port, limit=NET_CHUNK), left)
         except (OSError, TimeoutError) as exc:
             errors.append(f"{addr}: {exc or 'timed out'}")
-    raise Refused(f"kernelhost: cannot connect to {host}:{port}: "
-                  f"{'; '.join(errors)[:200] or 'timed out'}", NetRefusal.UNREACHABLE)
+    raise Refused(
+        f"kernelhost: cannot connect to {host}:{port}: {'; '.join(errors)[:200] or 'timed out'}",
+        NetRefusal.UNREACHABLE,
+    )

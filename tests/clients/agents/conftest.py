@@ -22,30 +22,34 @@ from kernelhost import AsyncSandbox, Sandbox
 from ...harness import Service, running_service
 
 #: Python that displays a 4x4 red PNG without matplotlib (the minimal template has none).
-SHOW_PNG = "\n".join([
-    "import struct, zlib",
-    "from IPython.display import Image, display",
-    "def _chunk(kind, data):",
-    "    return (struct.pack('>I', len(data)) + kind + data",
-    "            + struct.pack('>I', zlib.crc32(kind + data) & 0xffffffff))",
-    "_raw = b''.join(b'\\x00' + b'\\xff\\x00\\x00' * 4 for _ in range(4))",
-    "_png = (b'\\x89PNG\\r\\n\\x1a\\n' + _chunk(b'IHDR', struct.pack('>IIBBBBB', 4, 4, 8, 2, 0, 0, 0))",
-    "        + _chunk(b'IDAT', zlib.compress(_raw)) + _chunk(b'IEND', b''))",
-    "display(Image(data=_png))",
-])
+SHOW_PNG = "\n".join(
+    [
+        "import struct, zlib",
+        "from IPython.display import Image, display",
+        "def _chunk(kind, data):",
+        "    return (struct.pack('>I', len(data)) + kind + data",
+        "            + struct.pack('>I', zlib.crc32(kind + data) & 0xffffffff))",
+        "_raw = b''.join(b'\\x00' + b'\\xff\\x00\\x00' * 4 for _ in range(4))",
+        "_png = (b'\\x89PNG\\r\\n\\x1a\\n' + _chunk(b'IHDR', struct.pack('>IIBBBBB', 4, 4, 8, 2, 0, 0, 0))",
+        "        + _chunk(b'IDAT', zlib.compress(_raw)) + _chunk(b'IEND', b''))",
+        "display(Image(data=_png))",
+    ]
+)
 
 
 @pytest.fixture(scope="session")
 def agents_service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
-    with running_service(tmp_path_factory.mktemp("agents-state"), "agents",
-                         KERNELHOST_REAPER_INTERVAL="1") as svc:
+    with running_service(
+        tmp_path_factory.mktemp("agents-state"), "agents", KERNELHOST_REAPER_INTERVAL="1"
+    ) as svc:
         yield svc
 
 
 @pytest.fixture(scope="session")
 async def agents_sandbox(agents_service: Service) -> AsyncIterator[AsyncSandbox]:
-    sbx = await AsyncSandbox.create(url=agents_service.url, api_key=agents_service.api_key,
-                                    metadata={"test": "agents"})
+    sbx = await AsyncSandbox.create(
+        url=agents_service.url, api_key=agents_service.api_key, metadata={"test": "agents"}
+    )
     try:
         yield sbx
     finally:
@@ -54,6 +58,7 @@ async def agents_sandbox(agents_service: Service) -> AsyncIterator[AsyncSandbox]
 
 @pytest.fixture(scope="session")
 def agents_sync_sandbox(agents_service: Service) -> Iterator[Sandbox]:
-    with Sandbox(url=agents_service.url, api_key=agents_service.api_key,
-                 metadata={"test": "agents-sync"}) as sbx:
+    with Sandbox(
+        url=agents_service.url, api_key=agents_service.api_key, metadata={"test": "agents-sync"}
+    ) as sbx:
         yield sbx

@@ -36,8 +36,8 @@ START_TIMEOUT = 10.0
 
 def _bad_request(message: str) -> web.Response:
     return web.json_response(
-        {"type": "error", "error": {"type": "invalid_request_error", "message": message}},
-        status=400)
+        {"type": "error", "error": {"type": "invalid_request_error", "message": message}}, status=400
+    )
 
 
 def check_history(messages: list[dict[str, Any]]) -> str | None:
@@ -50,11 +50,11 @@ def check_history(messages: list[dict[str, Any]]) -> str | None:
             for j, block in enumerate(content):
                 if block.get("type") == "server_tool_use":
                     want = SERVER_RESULT_TYPES.get(block["name"])
-                    later = content[j + 1:]
-                    if not any(b.get("type") == want and b.get("tool_use_id") == block["id"]
-                               for b in later):
-                        return (f"tool use with id {block['id']} was found without a "
-                                f"corresponding {want} block")
+                    later = content[j + 1 :]
+                    if not any(b.get("type") == want and b.get("tool_use_id") == block["id"] for b in later):
+                        return (
+                            f"tool use with id {block['id']} was found without a corresponding {want} block"
+                        )
             pending = [b["id"] for b in content if b.get("type") == "tool_use"]
             if not pending:
                 continue
@@ -63,7 +63,7 @@ def check_history(messages: list[dict[str, Any]]) -> str | None:
             reply = messages[i + 1].get("content")
             blocks = reply if isinstance(reply, list) else []
             results = list(itertools.takewhile(lambda b: b.get("type") == "tool_result", blocks))
-            if any(b.get("type") == "tool_result" for b in blocks[len(results):]):
+            if any(b.get("type") == "tool_result" for b in blocks[len(results) :]):
                 return "tool_result blocks must come first in the user message"
             answered = {b.get("tool_use_id") for b in results}
             if set(pending) - answered:
@@ -80,18 +80,22 @@ class ScriptedMessagesAPI:
         self.headers: list[dict[str, str]] = []
         self.url = ""
         self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True,
-                                        name="scripted-messages-api")
+        self._thread = threading.Thread(
+            target=self._loop.run_forever, daemon=True, name="scripted-messages-api"
+        )
         self._runner: web.AppRunner | None = None
 
     async def _handle(self, request: web.Request) -> web.Response:
         body = await request.json()
         self.requests.append(body)
         self.headers.append(dict(request.headers))
-        if not (request.headers.get("x-api-key")
-                or request.headers.get("authorization", "").startswith("Bearer ")):
-            return web.json_response({"type": "error", "error": {
-                "type": "authentication_error", "message": "no API key"}}, status=401)
+        if not (
+            request.headers.get("x-api-key") or request.headers.get("authorization", "").startswith("Bearer ")
+        ):
+            return web.json_response(
+                {"type": "error", "error": {"type": "authentication_error", "message": "no API key"}},
+                status=401,
+            )
         problem = check_history(body.get("messages", []))
         if problem:
             return _bad_request(problem)
@@ -102,14 +106,22 @@ class ScriptedMessagesAPI:
             answer = step(body)
             step = await answer if inspect.isawaitable(answer) else answer
         assert isinstance(step, dict)
-        return web.json_response({
-            "id": f"msg_{len(self.requests):04d}", "type": "message", "role": "assistant",
-            "model": body.get("model", "scripted"), "content": step["content"],
-            "stop_reason": step["stop_reason"], "stop_sequence": None,
-            "usage": {"input_tokens": 10, "output_tokens": 10,
-                      **({"server_tool_use": step["server_tool_use"]}
-                         if "server_tool_use" in step else {})},
-        })
+        return web.json_response(
+            {
+                "id": f"msg_{len(self.requests):04d}",
+                "type": "message",
+                "role": "assistant",
+                "model": body.get("model", "scripted"),
+                "content": step["content"],
+                "stop_reason": step["stop_reason"],
+                "stop_sequence": None,
+                "usage": {
+                    "input_tokens": 10,
+                    "output_tokens": 10,
+                    **({"server_tool_use": step["server_tool_use"]} if "server_tool_use" in step else {}),
+                },
+            }
+        )
 
     async def _start(self) -> str:
         app = web.Application()

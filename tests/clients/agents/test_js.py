@@ -30,11 +30,17 @@ def test_npm_package_against_the_service(agents_service: Service) -> None:
     npm = shutil.which("npm")
     assert npm, "npm is not installed: run scripts/install-deps.sh (make deps)"
     assert (JS / "node_modules" / ".package-lock.json").is_file(), (
-        "js/node_modules is missing: run 'make js-deps' (npm ci from js/package-lock.json)")
-    env = {**os.environ, "KERNELHOST_URL": agents_service.url,
-           "KERNELHOST_API_KEY": agents_service.api_key, "NO_COLOR": "1"}
-    proc = subprocess.run([npm, "test"], cwd=JS, env=env, capture_output=True, text=True,
-                          timeout=NPM_TIMEOUT, check=False)
+        "js/node_modules is missing: run 'make js-deps' (npm ci from js/package-lock.json)"
+    )
+    env = {
+        **os.environ,
+        "KERNELHOST_URL": agents_service.url,
+        "KERNELHOST_API_KEY": agents_service.api_key,
+        "NO_COLOR": "1",
+    }
+    proc = subprocess.run(
+        [npm, "test"], cwd=JS, env=env, capture_output=True, text=True, timeout=NPM_TIMEOUT, check=False
+    )
     output = proc.stdout + proc.stderr
     print(output)  # shown by pytest on failure, and with -s
     assert proc.returncode == 0, f"npm test failed (exit {proc.returncode}):\n{output[-6000:]}"

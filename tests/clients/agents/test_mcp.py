@@ -22,14 +22,25 @@ from .conftest import SHOW_PNG
 
 pytestmark = pytest.mark.clients
 
-TOOLS = {"create_sandbox", "run_code", "read_file", "write_file", "list_files", "fork_sandbox",
-         "close_sandbox", "list_sandboxes"}
+TOOLS = {
+    "create_sandbox",
+    "run_code",
+    "read_file",
+    "write_file",
+    "list_files",
+    "fork_sandbox",
+    "close_sandbox",
+    "list_sandboxes",
+}
 
 
 def stdio_client(service: Service, *extra: str) -> Client:
     params = StdioServerParameters(
-        command=sys.executable, args=["-m", "kernelhost.cli", "mcp", *extra], cwd=str(REPO),
-        env={"KERNELHOST_URL": service.url, "KERNELHOST_API_KEY": service.api_key})
+        command=sys.executable,
+        args=["-m", "kernelhost.cli", "mcp", *extra],
+        cwd=str(REPO),
+        env={"KERNELHOST_URL": service.url, "KERNELHOST_API_KEY": service.api_key},
+    )
     return Client(params, read_timeout_seconds=120)
 
 
@@ -37,8 +48,9 @@ def stdio_client(service: Service, *extra: str) -> Client:
 async def http_client(service: Service, key: str | None = None) -> AsyncIterator[Client]:
     headers = {"Authorization": f"Bearer {key or service.api_key}"}
     async with httpx2.AsyncClient(headers=headers, timeout=httpx2.Timeout(120)) as http:
-        async with Client(streamable_http_client(f"{service.url}/mcp", http_client=http),
-                          read_timeout_seconds=120) as client:
+        async with Client(
+            streamable_http_client(f"{service.url}/mcp", http_client=http), read_timeout_seconds=120
+        ) as client:
             yield client
 
 
@@ -62,7 +74,8 @@ async def sandbox_ids(service: Service) -> set[str]:
 
 
 async def test_stdio_server_runs_code_files_and_forks_then_deletes_its_sandboxes(
-        agents_service: Service) -> None:
+    agents_service: Service,
+) -> None:
     before = await sandbox_ids(agents_service)
     async with stdio_client(agents_service, "--max-output-chars", "1000") as client:
         listed = await client.list_tools()
@@ -77,8 +90,7 @@ async def test_stdio_server_runs_code_files_and_forks_then_deletes_its_sandboxes
         assert data["status"] == "ok" and data["stdout"] == "ready\n"
         assert text_of(first).endswith(f"[sandbox_id: {sandbox_id}]")
 
-        area = await call(client, "run_code", code="round(math.pi * r ** 2, 2)",
-                          sandbox_id=sandbox_id)
+        area = await call(client, "run_code", code="round(math.pi * r ** 2, 2)", sandbox_id=sandbox_id)
         assert area.structured_content["result"] == "12.57"
 
         plot = await call(client, "run_code", code=SHOW_PNG, sandbox_id=sandbox_id)
@@ -91,8 +103,9 @@ async def test_stdio_server_runs_code_files_and_forks_then_deletes_its_sandboxes
         assert failing.structured_content["status"] == "error"
         assert failing.structured_content["error"]["name"] == "ZeroDivisionError"
 
-        shell = await call(client, "run_code", code="echo $((r=6*7)); exit 3", language="bash",
-                           sandbox_id=sandbox_id)
+        shell = await call(
+            client, "run_code", code="echo $((r=6*7)); exit 3", language="bash", sandbox_id=sandbox_id
+        )
         assert shell.structured_content["stdout"] == "42\n"
         assert shell.structured_content["exit_code"] == 3
 
@@ -100,15 +113,14 @@ async def test_stdio_server_runs_code_files_and_forks_then_deletes_its_sandboxes
         assert big.structured_content["truncated"] is True
         assert len(big.structured_content["stdout"]) <= 1000
 
-        written = await call(client, "write_file", sandbox_id=sandbox_id, path="notes/a.txt",
-                             content="hello from mcp\n")
-        assert written.structured_content == {"path": "/home/user/notes/a.txt", "size": 15,
-                                              "created": True}
-        assert (await call(client, "run_code", code="open('notes/a.txt').read()",
-                           sandbox_id=sandbox_id)).structured_content["result"] == \
-            "'hello from mcp\\n'"
-        await call(client, "run_code", code="open('/tmp/p.png', 'wb').write(_png)",
-                   sandbox_id=sandbox_id)
+        written = await call(
+            client, "write_file", sandbox_id=sandbox_id, path="notes/a.txt", content="hello from mcp\n"
+        )
+        assert written.structured_content == {"path": "/home/user/notes/a.txt", "size": 15, "created": True}
+        assert (
+            await call(client, "run_code", code="open('notes/a.txt').read()", sandbox_id=sandbox_id)
+        ).structured_content["result"] == "'hello from mcp\\n'"
+        await call(client, "run_code", code="open('/tmp/p.png', 'wb').write(_png)", sandbox_id=sandbox_id)
         read = await call(client, "read_file", sandbox_id=sandbox_id, path="notes/a.txt")
         assert read.structured_content["content"] == "hello from mcp\n"
         binary = await call(client, "read_file", sandbox_id=sandbox_id, path="/tmp/p.png")
@@ -119,18 +131,16 @@ async def test_stdio_server_runs_code_files_and_forks_then_deletes_its_sandboxes
 
         forked = await call(client, "fork_sandbox", sandbox_id=sandbox_id, n=1)
         child = forked.structured_content["sandboxes"][0]["sandbox_id"]
-        assert (await call(client, "run_code", code="r", sandbox_id=child)
-                ).structured_content["result"] == "2"
+        assert (await call(client, "run_code", code="r", sandbox_id=child)).structured_content[
+            "result"
+        ] == "2"
 
-        created = await call(client, "create_sandbox", network="allowlist",
-                             allow=["files.example.org:443"])
+        created = await call(client, "create_sandbox", network="allowlist", allow=["files.example.org:443"])
         extra = created.structured_content["sandbox_id"]
         assert created.structured_content["network"] == "allowlist"
-        proxied = await call(client, "run_code", sandbox_id=extra, language="bash",
-                             code="echo $HTTPS_PROXY")
+        proxied = await call(client, "run_code", sandbox_id=extra, language="bash", code="echo $HTTPS_PROXY")
         assert proxied.structured_content["stdout"].strip() == "http://127.0.0.1:3128"
-        bad = await client.call_tool("create_sandbox", {"network": "outbound",
-                                                        "allow": ["x.example.org"]})
+        bad = await client.call_tool("create_sandbox", {"network": "outbound", "allow": ["x.example.org"]})
         assert bad.is_error and "allow" in text_of(bad)
         closed = await call(client, "close_sandbox", sandbox_id=extra)
         assert closed.structured_content == {"sandbox_id": extra, "closed": True}
@@ -138,8 +148,7 @@ async def test_stdio_server_runs_code_files_and_forks_then_deletes_its_sandboxes
         assert gone.is_error and "does not exist" in text_of(gone)
 
         mine = await call(client, "list_sandboxes")
-        assert {sandbox_id, child} <= {s["sandbox_id"] for s in
-                                       mine.structured_content["sandboxes"]}
+        assert {sandbox_id, child} <= {s["sandbox_id"] for s in mine.structured_content["sandboxes"]}
     # the server deleted the sandboxes it created when it stopped
     assert await sandbox_ids(agents_service) == before
 
@@ -156,23 +165,27 @@ async def test_http_endpoint_needs_the_key_and_keeps_keys_apart(agents_service: 
         sandbox_id = created.structured_content["sandbox_id"]
         assert created.structured_content["state"] == "running"
         await call(client, "run_code", code="secret = 'kept'", sandbox_id=sandbox_id)
-        await call(client, "write_file", sandbox_id=sandbox_id, path="/tmp/data.json",
-                   content=json.dumps({"n": 41}))
-        result = await call(client, "run_code", sandbox_id=sandbox_id,
-                            code="import json\njson.load(open('/tmp/data.json'))['n'] + 1")
+        await call(
+            client, "write_file", sandbox_id=sandbox_id, path="/tmp/data.json", content=json.dumps({"n": 41})
+        )
+        result = await call(
+            client,
+            "run_code",
+            sandbox_id=sandbox_id,
+            code="import json\njson.load(open('/tmp/data.json'))['n'] + 1",
+        )
         assert result.structured_content["result"] == "42"
         assert result.content[0].type == "text"
 
         # another key neither sees nor reaches this key's sandbox
         async with http_client(agents_service, agents_service.other_key) as other:
-            denied = await other.call_tool("run_code", {"code": "secret",
-                                                        "sandbox_id": sandbox_id})
+            denied = await other.call_tool("run_code", {"code": "secret", "sandbox_id": sandbox_id})
             assert denied.is_error and "does not exist" in text_of(denied)
             theirs = await call(other, "list_sandboxes")
-            assert sandbox_id not in {s["sandbox_id"] for s in
-                                      theirs.structured_content["sandboxes"]}
+            assert sandbox_id not in {s["sandbox_id"] for s in theirs.structured_content["sandboxes"]}
 
-        assert (await call(client, "run_code", code="secret", sandbox_id=sandbox_id)
-                ).structured_content["result"] == "'kept'"
+        assert (await call(client, "run_code", code="secret", sandbox_id=sandbox_id)).structured_content[
+            "result"
+        ] == "'kept'"
         await call(client, "close_sandbox", sandbox_id=sandbox_id)
     assert sandbox_id not in await sandbox_ids(agents_service)

@@ -35,22 +35,25 @@ def outputs_seen_by(model: ScriptedModel, index: int) -> dict[str, Any]:
     """The tool outputs in the input of the model's call ``index``, by call id."""
     items = model.calls[index].input
     assert isinstance(items, list)
-    return {item["call_id"]: item["output"] for item in items
-            if isinstance(item, dict) and item.get("type") == "function_call_output"}
+    return {
+        item["call_id"]: item["output"]
+        for item in items
+        if isinstance(item, dict) and item.get("type") == "function_call_output"
+    }
 
 
-async def test_runner_keeps_state_across_calls_in_a_sandbox_the_tool_creates(
-        agents_service: Service) -> None:
-    tool = code_interpreter_tool(url=agents_service.url, api_key=agents_service.api_key,
-                                 timeout=60)
+async def test_runner_keeps_state_across_calls_in_a_sandbox_the_tool_creates(agents_service: Service) -> None:
+    tool = code_interpreter_tool(url=agents_service.url, api_key=agents_service.api_key, timeout=60)
     assert isinstance(tool, FunctionTool)
     assert tool.params_json_schema == PARAMETERS and tool.strict_json_schema
-    model = ScriptedModel([
-        [call("total = 40", "call_1")],
-        [call("total += 2\ntotal", "call_2")],
-        [call("total / 0", "call_3")],
-        [assistant_message("total is 42")],
-    ])
+    model = ScriptedModel(
+        [
+            [call("total = 40", "call_1")],
+            [call("total += 2\ntotal", "call_2")],
+            [call("total / 0", "call_3")],
+            [assistant_message("total is 42")],
+        ]
+    )
     agent = Agent(name="calc", instructions="Use run_code.", model=model, tools=[tool])
     try:
         result = await Runner.run(agent, "What is 40 + 2?")
@@ -71,15 +74,16 @@ async def test_runner_keeps_state_across_calls_in_a_sandbox_the_tool_creates(
     assert sandbox_id not in {info.id for info in remaining}
 
 
-async def test_images_bash_and_budget_with_a_sandbox_passed_in(
-        agents_sandbox: AsyncSandbox) -> None:
+async def test_images_bash_and_budget_with_a_sandbox_passed_in(agents_sandbox: AsyncSandbox) -> None:
     tool = code_interpreter_tool(agents_sandbox, budget=OutputBudget(max_chars=300))
-    model = ScriptedModel([
-        [call(SHOW_PNG, "call_img")],
-        [call("echo from bash; ls /nonexistent", "call_sh", "bash")],
-        [call("print('x' * 5000)", "call_big")],
-        [assistant_message("done")],
-    ])
+    model = ScriptedModel(
+        [
+            [call(SHOW_PNG, "call_img")],
+            [call("echo from bash; ls /nonexistent", "call_sh", "bash")],
+            [call("print('x' * 5000)", "call_big")],
+            [assistant_message("done")],
+        ]
+    )
     agent = Agent(name="plots", instructions="Use run_code.", model=model, tools=[tool])
     result = await Runner.run(agent, "draw")
     assert result.final_output == "done"
@@ -99,10 +103,12 @@ async def test_images_bash_and_budget_with_a_sandbox_passed_in(
 
 async def test_a_blocking_sandbox_works_from_the_event_loop(agents_sync_sandbox: Sandbox) -> None:
     tool = code_interpreter_tool(agents_sync_sandbox)
-    model = ScriptedModel([
-        [call("import os\nos.getpid() > 0", "c1"), call("'python'.upper()", "c2")],
-        [assistant_message("ok")],
-    ])
+    model = ScriptedModel(
+        [
+            [call("import os\nos.getpid() > 0", "c1"), call("'python'.upper()", "c2")],
+            [assistant_message("ok")],
+        ]
+    )
     result = await Runner.run(Agent(name="sync", model=model, tools=[tool]), "go")
     assert result.final_output == "ok"
     seen = outputs_seen_by(model, 1)
