@@ -20,6 +20,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -33,7 +34,7 @@ async def main() -> None:
     ap.add_argument("--sandboxes", type=int, default=10)
     args = ap.parse_args()
     times: dict[str, list[float]] = {"first 1+1": [], "second 1+1": [], "first error": [], "second error": []}
-    out: dict = {"when": now_utc(), "machine": machine_facts()}
+    out: dict[str, Any] = {"when": now_utc(), "machine": machine_facts()}
     with tempfile.TemporaryDirectory(prefix="kh-bench-first-") as tmp:
         async with service(Path(tmp), "first-call", KERNELHOST_POOL_SIZE="2") as svc:
             for _ in range(args.sandboxes):

@@ -33,12 +33,17 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
 HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:  # loaded by path (the tests do): its sibling modules still import
     sys.path.insert(0, str(HERE))
 
 from initramfs import build_initramfs  # noqa: E402  (guest-image/initramfs.py)
+
+if TYPE_CHECKING:  # for the annotations only: at run time the module is loaded by path
+    from kernelhost.progress import Stages
 
 REPO = HERE.parent
 CODEC = REPO / "kernelhost" / "channel" / "codec.py"
@@ -66,10 +71,10 @@ EXCLUDED_PATHS = [
 
 
 STAGES = ["rootfs", "kernel", "overlay", "warm-up", "erofs", "initramfs"]
-_BAR = None  # the build's progress bar while one is drawn on a terminal
+_BAR: Stages | None = None  # the build's progress bar while one is drawn on a terminal
 
 
-def _progress_module():
+def _progress_module() -> ModuleType | None:
     """kernelhost/progress.py (standard library only), loaded by path: the kernelhost package
     itself needs the virtualenv. None if it is missing; the build then logs plain lines."""
     path = REPO / "kernelhost" / "progress.py"
@@ -97,7 +102,7 @@ def stage(name: str, detail: str = "") -> None:
         log(f"{name}: {detail}" if detail else name)
 
 
-def run(cmd: list[str], **kw) -> subprocess.CompletedProcess:
+def run(cmd: list[str], **kw: Any) -> subprocess.CompletedProcess[Any]:
     if _BAR is None or not _BAR.tty or {"stderr", "input", "capture_output"} & kw.keys():
         return subprocess.run(cmd, check=True, **kw)
     # under a bar: the tool's own messages (mmdebstrap's "I: ...") go above it, line by line
@@ -110,8 +115,9 @@ def run(cmd: list[str], **kw) -> subprocess.CompletedProcess:
     return subprocess.CompletedProcess(cmd, proc.returncode)
 
 
-def load_templates() -> dict:
-    return json.loads((HERE / "templates.json").read_text())
+def load_templates() -> dict[str, dict[str, Any]]:
+    templates: dict[str, dict[str, Any]] = json.loads((HERE / "templates.json").read_text())
+    return templates
 
 
 def codename() -> str:
@@ -154,7 +160,7 @@ def host_sources(suite: str) -> tuple[str, str]:
     return "\n\n".join(stanzas) + ("\n" if stanzas else ""), "\n".join(lines) + ("\n" if lines else "")
 
 
-def image_key(template: str, spec: dict, sources: tuple[str, str]) -> str:
+def image_key(template: str, spec: dict[str, Any], sources: tuple[str, str]) -> str:
     h = hashlib.sha256()
     inputs = sorted(p for p in HERE.rglob("*") if p.is_file() and "__pycache__" not in p.parts)
     for path in [*inputs, CODEC, PROTOCOL]:
@@ -314,7 +320,7 @@ def warm_up(root: Path, preload: list[str]) -> None:
     )
 
 
-def build(template: str, spec: dict, image_dir: Path, force: bool) -> Path:
+def build(template: str, spec: dict[str, Any], image_dir: Path, force: bool) -> Path:
     suite = codename()
     sources = host_sources(suite)
     key = image_key(template, spec, sources)
@@ -344,7 +350,7 @@ def build(template: str, spec: dict, image_dir: Path, force: bool) -> Path:
 
 def _build(
     template: str,
-    spec: dict,
+    spec: dict[str, Any],
     image_dir: Path,
     suite: str,
     sources: tuple[str, str],
@@ -440,4 +446,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

@@ -10,8 +10,6 @@ import sys
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
-from aiohttp import web
-
 from .config import ConfigError, Settings
 
 if TYPE_CHECKING:
@@ -22,7 +20,9 @@ def _serve(args: argparse.Namespace) -> int:
     from . import logs
     from .api import init_app
     from .api.auth import KeyRing
+    from .api.server import serve
     from .sandboxes import BackendUnavailable
+    from .servicelock import ServiceLocked
 
     overrides = {k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
     try:
@@ -33,26 +33,33 @@ def _serve(args: argparse.Namespace) -> int:
     logs.configure(settings.log_format, settings.log_level)
     keys = KeyRing.from_settings(settings)
     app = init_app(settings, keys)
-    print(f"kernelhost: serving on {settings.url}", file=sys.stderr, flush=True)
-    if keys.dev_key:
-        print(
-            f"kernelhost: development API key (stored in {settings.dev_key_file}):\n"
-            f"  export KERNELHOST_URL={settings.url}\n"
-            f"  export KERNELHOST_API_KEY={keys.dev_key}",
-            file=sys.stderr,
-            flush=True,
-        )
+
+    def ready() -> None:
+        print(f"kernelhost: serving on {settings.url}", file=sys.stderr, flush=True)
+        if keys.dev_key_created:  # once: the key must not land in every start's log
+            print(
+                f"kernelhost: development API key (stored in {settings.dev_key_file}):\n"
+                f"  export KERNELHOST_URL={settings.url}\n"
+                f"  export KERNELHOST_API_KEY={keys.dev_key}",
+                file=sys.stderr,
+                flush=True,
+            )
+        elif keys.dev_key:
+            print(
+                f"kernelhost: the development API key is in {settings.dev_key_file}:\n"
+                f"  export KERNELHOST_URL={settings.url}\n"
+                f"  export KERNELHOST_API_KEY=$(cat {settings.dev_key_file})",
+                file=sys.stderr,
+                flush=True,
+            )
+
     try:
-        web.run_app(
-            app,
-            host=settings.host,
-            port=settings.port,
-            print=None,
-            handler_cancellation=True,
-            shutdown_timeout=10,
-        )
-    except BackendUnavailable as exc:
+        asyncio.run(serve(app, settings, ready))
+    except (BackendUnavailable, ServiceLocked) as exc:
         print(f"kernelhost: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:  # the port: in use, or not ours to bind
+        print(f"kernelhost: cannot listen on {settings.host}:{settings.port}: {exc}", file=sys.stderr)
         return 1
     return 0
 

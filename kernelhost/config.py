@@ -87,6 +87,14 @@ class Settings:
     max_fork: int = 32
     max_sandboxes_per_key: int = 100  # live and hibernated sandboxes one API key may hold
     max_memory_mib_per_key: int = 32768  # sum of running sandboxes' VM memory per API key
+    max_hibernated_mib_per_key: int = 65536  # disk one API key's hibernated sandboxes may take
+    max_metadata_bytes: int = 16384  # one sandbox's metadata, as JSON
+    max_requests_per_key: int = 64  # requests one API key has open at once (streams included)
+    max_connections: int = 1024  # client connections the service holds at once
+    header_timeout: float = 30.0  # seconds to send a request's head; also the keep-alive idle time
+    metrics_require_key: bool = False  # /healthz and /metrics behind an API key
+    tls_cert_file: str = ""  # serve HTTPS with this certificate chain (PEM) and tls_key_file
+    tls_key_file: str = ""
     max_frame_bytes: int = 64 * 1024 * 1024
     max_code_bytes: int = 4 * 1024 * 1024
     # execution depth (docs/limits.md): output caps, files, the timeout ladder
@@ -163,7 +171,9 @@ class Settings:
                 raise ConfigError(f"unknown setting {name!r} in {source}; see docs/configuration.md")
             kind = types[name]
             try:
-                if kind == "int":
+                if kind == "bool":
+                    kwargs[name] = _bool(raw)
+                elif kind == "int":
                     kwargs[name] = int(raw)
                 elif kind == "float":
                     kwargs[name] = float(raw)
@@ -219,9 +229,27 @@ class Settings:
         for name in ("restart_timeout", "agent_timeout", "interrupt_grace"):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"{name} has value {getattr(self, name)}; use a positive number of seconds")
+        for name in ("max_requests_per_key", "max_connections", "max_metadata_bytes"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} has value {getattr(self, name)}; use at least 1")
+        if not self.header_timeout > 0:
+            raise ConfigError(f"header_timeout has value {self.header_timeout}; use seconds > 0")
+        if bool(self.tls_cert_file) != bool(self.tls_key_file):
+            raise ConfigError("tls_cert_file and tls_key_file go together: set both, or neither")
         for key in self.api_keys:
             if len(key) < 16:
                 raise ConfigError("every API key must be at least 16 characters long")
+
+
+def _bool(raw: Any) -> bool:
+    if isinstance(raw, bool):
+        return raw
+    text = str(raw).strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off", ""):
+        return False
+    raise ValueError(text)
 
 
 def _read_toml(path: Path) -> dict[str, Any]:

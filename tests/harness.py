@@ -40,11 +40,13 @@ class Service:
     env: dict[str, str]
     proc: subprocess.Popen[bytes] | None = None
     starts: list[float] = field(default_factory=list)
+    #: what the command runs under (``["ip", "netns", "exec", NAME]`` for a test network)
+    launcher: list[str] = field(default_factory=list)
 
     def start(self, timeout: float = 60.0) -> None:
         with self.log_path.open("ab") as log:  # the child keeps its own copy of the descriptor
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "kernelhost.cli", "serve"],
+                [*self.launcher, sys.executable, "-m", "kernelhost.cli", "serve"],
                 env=self.env,
                 stdout=log,
                 stderr=log,
@@ -113,8 +115,9 @@ class Service:
             "KERNELHOST_LOG_FORMAT": "json",
             **env_overrides,
         }
+        host = env.get("KERNELHOST_HOST", "127.0.0.1")
         return cls(
-            f"http://127.0.0.1:{port}", key, other, prefix, state_dir, run_dir, state_dir / "service.log", env
+            f"http://{host}:{port}", key, other, prefix, state_dir, run_dir, state_dir / "service.log", env
         )
 
     def cleanup(self) -> tuple[list[str], list[str]]:

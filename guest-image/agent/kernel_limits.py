@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import inspect
 import threading
+from collections.abc import Callable
 from typing import Any
 
 from ipykernel import iostream, kernelbase
@@ -39,7 +40,7 @@ def install() -> None:
     if _installed:
         return
     _installed = True
-    original_execute = kernelbase.Kernel.execute_request
+    original_execute: Callable[..., Any] = kernelbase.Kernel.execute_request  # unannotated upstream
     original_write = iostream.OutStream.write
 
     async def execute_request(self: Any, stream: Any, ident: Any, parent: Any) -> Any:

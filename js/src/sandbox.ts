@@ -14,7 +14,7 @@
  * ```
  */
 
-import { KernelHostError, NotFoundError, TransportError } from './errors.js';
+import { KernelHostError, NotFoundError, TransportError, errorForStatus } from './errors.js';
 import { type ClientOptions, type Config, request, requestBytes, resolveConfig, stream } from './http.js';
 import {
   type Execution,
@@ -240,6 +240,11 @@ export class Sandbox {
           execution.error = errorFromWire(event);
           await options.onError?.(execution.error);
           break;
+        case 'failure': {
+          // the service failed after the stream began (a wake refused, say)
+          const status = typeof event.status === 'number' ? event.status : 500;
+          throw errorForStatus(status, { error: event.error }, `POST ${sandboxPath(this.id, 'execute')}`);
+        }
         case 'end':
           execution.status = statusFromWire(event.status);
           execution.recovery = recoveryFromWire(event.recovery);

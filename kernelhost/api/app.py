@@ -15,48 +15,19 @@ from hypervisor import Hypervisor, ImageNotFound, ImageStore, LibvirtUnavailable
 from ..config import Settings
 from ..metrics import StateCollector
 from ..sandboxes import BackendUnavailable, SandboxManager, Store
+from ..servicelock import ServiceLock
 from .auth import KeyRing
-from .console import PATHS as CONSOLE_PATHS
 from .console import setup_console
-from .errors import Handler, error_middleware, error_response
+from .errors import error_middleware
 from .gateway import setup_gateway
 from .mcp_http import setup_mcp
+from .middleware import add_security_headers, auth_middleware, request_limits
 from .openapi import setup_openapi
 from .pip_index import serving as serving_pip_index
 from .routes import routes
-from .state import KEY_ID, KEYS, RUNTIME, SETTINGS, Runtime
+from .state import KEYS, RUNTIME, SETTINGS, Runtime
 
 log = structlog.get_logger("kernelhost.api")
-
-
-PUBLIC_PATHS = frozenset({"/healthz", "/metrics", "/openapi.json"}) | CONSOLE_PATHS
-
-
-@web.middleware
-async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
-    structlog.contextvars.clear_contextvars()
-    sandbox_id = request.match_info.get("sandbox_id")
-    if sandbox_id:
-        structlog.contextvars.bind_contextvars(sandbox_id=sandbox_id)
-    if request.path in PUBLIC_PATHS:
-        return await handler(request)
-    header = request.headers.get("Authorization", "")
-    scheme, _, presented = header.partition(" ")
-    if scheme.lower() not in ("bearer", "token") or not presented.strip():
-        return error_response(
-            401,
-            "unauthorized",
-            "missing API key: send 'Authorization: Bearer <key>' (the key is printed by "
-            "'kernelhost serve' at first start, or set in KERNELHOST_API_KEYS)",
-        )
-    kid = request.app[KEYS].identify(presented.strip())
-    if kid is None:
-        return error_response(
-            401, "unauthorized", "invalid API key; check KERNELHOST_API_KEY on the client side"
-        )
-    request[KEY_ID] = kid
-    structlog.contextvars.bind_contextvars(key_id=kid)
-    return await handler(request)
 
 
 async def _resources(app: web.Application) -> AsyncIterator[None]:
@@ -64,6 +35,17 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
     # records, keys and hibernated guests: nobody else's to read (QEMU gets its files by fd)
     settings.state_dir.mkdir(parents=True, exist_ok=True)
     settings.state_dir.chmod(0o700)
+    lock = ServiceLock(settings.state_dir, settings.run_dir, settings.domain_prefix)
+    lock.acquire()  # before any domain is touched: a second service must not reconcile ours
+    try:
+        async with _service(app, settings):
+            yield
+    finally:
+        lock.release()
+
+
+@contextlib.asynccontextmanager
+async def _service(app: web.Application, settings: Settings) -> AsyncIterator[None]:
     store = Store(settings.db_path)
     hv = Hypervisor(settings.libvirt_uri, settings.domain_prefix, settings.run_dir)
     images = ImageStore(settings.image_dir)
@@ -105,8 +87,10 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
 
 def init_app(settings: Settings, keys: KeyRing | None = None) -> web.Application:
     app = web.Application(
-        middlewares=[error_middleware, auth_middleware], client_max_size=settings.max_code_bytes + 1024 * 1024
+        middlewares=[error_middleware, auth_middleware, request_limits(settings)],
+        client_max_size=settings.max_code_bytes + 1024 * 1024,
     )
+    app.on_response_prepare.append(add_security_headers)
     app[SETTINGS] = settings
     app[KEYS] = keys or KeyRing.from_settings(settings)
     app.cleanup_ctx.append(_resources)

@@ -16,15 +16,16 @@ from ..sandboxes import key_id, new_api_key
 class KeyRing:
     digests: dict[str, str]  # key_id -> sha256 hex of the key
     dev_key: str | None = None  # set when the development key is in use
+    dev_key_created: bool = False  # made by this start (printed once, never again)
 
     @classmethod
     def from_settings(cls, settings: Settings) -> KeyRing:
         keys = list(settings.api_keys)
-        dev_key = None
+        dev_key, created = None, False
         if not keys:
-            dev_key = load_or_create_dev_key(settings)
+            dev_key, created = load_or_create_dev_key(settings)
             keys = [dev_key]
-        return cls({key_id(k): _digest(k) for k in keys}, dev_key)
+        return cls({key_id(k): _digest(k) for k in keys}, dev_key, created)
 
     def identify(self, presented: str) -> str | None:
         """The key id of a presented key, or None. Constant-time per configured key."""
@@ -40,12 +41,13 @@ def _digest(key: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest()
 
 
-def load_or_create_dev_key(settings: Settings) -> str:
+def load_or_create_dev_key(settings: Settings) -> tuple[str, bool]:
+    """The development key, and whether it was made now."""
     path = settings.dev_key_file
     try:
         key = path.read_text().strip()
         if key:
-            return key
+            return key, False
     except FileNotFoundError:
         pass
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -53,4 +55,4 @@ def load_or_create_dev_key(settings: Settings) -> str:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
         f.write(key + "\n")
-    return key
+    return key, True

@@ -26,6 +26,9 @@ from .state import KEY_ID
 log = structlog.get_logger("kernelhost.api")
 
 MCP_PATH = "/mcp"
+#: MCP sessions one API key may hold open at once: the transport's own limit is shared by every
+#: key, so without this one key could open them all and every other key would get 503s
+MAX_SESSIONS_PER_KEY = 32
 #: How long the session manager may take to start and to stop.
 MANAGER_TIMEOUT = 10.0
 #: Bytes of request body handed to the ASGI app per ``http.request`` message.
@@ -83,13 +86,28 @@ def setup_mcp(app: web.Application, settings: Settings) -> None:
         max_request_body_size=settings.max_code_bytes + 1024 * 1024,
     )
     manager = server.session_manager
+    sessions = KeySessions(manager)
 
     async def handle(request: web.Request) -> web.StreamResponse:
         # MCP sessions belong to the API key that opened them: the manager compares this
         # principal on every request of a session.
         kid = request[KEY_ID]
+        opening = "mcp-session-id" not in request.headers
+        if opening and sessions.count(kid) >= MAX_SESSIONS_PER_KEY:
+            return error_response(
+                429,
+                "capacity_exceeded",
+                f"this API key holds {MAX_SESSIONS_PER_KEY} MCP sessions, its limit; end some "
+                "(DELETE /mcp with their mcp-session-id) or let them expire",
+                limit="mcp_sessions_per_key",
+                value=MAX_SESSIONS_PER_KEY,
+            )
         user = AuthenticatedUser(AccessToken(token=kid, client_id=kid, scopes=[]))
-        return await _asgi_call(manager.handle_request, request, {"user": user})
+        response = await _asgi_call(manager.handle_request, request, {"user": user})
+        session_id = response.headers.get("mcp-session-id")
+        if opening and session_id:
+            sessions.add(kid, session_id)
+        return response
 
     for method in ("GET", "POST", "DELETE"):
         app.router.add_route(method, MCP_PATH, handle)
@@ -124,6 +142,26 @@ def setup_mcp(app: web.Application, settings: Settings) -> None:
                 log.warning("mcp.stop_timeout", seconds=MANAGER_TIMEOUT)
 
     app.cleanup_ctx.append(run_manager)
+
+
+class KeySessions:
+    """The MCP sessions each key opened, for the per-key limit. A session is forgotten once the
+    transport no longer knows it (ended by DELETE, or expired idle)."""
+
+    def __init__(self, manager: Any) -> None:
+        self.manager = manager
+        self.by_key: dict[str, set[str]] = {}
+
+    def add(self, kid: str, session_id: str) -> None:
+        self.by_key.setdefault(kid, set()).add(session_id)
+
+    def count(self, kid: str) -> int:
+        live = getattr(self.manager, "_server_instances", None)  # the transport's open sessions
+        mine = self.by_key.get(kid, set())
+        if isinstance(live, dict):
+            mine &= set(live)
+        self.by_key[kid] = mine
+        return len(mine)
 
 
 async def _asgi_call(asgi: ASGIApp, request: web.Request, extra_scope: dict[str, Any]) -> web.StreamResponse:

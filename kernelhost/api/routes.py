@@ -11,7 +11,8 @@ from typing import Any
 from aiohttp import web
 
 from ..metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
-from ..sandboxes import End, InvalidRequest, Sandbox
+from ..sandboxes import End, Event, InvalidRequest, Sandbox, SandboxError
+from .errors import error_body, status_for
 from .state import KEY_ID, RUNTIME, Runtime, json_object
 
 routes = web.RouteTableDef()
@@ -124,19 +125,39 @@ async def execute(request: web.Request) -> web.StreamResponse:
     )
     await resp.prepare(request)
     last = b""
-    async with contextlib.aclosing(events):
-        async for event in events:
-            line = json.dumps(event.wire(), separators=(",", ":")).encode() + b"\n"
-            manager.metrics.count_relayed("execute", "out", len(line))
-            if isinstance(event, End):  # always the last event
-                last = line
-                continue
-            await resp.write(line)
+    try:
+        async with contextlib.aclosing(events):
+            async for event in events:
+                line = _ndjson(event)
+                manager.metrics.count_relayed("execute", "out", len(line))
+                if isinstance(event, End):  # always the last event
+                    last = line
+                    continue
+                await resp.write(line)
+    except SandboxError as exc:  # after the stream began (a wake refused, say): said in-band
+        failure = {"type": "failure", "status": status_for(exc), "error": error_body(exc)}
+        last = json.dumps(failure, separators=(",", ":")).encode() + b"\n"
     # The end event and the end of the chunked body in one write: a client that stops reading at
     # "end" (the SDKs do) then finds the response complete and keeps its connection for the next
     # call, instead of closing it and connecting again (bench/results/profile.md).
     await resp.write_eof(last)
     return resp
+
+
+def _ndjson(event: Event) -> bytes:
+    """One event's line. What the guest sent is checked to be JSON data before it becomes an
+    event; should anything still not serialize strictly (NaN, a cycle), the event is replaced by
+    an error saying so, and the stream goes on."""
+    try:
+        return json.dumps(event.wire(), separators=(",", ":"), allow_nan=False).encode() + b"\n"
+    except (TypeError, ValueError, RecursionError) as exc:
+        note = {
+            "type": "error",
+            "name": "InvalidOutput",
+            "traceback": [],
+            "value": f"the sandbox sent a {event.wire().get('type')} that is not JSON data ({exc})",
+        }
+        return json.dumps(note).encode() + b"\n"
 
 
 @routes.post("/v1/sandboxes/{sandbox_id}/fork")

@@ -30,6 +30,7 @@ import contextlib
 import itertools
 from collections import OrderedDict
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -69,6 +70,9 @@ CLOSE_TIMEOUT = 1.0
 #: ids of requests that ended without their reply, remembered so that a late reply is dropped
 #: quietly while a reply to a request never made (or answered twice) is a protocol violation
 EXPIRED_KEPT = 4096
+#: frames dispatched before the reader yields to the event loop: a guest flooding tiny frames
+#: gets its turn like every other channel, and never holds the loop for a whole 64 KiB read
+FRAMES_PER_TURN = 32
 CLOSED_BY_HOST = "closed by the host"
 
 
@@ -90,6 +94,15 @@ class ChannelListener:
 
     def on_close(self, reason: str, violation: bool) -> None:
         """The channel closed: why, and whether the guest broke the protocol."""
+
+
+@dataclass
+class ChannelStats:
+    """What the guest has sent on this channel."""
+
+    bytes_in: int = 0
+    frames_in: int = 0
+    late_replies: int = 0
 
 
 class AgentClient:
@@ -117,6 +130,7 @@ class AgentClient:
         self._expired: OrderedDict[int, None] = OrderedDict()
         self._subs: dict[str, Subscription] = {}
         self._send_lock = asyncio.Lock()
+        self.stats = ChannelStats()
 
     @property
     def connected(self) -> bool:
@@ -137,6 +151,8 @@ class AgentClient:
         for listener in list(self._listeners):
             try:
                 hook(listener)
+            except ProtocolViolation:  # a listener found the guest broke its rules
+                raise
             except Exception:
                 log.exception(
                     "channel.listener_failed",
@@ -272,19 +288,17 @@ class AgentClient:
         assert self._reader is not None
         decoder = FrameDecoder(self.max_frame_bytes)
         reason, violation = "agent closed the channel", False
-        unattributed = 0  # stream bytes not yet accounted to a decoded frame
         try:
             while True:
                 data = await self._reader.read(READ_CHUNK)
                 if not data:
                     break
-                unattributed += len(data)
-                frames = decoder.feed(data)
-                if frames:
-                    share = max(1, (unattributed - decoder.buffered) // len(frames))
-                    unattributed = decoder.buffered
-                    for frame in frames:
-                        await self._dispatch_checked(frame, share)
+                self.stats.bytes_in += len(data)
+                for n, (frame, cost) in enumerate(decoder.feed_costed(data), 1):
+                    self.stats.frames_in += 1
+                    await self._dispatch_checked(frame, cost)
+                    if n % FRAMES_PER_TURN == 0:
+                        await asyncio.sleep(0)
         except FrameError as exc:
             reason, violation = f"guest sent a bad frame: {exc}", True
         except ProtocolViolation as exc:
@@ -332,6 +346,7 @@ class AgentClient:
             fut.set_result(frame)
         elif req_id in self._expired:
             del self._expired[req_id]  # the request gave up waiting; one late reply is fine
+            self.stats.late_replies += 1
         else:
             raise ProtocolViolation(f"guest replied to request {req_id} again")
 

@@ -8,6 +8,13 @@ Wire format: a 4-byte big-endian unsigned length, then that many bytes holding o
 whose ``"op"`` key is a string. ``FrameDecoder.feed`` checks the declared length against its limit
 *before* buffering the body, so a peer cannot make the decoder hold more than
 ``max_frame_bytes + 4`` bytes, whatever it sends.
+
+A frame is also bounded in structure: at most ``max_objects`` maps, arrays and entries of them
+(each entry of a map counts its key and value), and no container over ``MAX_CONTAINER_LEN``
+entries. Without that bound a frame of one-byte empty maps decodes to dozens of times its size;
+with it, what a frame costs in memory stays near its length (``FrameDecoder`` reports each
+frame's estimated cost). Both ends check both bounds: a sender never sends what the receiver
+would refuse.
 """
 
 from __future__ import annotations
@@ -19,14 +26,21 @@ import msgpack
 
 __all__ = [
     "DEFAULT_MAX_FRAME_BYTES",
+    "MAX_CONTAINER_LEN",
+    "MAX_FRAME_OBJECTS",
     "FrameDecoder",
     "FrameError",
+    "FrameTooComplex",
     "FrameTooLarge",
     "MalformedFrame",
     "encode_frame",
 ]
 
 DEFAULT_MAX_FRAME_BYTES = 64 * 1024 * 1024
+MAX_FRAME_OBJECTS = 1_000_000
+MAX_CONTAINER_LEN = 1_000_000
+#: estimated bytes of memory per decoded object, for the cost of a frame
+OBJECT_COST = 64
 _HEADER = struct.Struct(">I")
 
 
@@ -46,14 +60,44 @@ class FrameTooLarge(FrameError):
         self.limit = limit
 
 
+class FrameTooComplex(FrameError):
+    """A frame holds more maps, arrays and entries than a frame may."""
+
+
 class MalformedFrame(FrameError):
     """A frame's body was not a msgpack map with a string ``op``."""
 
 
-def encode_frame(message: dict[str, Any], max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> bytes:
+def count_objects(message: Any, limit: int) -> int:
+    """How many maps, arrays and entries ``message`` holds (as the decoder counts them);
+    ``FrameTooComplex`` as soon as that passes ``limit``."""
+    count = 0
+    stack = [message]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            count += 1 + 2 * len(item)
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list | tuple):
+            count += 1 + len(item)
+            stack.extend(item)
+        else:
+            continue
+        if count > limit:
+            raise FrameTooComplex(f"a frame may hold {limit} maps, arrays and entries; this one more")
+    return count
+
+
+def encode_frame(
+    message: dict[str, Any],
+    max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+    max_objects: int = MAX_FRAME_OBJECTS,
+) -> bytes:
     """Serialize one message map into a length-prefixed frame."""
     if not isinstance(message, dict) or not isinstance(message.get("op"), str):
         raise MalformedFrame(f"a frame must be a map with a string 'op', got {message!r:.200}")
+    count_objects(message, max_objects)
     body = msgpack.packb(message, use_bin_type=True)
     if len(body) > max_frame_bytes:
         raise FrameTooLarge(len(body), max_frame_bytes)
@@ -61,16 +105,20 @@ def encode_frame(message: dict[str, Any], max_frame_bytes: int = DEFAULT_MAX_FRA
 
 
 class FrameDecoder:
-    """Incremental decoder: ``feed(bytes) -> list[dict]``.
+    """Incremental decoder: ``feed(bytes) -> list[dict]`` (``feed_costed`` also gives each
+    frame's estimated cost in bytes of memory).
 
     After a ``FrameError`` the decoder is poisoned: every later ``feed`` raises again, because the
     stream position can no longer be trusted.
     """
 
-    def __init__(self, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> None:
+    def __init__(
+        self, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES, max_objects: int = MAX_FRAME_OBJECTS
+    ) -> None:
         if max_frame_bytes <= 0:
             raise ValueError(f"max_frame_bytes must be positive, got {max_frame_bytes}")
         self.max_frame_bytes = max_frame_bytes
+        self.max_objects = max_objects
         self._buf = bytearray()
         self._need: int | None = None  # body length of the frame being read, once known
         self._error: FrameError | None = None
@@ -81,9 +129,12 @@ class FrameDecoder:
         return len(self._buf)
 
     def feed(self, data: bytes) -> list[dict[str, Any]]:
+        return [frame for frame, _ in self.feed_costed(data)]
+
+    def feed_costed(self, data: bytes) -> list[tuple[dict[str, Any], int]]:
         if self._error is not None:
             raise self._error
-        frames: list[dict[str, Any]] = []
+        frames: list[tuple[dict[str, Any], int]] = []
         view = memoryview(data)
         try:
             while view:
@@ -102,7 +153,7 @@ class FrameDecoder:
                 self._buf += view[:take]
                 view = view[take:]
                 if len(self._buf) == self._need:
-                    frames.append(_decode_body(bytes(self._buf)))
+                    frames.append(_decode_body(bytes(self._buf), self.max_objects))
                     self._buf.clear()
                     self._need = None
         except FrameError as exc:
@@ -112,11 +163,42 @@ class FrameDecoder:
         return frames
 
 
-def _decode_body(body: bytes) -> dict[str, Any]:
+class _Budget:
+    """Counts containers and their entries while msgpack builds them; stops past the limit."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.count = 0
+
+    def map(self, obj: dict[Any, Any]) -> dict[Any, Any]:
+        self.count += 1 + 2 * len(obj)
+        if self.count > self.limit:
+            raise FrameTooComplex(f"a frame may hold {self.limit} maps, arrays and entries")
+        return obj
+
+    def array(self, obj: list[Any]) -> list[Any]:
+        self.count += 1 + len(obj)
+        if self.count > self.limit:
+            raise FrameTooComplex(f"a frame may hold {self.limit} maps, arrays and entries")
+        return obj
+
+
+def _decode_body(body: bytes, max_objects: int) -> tuple[dict[str, Any], int]:
+    budget = _Budget(max_objects)
     try:
-        message = msgpack.unpackb(body, raw=False, strict_map_key=False)
+        message = msgpack.unpackb(
+            body,
+            raw=False,
+            strict_map_key=False,
+            object_hook=budget.map,
+            list_hook=budget.array,
+            max_array_len=MAX_CONTAINER_LEN,
+            max_map_len=MAX_CONTAINER_LEN,
+        )
+    except FrameTooComplex:
+        raise
     except (ValueError, TypeError, msgpack.UnpackException, RecursionError) as exc:
-        raise MalformedFrame(f"frame body is not valid msgpack: {exc}") from exc
+        raise MalformedFrame(f"frame body is not valid msgpack: {str(exc)[:200]}") from exc
     if not isinstance(message, dict) or not isinstance(message.get("op"), str):
         raise MalformedFrame(f"frame body is not a map with a string 'op': {message!r:.200}")
-    return message
+    return message, len(body) + OBJECT_COST * budget.count

@@ -17,7 +17,7 @@ JUPYTER_CHANNELS = frozenset({"iopub", "shell", "control", "stdin"})
 class JupyterMessage:
     channel: str
     msg: dict[str, Any]
-    size: int = 0  # wire bytes (estimated from the frames' share of the stream)
+    size: int = 0  # estimated memory it holds: its frame's bytes and decoded objects (codec)
 
     @property
     def msg_type(self) -> str:

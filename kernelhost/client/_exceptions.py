@@ -36,6 +36,7 @@ __all__ = [
     "APIError",
     "AuthenticationError",
     "ConflictError",
+    "FileTooLargeError",
     "InvalidRequestError",
     "KernelHostError",
     "KernelHostTimeout",
@@ -107,6 +108,11 @@ class NotFoundError(APIError):
     """The sandbox does not exist, was deleted, or belongs to another API key (HTTP 404)."""
 
 
+class FileTooLargeError(APIError):
+    """The file is larger than the read allows: the server's ``max_file_bytes`` (HTTP 413), or
+    the ``max_bytes`` the caller gave."""
+
+
 class ConflictError(APIError):
     """The sandbox is not in a state that allows this call (HTTP 409)."""
 
@@ -134,6 +140,7 @@ _BY_STATUS: dict[int, type[APIError]] = {
     401: AuthenticationError,
     404: NotFoundError,
     409: ConflictError,
+    413: FileTooLargeError,
     422: InvalidRequestError,
     429: RateLimitError,
 }

@@ -91,12 +91,13 @@ class AsyncFiles:
             name=written.rsplit("/", 1)[-1], path=written, type="file", size=int(reply.get("size") or 0)
         )
 
-    async def read(self, path: str, timeout: float = FILE_TIMEOUT) -> bytes:
-        """The bytes of the file at ``path``; ``NotFoundError`` (naming the path) if none."""
+    async def read(self, path: str, timeout: float = FILE_TIMEOUT, max_bytes: int | None = None) -> bytes:
+        """The bytes of the file at ``path``; ``NotFoundError`` (naming the path) if none.
+        ``max_bytes``: refuse a larger file (``FileTooLargeError``) before reading any of it."""
         url = self._path()
         chunks: builtins.list[bytes] = []
         await self._sandbox._http.download(
-            url, params={"path": _check_path(path)}, sink=chunks.append, timeout=timeout
+            url, params={"path": _check_path(path)}, sink=chunks.append, timeout=timeout, max_bytes=max_bytes
         )
         return b"".join(chunks)
 

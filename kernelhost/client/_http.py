@@ -21,6 +21,7 @@ import aiohttp
 
 from kernelhost.client._exceptions import (
     AuthenticationError,
+    FileTooLargeError,
     KernelHostError,
     KernelHostTimeout,
     TransportError,
@@ -167,11 +168,13 @@ class HTTPClient:
         params: Mapping[str, str] | None,
         sink: Callable[[bytes], Awaitable[object] | object],
         timeout: float,
+        max_bytes: int | None = None,
     ) -> int:
         """GET a raw body and hand it to ``sink`` chunk by chunk; returns the byte count.
 
         A body shorter than its Content-Length (the server hit an error mid-stream) raises
-        ``TransportError``: a download never ends silently short.
+        ``TransportError``: a download never ends silently short. With ``max_bytes``, a body
+        larger than that raises ``FileTooLargeError`` before any of it is read.
         """
         what = f"GET {path}"
         deadline = aiohttp.ClientTimeout(total=timeout, connect=CONNECT_TIMEOUT)
@@ -182,6 +185,14 @@ class HTTPClient:
             ) as resp:
                 if resp.status >= 400:
                     raise _error_from(resp, await resp.read(), what)
+                length = resp.content_length
+                if max_bytes is not None and (length is None or length > max_bytes):
+                    raise FileTooLargeError(
+                        f"{what}: the file is {length if length is not None else 'of unknown size'} "
+                        f"bytes, over the {max_bytes} this read allows (max_bytes)",
+                        status=None,
+                        code="file_too_large",
+                    )
                 async for chunk in resp.content.iter_chunked(1 << 20):
                     received += len(chunk)
                     outcome = sink(chunk)

@@ -15,7 +15,12 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
-from kernelhost.client._exceptions import KernelHostError, NotFoundError, TransportError
+from kernelhost.client._exceptions import (
+    KernelHostError,
+    NotFoundError,
+    TransportError,
+    error_for_status,
+)
 from kernelhost.client._files import AsyncFiles
 from kernelhost.client._http import HTTPClient, resolve_config
 from kernelhost.client._models import Execution, ExecutionError, Recovery, Result, SandboxInfo
@@ -295,6 +300,7 @@ class AsyncSandbox:
         on_stderr: OnText | None = None,
         on_result: OnResult | None = None,
         on_error: OnError | None = None,
+        keep_results: bool = True,
     ) -> Execution:
         """Run code in the sandbox's kernel and return everything it produced.
 
@@ -311,6 +317,10 @@ class AsyncSandbox:
         ``on_error`` with an ``ExecutionError``. They may be plain functions or coroutine
         functions (for ``Sandbox``, they run on its background thread). An exception raised by
         a callback stops reading and propagates out of this call.
+
+        ``keep_results=False`` hands rich results to ``on_result`` only, without keeping them
+        in ``Execution.results``: for callers (servers, long-running agents) that keep what
+        they need and must not hold every plot of a cell that draws thousands.
         """
         self._ensure_open()
         if timeout is not None and not timeout > 0:
@@ -335,11 +345,19 @@ class AsyncSandbox:
                     await _notify(on_stderr, text)
                 elif kind == "result":
                     result = Result.from_wire(event)
-                    execution.results.append(result)
+                    if keep_results:
+                        execution.results.append(result)
                     await _notify(on_result, result)
                 elif kind == "error":
                     execution.error = ExecutionError.from_wire(event)
                     await _notify(on_error, execution.error)
+                elif kind == "failure":  # the service failed after the stream began
+                    status = event.get("status")
+                    raise error_for_status(
+                        status if isinstance(status, int) else 500,
+                        {"error": event.get("error")},
+                        request=f"POST {_sandbox_path(self.id, 'execute')}",
+                    )
                 elif kind == "end":
                     execution.stdout = "".join(stdout)
                     execution.stderr = "".join(stderr)

@@ -36,10 +36,10 @@ from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Annotated, Any, Literal
 
-from kernelhost.client import APIError, AsyncSandbox, KernelHostError, NotFoundError
+from kernelhost.client import APIError, AsyncSandbox, FileTooLargeError, KernelHostError, NotFoundError
 
 from ._ops import drive_async, stat_path
-from .output import DEFAULT_BUDGET, OutputBudget, shape_execution, truncate_text
+from .output import DEFAULT_BUDGET, OutputBudget, ResultKeeper, shape_execution, truncate_text
 
 try:  # mcp and what it brings (anyio, pydantic)
     import anyio
@@ -185,11 +185,15 @@ class _Calls:
         except KernelHostError as exc:
             raise await self.failure(exc, creds, sandbox_id) from exc
         limit = timeout if timeout is not None else self.timeout
+        # this server may run inside the service: keep only what the answer can use
+        keeper = ResultKeeper(self.budget)
         try:
-            execution = await sbx.run_code(code, language=language, timeout=limit)
+            execution = await sbx.run_code(
+                code, language=language, timeout=limit, on_result=keeper, keep_results=False
+            )
         except KernelHostError as exc:
             raise await self.failure(exc, creds, sbx.id) from exc
-        shaped = shape_execution(execution, self.budget)
+        shaped = shape_execution(execution, self.budget, keeper)
         fields = shaped.to_dict()
         error = fields.pop("error")
         out = RunCodeOut(
@@ -208,12 +212,12 @@ class _Calls:
             stat = await drive_async(stat_path(path), sbx)
             if stat.kind == "dir":
                 raise ToolError(f"{stat.path} is a directory: use list_files")
-            if stat.size > READ_MAX_BYTES:
-                raise ToolError(
-                    f"{stat.path} is {stat.size} bytes, over the {READ_MAX_BYTES}-"
-                    "byte limit of read_file; read parts of it with run_code"
-                )
-            raw = await sbx.files.read(path)
+            # the listing's size is the link's for a symlink: the read itself is bounded
+            raw = await sbx.files.read(path, max_bytes=READ_MAX_BYTES)
+        except FileTooLargeError as exc:
+            raise ToolError(
+                f"{path} is over the {READ_MAX_BYTES}-byte limit of read_file; read parts of it with run_code"
+            ) from exc
         except KernelHostError as exc:
             raise await self.failure(exc, creds, sandbox_id) from exc
         where = stat.path if stat.kind != "missing" else path

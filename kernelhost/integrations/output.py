@@ -210,6 +210,7 @@ class ShapedExecution:
     images: list[Image]
     omitted_images: int
     budget: OutputBudget = field(repr=False)
+    omitted_outputs: int = 0  # outputs not kept at all (a cell that displays thousands)
 
     @property
     def is_error(self) -> bool:
@@ -226,6 +227,11 @@ class ShapedExecution:
             notes.append(
                 f"[{self.omitted_images} more image(s) not shown: over the tool's image "
                 "budget; save them to files instead]"
+            )
+        if self.omitted_outputs:
+            notes.append(
+                f"[{self.omitted_outputs} more output(s) not shown: the cell displayed more than "
+                f"{MAX_KEPT_RESULTS}; save them to files instead]"
             )
         return notes
 
@@ -275,10 +281,61 @@ class ShapedExecution:
         }
 
 
-def shape_execution(execution: Execution, budget: OutputBudget = DEFAULT_BUDGET) -> ShapedExecution:
-    """Shape an SDK ``Execution`` for a model (see the module docstring)."""
+class ResultKeeper:
+    """An ``on_result`` callback that keeps what ``shape_execution`` can use, and no more: the
+    images the budget attaches, every other output's text cut to the budget, and at most
+    ``MAX_KEPT_RESULTS`` outputs (the rest are counted). Memory stays bounded however many
+    outputs a cell produces; pass ``keep_results=False`` to ``run_code`` with it."""
+
+    def __init__(self, budget: OutputBudget = DEFAULT_BUDGET) -> None:
+        self.budget = budget
+        self.results: list[Result] = []
+        self.omitted = 0  # outputs past MAX_KEPT_RESULTS
+        self.omitted_images = 0  # images past the budget
+        self._images = 0
+        self._image_bytes = 0
+
+    def __call__(self, result: Result) -> None:
+        if len(self.results) >= MAX_KEPT_RESULTS:
+            self.omitted += 1
+            return
+        image = _result_image(result)
+        if image is not None:
+            fits = (
+                self._images < self.budget.max_images
+                and self._image_bytes + len(image.data) <= self.budget.max_image_bytes
+            )
+            if fits:
+                self._images += 1
+                self._image_bytes += len(image.data)
+                self.results.append(Result({image.mime_type: image.data}, {}, result.is_main_result))
+            else:
+                self.omitted_images += 1
+                placeholder = f"<image: {image.mime_type}, not attached>"
+                self.results.append(Result({"text/plain": placeholder}, {}, result.is_main_result))
+            return
+        text = truncate_text(_result_text(result), self.budget.max_chars, self.budget.head_fraction)
+        self.results.append(Result({"text/plain": text}, {}, result.is_main_result))
+
+    def into(self, execution: Execution) -> Execution:
+        """``execution`` with the kept results (those ``run_code`` did not keep itself)."""
+        execution.results = list(self.results)
+        return execution
+
+
+#: outputs of one call a ResultKeeper keeps (the text budget would cut the rest anyway)
+MAX_KEPT_RESULTS = 64
+
+
+def shape_execution(
+    execution: Execution, budget: OutputBudget = DEFAULT_BUDGET, kept: ResultKeeper | None = None
+) -> ShapedExecution:
+    """Shape an SDK ``Execution`` for a model (see the module docstring); ``kept``: the
+    ``ResultKeeper`` that collected its results, if one did."""
+    if kept is not None:
+        execution = kept.into(execution)
     images: list[Image] = []
-    omitted = 0
+    omitted = kept.omitted_images if kept is not None else 0
     image_bytes = 0
     outputs: list[str] = []
     main: str | None = None
@@ -317,5 +374,6 @@ def shape_execution(execution: Execution, budget: OutputBudget = DEFAULT_BUDGET)
         exit_code=execution.exit_code,
         images=images,
         omitted_images=omitted,
+        omitted_outputs=kept.omitted if kept is not None else 0,
         budget=budget,
     )

@@ -210,7 +210,8 @@ class FileService:
         reply = await self._fs(sbx, Op.FS_LIST, path=path)
         where = str(reply["path"]) if isinstance(reply.get("path"), str) else path
         entries = []
-        for raw in reply.get("entries") or []:
+        raw_entries = reply.get("entries")
+        for raw in raw_entries if isinstance(raw_entries, list) else []:
             if not isinstance(raw, dict) or not isinstance(raw.get("name"), str):
                 continue
             size, mtime = raw.get("size"), raw.get("mtime")

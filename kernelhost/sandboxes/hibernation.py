@@ -9,15 +9,18 @@ thrash the host).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
+from pathlib import Path
 
 import structlog
 
 from hypervisor import HypervisorError
 
 from ..channel import ChannelError
+from ..ratelimit import TokenBucket
 from .context import Context
-from .errors import Remedy, SandboxNotRunning
+from .errors import CapacityExceeded, Remedy, SandboxNotRunning
 from .lifecycle import Lifecycle
 from .sandbox import Sandbox, wait_replacement
 from .states import SandboxState
@@ -34,11 +37,32 @@ class Hibernation:
         self.registry = ctx.registry
 
     async def hibernate(self, sbx: Sandbox) -> None:
-        """Save the idle sandbox to disk and stop its VM; its next call wakes it."""
+        """Save the idle sandbox to disk and stop its VM; its next call wakes it.
+        ``CapacityExceeded`` when its key's hibernated sandboxes have no disk left for it."""
         async with sbx.lock.hold("hibernate"), sbx.vm_lock:
             if sbx.live_agent is None or not self.registry.holds(sbx):
                 return
+            self._check_disk(sbx)
             await self._hibernate_locked(sbx)
+
+    def _check_disk(self, sbx: Sandbox) -> None:
+        """A saved VM takes at most its memory on disk; the key's budget must hold that more."""
+        owner = sbx.record.owner
+        used = 0
+        for other in self.registry.owned(owner):
+            if other.record.state == SandboxState.HIBERNATED:
+                with contextlib.suppress(OSError):
+                    used += self.ctx.hibernation_file(other.record).stat().st_size
+        limit = self.ctx.settings.max_hibernated_mib_per_key << 20
+        if used + (sbx.record.memory_mib << 20) > limit:
+            raise CapacityExceeded(
+                f"this API key's hibernated sandboxes take {used >> 20} MiB of disk; sandbox "
+                f"{sbx.id} may need {sbx.record.memory_mib} MiB more, over the limit of "
+                f"{limit >> 20} MiB (max_hibernated_mib_per_key); delete hibernated sandboxes, "
+                "or raise the setting",
+                limit="max_hibernated_mib_per_key",
+                value=limit >> 20,
+            )
 
     async def _hibernate_locked(self, sbx: Sandbox) -> None:
         t0 = time.monotonic()
@@ -84,6 +108,12 @@ class Hibernation:
             return
         t0 = time.monotonic()
         path = self.ctx.hibernation_file(rec)
+        # a woken sandbox counts against its key's memory again: checked before it runs
+        with self.registry.reserve(rec.owner, 0, rec.memory_mib):
+            await self._wake_vm(sbx, path, t0)
+
+    async def _wake_vm(self, sbx: Sandbox, path: Path, t0: float) -> None:
+        rec = sbx.record
         try:
             launched = await self.ctx.vms.wake(
                 rec.domain, self.ctx.image_of(rec), path, {"sandbox": rec.id, "template": rec.template}
@@ -112,6 +142,7 @@ class Reaper:
         self.hibernation = hibernation
         self._working: dict[str, asyncio.Task[None]] = {}
         self._slots = asyncio.Semaphore(REAP_CONCURRENCY)
+        self._full = TokenBucket(1 / 60, 5.0)  # refused hibernations logged, per second
 
     async def run(self) -> None:
         while True:
@@ -169,7 +200,11 @@ class Reaper:
                 action=action,
             )
             if action == "hibernate" and rec.state == SandboxState.RUNNING:
-                await self.hibernation.hibernate(sbx)
+                try:
+                    await self.hibernation.hibernate(sbx)
+                except CapacityExceeded as exc:  # no disk left for the key: it stays running
+                    if self._full.take():
+                        log.warning("sandbox.hibernation_refused", sandbox_id=sbx.id, reason=exc.message)
             else:
                 await self.lifecycle.remove(sbx, reason="idle timeout")
         except (HypervisorError, ChannelError, OSError) as exc:

@@ -11,6 +11,7 @@ the watch left it.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from typing import Any
 
@@ -20,6 +21,7 @@ from hypervisor import GuestImage, HypervisorError, ImageNotFound, LibvirtUnavai
 
 from ..channel import AgentClient, ChannelError, ChannelListener, Event
 from ..channel.client import CLOSED_BY_HOST
+from ..ratelimit import TokenBucket
 from .context import Context
 from .errors import BackendUnavailable, BootFailed, InvalidRequest, UnknownTemplate
 from .network import parse_network
@@ -38,15 +40,18 @@ class SandboxWatch(ChannelListener):
         self.lifecycle = lifecycle
         self.sbx = sbx
         self.agent = agent
+        self.events = TokenBucket(1.0, 20.0)  # agent events logged: per second, and at once
 
     def on_event(self, event: dict[str, Any]) -> None:
-        log.info("sandbox.agent_event", sandbox_id=self.sbx.id, agent_event=event.get("event"))
-        if event.get("event") == Event.KERNEL_DIED:
+        what = str(event.get("event"))[:40]  # the guest chose it: bounded before it is logged
+        if self.events.take():
+            log.info("sandbox.agent_event", sandbox_id=self.sbx.id, agent_event=what)
+        if what == Event.KERNEL_DIED:
             self.lifecycle.ctx.metrics.count_kernel_death("kernel")
+            code = event.get("exit_code")
             if self.sbx.call is not None:
-                self.sbx.call.notify(
-                    "kernel_died", **{k: v for k, v in event.items() if k not in ("op", "event")}
-                )
+                exit_code = code if isinstance(code, int) and not isinstance(code, bool) else None
+                self.sbx.call.notify("kernel_died", exit_code=exit_code)
 
     def on_close(self, reason: str, violation: bool) -> None:
         if self.sbx.agent is self.agent:
@@ -69,6 +74,21 @@ class Lifecycle:
                 field="idle_timeout_seconds",
             )
         return idle
+
+    def _metadata(self, metadata: dict[str, str] | None) -> dict[str, str]:
+        """Checked against ``max_metadata_bytes``: it is kept in every record, copied into every
+        fork child and sent with every listing."""
+        data = dict(metadata or {})
+        limit = self.ctx.settings.max_metadata_bytes
+        size = len(json.dumps(data))
+        if size > limit:
+            raise InvalidRequest(
+                f"metadata is {size} bytes as JSON, over the limit of {limit} "
+                "(max_metadata_bytes); keep large data in a file in the sandbox",
+                field="metadata",
+                limit="max_metadata_bytes",
+            )
+        return data
 
     def _image(self, template: str) -> GuestImage:
         try:
@@ -94,6 +114,7 @@ class Lifecycle:
         shape = self.ctx.shape
         with self.registry.reserve(owner, 1, shape.memory_mib):
             idle = self._idle_timeout(idle_timeout)
+            meta = self._metadata(metadata)
             image = self._image(template)
             rec = new_record(
                 owner=owner,
@@ -102,7 +123,7 @@ class Lifecycle:
                 image_key=image.key,
                 shape=shape,
                 idle_timeout=idle,
-                metadata=dict(metadata or {}),
+                metadata=meta,
                 network=spec.to_dict(),
             )
             sbx = Sandbox(rec)

@@ -124,6 +124,7 @@ class SandboxManager:
                 await sbx.agent.close()
         if ctx.hv.pending_destroys:
             await asyncio.to_thread(ctx.hv.retry_destroys)
+        self.host_network.close()
 
     # -- lookups -------------------------------------------------------------------------------
 

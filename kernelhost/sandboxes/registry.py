@@ -103,7 +103,8 @@ class Registry:
 
     @contextlib.contextmanager
     def reserve(self, owner: str, count: int, memory_mib: int) -> Iterator[None]:
-        """Hold room for ``count`` new sandboxes of ``owner`` while they are created; raises
+        """Hold room for ``count`` new sandboxes of ``owner`` (each of ``memory_mib`` MiB; with
+        ``count=0``, for one sandbox waking up) while they are made; raises
         ``CapacityExceeded`` (naming the setting) if the key has no room for them."""
         mine = self.owned(owner)
         held = len(mine) + self._reserved[owner]
@@ -117,7 +118,7 @@ class Registry:
             )
         used = sum(s.record.memory_mib for s in mine if s.record.state != SandboxState.HIBERNATED)
         used += self._reserved_mib[owner]
-        want = count * memory_mib
+        want = max(count, 1) * memory_mib
         mem_limit = self.quota.max_memory_mib
         if used + want > mem_limit:
             raise CapacityExceeded(
@@ -134,7 +135,7 @@ class Registry:
         finally:
             self._reserved[owner] -= count
             self._reserved_mib[owner] -= want
-            if self._reserved[owner] <= 0:
+            if self._reserved[owner] <= 0 and self._reserved_mib[owner] <= 0:
                 del self._reserved[owner], self._reserved_mib[owner]
 
     # -- changes ---------------------------------------------------------------------------------

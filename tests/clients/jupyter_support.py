@@ -165,7 +165,8 @@ class KernelSocket:
         """File ``msg``; True if it is the idle status."""
         if msg["channel"] == "iopub":
             out.iopub.append(msg)
-            return msg["header"]["msg_type"] == "status" and msg["content"]["execution_state"] == "idle"
+            idle: bool = msg["header"]["msg_type"] == "status" and msg["content"]["execution_state"] == "idle"
+            return idle
         if msg["header"]["msg_type"].endswith("_reply"):
             out.reply = msg
         return False

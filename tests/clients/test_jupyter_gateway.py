@@ -5,6 +5,7 @@ all through jupyter_server's REST and WebSocket API."""
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import aiohttp
 import pytest
@@ -173,7 +174,7 @@ async def test_kernels_of_the_gateway_api_directly(jupyter_service: Service) -> 
                     },
                 )
             )
-            got: list[tuple[str, dict]] = []
+            got: list[tuple[str, dict[str, Any]]] = []
             while not any(m["header"]["msg_type"] == "execute_reply" for _, m in got):
                 raw = await asyncio.wait_for(ws.receive(), 60)
                 assert raw.type == aiohttp.WSMsgType.BINARY, raw

@@ -6,17 +6,23 @@ from __future__ import annotations
 
 import asyncio
 import shutil
+from collections.abc import Callable
 
 import aiohttp
 import nbformat
 import pytest
-from nbformat.v4 import new_code_cell, new_notebook
+from nbformat import v4
 
 from ..harness import Service
 from .conftest import RESULTS
 from .jupyter_support import JupyterLab
 
 pytestmark = [pytest.mark.clients, pytest.mark.timeout(600)]
+
+# nbformat's functions are unannotated (untyped calls to strict mypy): typed here as used
+new_notebook: Callable[..., nbformat.NotebookNode] = v4.new_notebook
+new_code_cell: Callable[..., nbformat.NotebookNode] = v4.new_code_cell
+write_notebook: Callable[..., None] = nbformat.write
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 # as root, without a GPU, and without the background traffic this machine's closed network refuses
@@ -41,7 +47,7 @@ async def test_jupyterlab_runs_a_cell_in_a_vm(jupyter_lab: JupyterLab, jupyter_s
         "language": "python",
         "display_name": "Python 3 (kernelhost VM, python)",
     }
-    nbformat.write(nb, jupyter_lab.root / "vm.ipynb")
+    write_notebook(nb, jupyter_lab.root / "vm.ipynb")
 
     RESULTS.mkdir(exist_ok=True)
     shot = RESULTS / "jupyterlab.png"

@@ -12,17 +12,25 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, cast
 
 import aiohttp
 import nbformat
 import pytest
-from nbformat.v4 import new_code_cell, new_notebook
+from nbformat import v4
 
 from ..harness import Service
 from .conftest import JUPYTER_KERNEL
 
 pytestmark = [pytest.mark.clients, pytest.mark.timeout(600)]
+
+# nbformat's functions are unannotated (untyped calls to strict mypy): typed here as used
+new_notebook: Callable[..., nbformat.NotebookNode] = v4.new_notebook
+new_code_cell: Callable[..., nbformat.NotebookNode] = v4.new_code_cell
+write_notebook: Callable[..., None] = nbformat.write
+read_notebook: Callable[..., nbformat.NotebookNode] = nbformat.read
 
 BIN = Path(sys.executable).parent
 
@@ -39,7 +47,7 @@ def _notebook(path: Path) -> None:
         ]
     )
     nb.metadata["kernelspec"] = {"name": JUPYTER_KERNEL, "display_name": "kernelhost", "language": "python"}
-    nbformat.write(nb, path)
+    write_notebook(nb, path)
 
 
 def _stdout(cell: nbformat.NotebookNode) -> str:
@@ -74,7 +82,7 @@ def test_papermill_runs_a_notebook_in_a_vm(jupyter_env: dict[str, str], tmp_path
         timeout=300,
     )
     assert run.returncode == 0, run.stderr[-3000:]
-    cells = nbformat.read(out, as_version=4).cells
+    cells = read_notebook(out, as_version=4).cells
     injected = next(c for c in cells if "injected-parameters" in c.metadata.get("tags", []))
     assert "x = 4" in injected.source
     # a variable set by one cell is used by the next ones, in the same kernel
@@ -105,7 +113,7 @@ def test_nbconvert_execute(jupyter_env: dict[str, str], tmp_path: Path) -> None:
         timeout=300,
     )
     assert run.returncode == 0, run.stderr[-3000:]
-    cells = nbformat.read(tmp_path / "executed.ipynb", as_version=4).cells
+    cells = read_notebook(tmp_path / "executed.ipynb", as_version=4).cells
     assert _stdout(cells[1]) == "y = 10\n"
     _check_ran_in_vm(cells[2])
     assert cells[3].outputs[0]["data"]["text/plain"] == "11"
@@ -153,6 +161,8 @@ async def test_interrupt_and_restart_through_the_provisioner(
 ) -> None:
     from jupyter_client.manager import AsyncKernelManager
 
+    from kernelhost.jupyter.provisioner import KernelhostProvisioner
+
     for name in (
         "KERNELHOST_URL",
         "KERNELHOST_API_KEY",
@@ -171,6 +181,7 @@ async def test_interrupt_and_restart_through_the_provisioner(
         await kc.wait_for_ready(timeout=120)
         provisioner = km.provisioner
         assert provisioner is not None and type(provisioner).__name__ == "KernelhostProvisioner"
+        provisioner = cast(KernelhostProvisioner, provisioner)  # as just checked
         remote = provisioner.remote_id
         ports = {k: km.get_connection_info()[k] for k in ("shell_port", "iopub_port")}
 
@@ -198,7 +209,7 @@ async def test_interrupt_and_restart_through_the_provisioner(
         await km.restart_kernel()
         await kc.wait_for_ready(timeout=120)
         assert provisioner.remote_id == remote
-        assert {k: km.get_connection_info()[k] for k in ports} == ports
+        assert {k: km.get_connection_info()[k] for k in ("shell_port", "iopub_port")} == ports
         reply = await kc.execute_interactive("v", timeout=60)
         assert reply["content"]["status"] == "error" and reply["content"]["ename"] == "NameError"
     finally:
@@ -222,7 +233,7 @@ async def _wait_busy(kc: object, msg_id: str) -> None:
     raise AssertionError(f"the kernel did not start running {msg_id} within 60s")
 
 
-async def _reply(kc: object, msg_id: str, timeout: float) -> dict:
+async def _reply(kc: object, msg_id: str, timeout: float) -> dict[str, Any]:
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
     while loop.time() < deadline:

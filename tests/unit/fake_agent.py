@@ -186,7 +186,7 @@ class FakeAgent:
             writer.close()
             return
         self._writer = writer
-        self._conn_task = asyncio.current_task()  # type: ignore[assignment]
+        self._conn_task = asyncio.current_task()
         self.connected.set()
         decoder = FrameDecoder(self.max_frame_bytes)
         try:

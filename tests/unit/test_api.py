@@ -8,8 +8,10 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
 from kernelhost.api import init_app
@@ -18,13 +20,14 @@ from kernelhost.config import ConfigError, Settings
 from .offline import fake_image_dir, offline_settings
 
 pytestmark = pytest.mark.unit
+ApiClient = TestClient[web.Request, web.Application]  # aiohttp's test client over the service's app
 
 KEY = "unit-test-key-0123456789"
 OTHER = "other-test-key-0123456789"
 
 
 @pytest.fixture
-async def client(tmp_path: Path) -> AsyncIterator[TestClient]:
+async def client(tmp_path: Path) -> AsyncIterator[ApiClient]:
     settings = offline_settings(
         tmp_path, image_dir=fake_image_dir(tmp_path), boot_timeout=1.0, pool_size=0, api_keys=(KEY, OTHER)
     )
@@ -38,7 +41,7 @@ def auth(key: str = KEY) -> dict[str, str]:
     return {"Authorization": f"Bearer {key}"}
 
 
-async def test_healthz_is_public(client: TestClient) -> None:
+async def test_healthz_is_public(client: ApiClient) -> None:
     r = await client.get("/healthz")
     assert r.status == 200
     body = await r.json()
@@ -49,18 +52,18 @@ async def test_healthz_is_public(client: TestClient) -> None:
     "headers",
     [{}, {"Authorization": "Bearer wrong"}, {"Authorization": "Basic abc"}, {"Authorization": "Bearer "}],
 )
-async def test_requests_without_a_valid_key_get_401(client: TestClient, headers: dict) -> None:
+async def test_requests_without_a_valid_key_get_401(client: ApiClient, headers: dict[str, str]) -> None:
     r = await client.get("/v1/sandboxes", headers=headers)
     assert r.status == 401
     assert (await r.json())["error"]["code"] == "unauthorized"
 
 
-async def test_jupyter_token_scheme_is_accepted(client: TestClient) -> None:
+async def test_jupyter_token_scheme_is_accepted(client: ApiClient) -> None:
     r = await client.get("/v1/sandboxes", headers={"Authorization": f"token {KEY}"})
     assert r.status == 200 and (await r.json()) == {"sandboxes": []}
 
 
-async def test_unknown_sandbox_is_404_naming_the_id(client: TestClient) -> None:
+async def test_unknown_sandbox_is_404_naming_the_id(client: ApiClient) -> None:
     for method in ("GET", "DELETE"):
         r = await client.request(method, "/v1/sandboxes/sbx_nope", headers=auth())
         assert r.status == 404
@@ -69,7 +72,7 @@ async def test_unknown_sandbox_is_404_naming_the_id(client: TestClient) -> None:
     assert r.status == 404
 
 
-async def test_unknown_route_is_a_json_404(client: TestClient) -> None:
+async def test_unknown_route_is_a_json_404(client: ApiClient) -> None:
     r = await client.get("/v1/nothing-here", headers=auth())
     assert r.status == 404 and "/v1/nothing-here" in (await r.json())["error"]["message"]
 
@@ -87,13 +90,13 @@ async def test_unknown_route_is_a_json_404(client: TestClient) -> None:
         ({"network": {"mode": "allowlist", "allow": ["a b"]}}, "allow entry 'a b'"),
     ],
 )
-async def test_create_validation(client: TestClient, body: object, needle: str) -> None:
+async def test_create_validation(client: ApiClient, body: object, needle: str) -> None:
     r = await client.post("/v1/sandboxes", json=body, headers=auth())
     assert r.status == 400
     assert needle in (await r.json())["error"]["message"]
 
 
-async def test_failed_boot_is_503_and_leaves_nothing(client: TestClient) -> None:
+async def test_failed_boot_is_503_and_leaves_nothing(client: ApiClient) -> None:
     settings = client.app_settings  # type: ignore[attr-defined]
     r = await client.post("/v1/sandboxes", json={}, headers=auth())
     assert r.status == 503
@@ -144,7 +147,9 @@ def test_dev_key_is_generated_once_and_kept(tmp_path: Path) -> None:
         ({"max_memory_mib_per_key": 256}, "max_memory_mib_per_key"),
     ],
 )
-async def test_per_key_limits_answer_429_naming_the_limit(tmp_path: Path, limits: dict, needle: str) -> None:
+async def test_per_key_limits_answer_429_naming_the_limit(
+    tmp_path: Path, limits: dict[str, Any], needle: str
+) -> None:
     settings = offline_settings(tmp_path, pool_size=0, api_keys=(KEY,), **limits)
     async with TestClient(TestServer(init_app(settings))) as c:
         r = await c.post("/v1/sandboxes", json={}, headers=auth())
@@ -154,7 +159,7 @@ async def test_per_key_limits_answer_429_naming_the_limit(tmp_path: Path, limits
         assert err["limit"] == needle
 
 
-async def test_a_body_that_is_not_utf8_is_a_400_not_a_500(client: TestClient) -> None:
+async def test_a_body_that_is_not_utf8_is_a_400_not_a_500(client: ApiClient) -> None:
     for path in ("/v1/sandboxes", "/v1/sandboxes/sbx_x/execute", "/api/kernels"):
         r = await client.post(path, data=b"\xffg\x13", headers={**auth(), "Content-Type": "application/json"})
         assert r.status in (400, 404), path

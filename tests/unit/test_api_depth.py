@@ -6,8 +6,10 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from pathlib import Path
 from types import SimpleNamespace
+from typing import cast
 
 import pytest
+from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
 from kernelhost.api import init_app
@@ -19,6 +21,7 @@ from kernelhost.sandboxes import (
     FileTooLarge,
     NotSupportedByImage,
     PathNotFound,
+    Sandbox,
     SandboxDiskFull,
 )
 from kernelhost.sandboxes.files import _fs_error, _rechunk
@@ -26,12 +29,13 @@ from kernelhost.sandboxes.files import _fs_error, _rechunk
 from .offline import fake_image_dir, offline_settings
 
 pytestmark = pytest.mark.unit
+ApiClient = TestClient[web.Request, web.Application]  # aiohttp's test client over the service's app
 
 KEY = "unit-test-key-0123456789"
 
 
 @pytest.fixture
-async def client(tmp_path: Path) -> AsyncIterator[TestClient]:
+async def client(tmp_path: Path) -> AsyncIterator[ApiClient]:
     settings = offline_settings(
         tmp_path, image_dir=fake_image_dir(tmp_path), boot_timeout=1.0, snapshots="off", api_keys=(KEY,)
     )
@@ -51,7 +55,7 @@ async def client(tmp_path: Path) -> AsyncIterator[TestClient]:
     ],
 )
 async def test_new_routes_answer_404_for_an_unknown_sandbox(
-    client: TestClient, method: str, path: str
+    client: ApiClient, method: str, path: str
 ) -> None:
     r = await client.request(
         method, path, headers={"Authorization": f"Bearer {KEY}"}, data=b"x" if method == "PUT" else None
@@ -61,7 +65,7 @@ async def test_new_routes_answer_404_for_an_unknown_sandbox(
     assert body["error"]["code"] == "sandbox_not_found" and "sbx_nope" in body["error"]["message"]
 
 
-async def test_new_routes_need_a_key(client: TestClient) -> None:
+async def test_new_routes_need_a_key(client: ApiClient) -> None:
     r = await client.get("/v1/sandboxes/sbx_nope/files?path=a.txt")
     assert r.status == 401
 
@@ -81,7 +85,8 @@ def test_error_statuses(error: Exception, status: int) -> None:
     assert status_for(error) == status  # type: ignore[arg-type]
 
 
-SBX = SimpleNamespace(id="sbx_1", record=SimpleNamespace(memory_mib=512))
+# a stand-in with all that _fs_error reads of a sandbox
+SBX = cast(Sandbox, SimpleNamespace(id="sbx_1", record=SimpleNamespace(memory_mib=512)))
 
 
 def test_guest_filesystem_errors_become_clear_ones() -> None:

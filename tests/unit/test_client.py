@@ -237,7 +237,7 @@ def _sdk_threads() -> list[threading.Thread]:
 def test_all_lists_exactly_the_public_names() -> None:
     expected = {
         "APIError", "AsyncFiles", "AsyncSandbox", "AuthenticationError", "ConflictError",
-        "Execution", "ExecutionError", "ExecutionStatus", "FileInfo", "Files",
+        "Execution", "ExecutionError", "ExecutionStatus", "FileInfo", "FileTooLargeError", "Files",
         "InvalidRequestError", "KernelHostError", "KernelHostTimeout", "NotFoundError",
         "RateLimitError", "Recovery", "Result", "Sandbox", "SandboxInfo", "SandboxState",
         "ServerError", "TransportError",

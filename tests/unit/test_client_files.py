@@ -196,7 +196,7 @@ async def test_bad_arguments_are_refused_before_any_request(sbx, fake):
     with pytest.raises(ValueError, match="path"):
         await sbx.files.read("")
     with pytest.raises(TypeError, match="data must be"):
-        await sbx.files.write("x", 42)  # type: ignore[arg-type]
+        await sbx.files.write("x", 42)
     assert fake.puts == []
     assert isinstance(sbx.files, AsyncFiles)
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 import itertools
 import random
 import struct
+from collections.abc import Iterable
+from typing import Any
 
 import msgpack
 import pytest
@@ -31,7 +33,7 @@ LIMIT = 4096  # small, so the hypothesis tests hit the limit often
 HEADER = struct.Struct(">I")
 
 
-def frame(message: dict) -> bytes:
+def frame(message: dict[str, Any]) -> bytes:
     return encode_frame(message, LIMIT)
 
 
@@ -40,19 +42,19 @@ def raw_frame(body: bytes) -> bytes:
     return HEADER.pack(len(body)) + body
 
 
-def feed_all(decoder: FrameDecoder, chunks) -> list[dict]:
-    out: list[dict] = []
+def feed_all(decoder: FrameDecoder, chunks: Iterable[bytes]) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
     for chunk in chunks:
         out.extend(decoder.feed(chunk))
     return out
 
 
-def split(data: bytes, cuts) -> list[bytes]:
+def split(data: bytes, cuts: Iterable[int]) -> list[bytes]:
     points = sorted({c for c in cuts if 0 <= c <= len(data)} | {0, len(data)})
     return [data[a:b] for a, b in itertools.pairwise(points)]
 
 
-NESTED = {
+NESTED: dict[Any, Any] = {  # mixed keys: one is an int on purpose
     "op": "jupyter",
     "channel": "iopub",
     "msg": {
@@ -99,7 +101,7 @@ def test_empty_feed_returns_nothing():
 
 
 def test_frame_split_at_every_byte_boundary():
-    messages = [{"op": "a", "n": 1}, NESTED, {"op": "b"}]
+    messages: list[dict[str, Any]] = [{"op": "a", "n": 1}, NESTED, {"op": "b"}]
     data = b"".join(frame(m) for m in messages)
     for cut in range(len(data) + 1):
         decoder = FrameDecoder(LIMIT)
@@ -132,7 +134,7 @@ def test_several_frames_and_a_partial_one_in_one_feed():
     assert decoder.feed(partial[50:]) == [{"op": "c", "pad": "x" * 100}]
 
 
-def _message_with_body_size(size: int) -> dict:
+def _message_with_body_size(size: int) -> dict[str, Any]:
     """A message whose msgpack body is exactly ``size`` bytes (256 <= size < 65536)."""
     probe = 300  # any pad in bin16 range: the bin header size is then fixed
     overhead = len(msgpack.packb({"op": "x", "p": b"\x00" * probe}, use_bin_type=True)) - probe
@@ -296,7 +298,7 @@ messages = st.builds(
 )
 
 
-def _fits(message: dict) -> bool:
+def _fits(message: dict[str, Any]) -> bool:
     return len(msgpack.packb(message, use_bin_type=True)) <= LIMIT
 
 
@@ -304,13 +306,13 @@ small_messages = messages.filter(_fits)
 
 
 @st.composite
-def chunkings(draw, data: bytes) -> list[bytes]:
+def chunkings(draw: st.DrawFn, data: bytes) -> list[bytes]:
     cuts = draw(st.lists(st.integers(min_value=0, max_value=len(data)), max_size=12))
     return split(data, cuts)
 
 
 @st.composite
-def hostile_segments(draw) -> bytes:
+def hostile_segments(draw: st.DrawFn) -> bytes:
     """Pieces of a hostile stream: valid frames, plausible headers with random bodies, noise."""
     kind = draw(st.sampled_from(["frame", "header", "near-limit", "noise", "zero"]))
     if kind == "frame":
@@ -404,7 +406,7 @@ def test_garbage_after_a_valid_stream_never_yields_unsent_frames(data):
 
     # 1. valid stream and garbage chunked together: what comes out is a prefix of what was sent
     decoder = FrameDecoder(LIMIT)
-    got: list[dict] = []
+    got: list[dict[str, Any]] = []
     failed = False
     for chunk in data.draw(chunkings(valid + garbage), label="chunks"):
         try:

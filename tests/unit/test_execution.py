@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Any
 
 import pytest
@@ -62,7 +62,7 @@ def cell(
     timeout: float | None = None,
     interrupt_grace: float = WAIT,
     **kwargs: Any,
-) -> AsyncIterator[dict[str, Any]]:
+) -> AsyncGenerator[dict[str, Any], None]:
     return run(client, code, session=SESSION, timeout=timeout, interrupt_grace=interrupt_grace, **kwargs)
 
 
@@ -79,15 +79,15 @@ class KernelDeaths(ChannelListener):
         self.seen.set()
 
 
-async def collect(gen: AsyncIterator[dict[str, Any]], timeout: float = WAIT) -> list[dict]:
-    async def drain() -> list[dict]:
-        async with contextlib.aclosing(gen):  # type: ignore[type-var]
+async def collect(gen: AsyncGenerator[dict[str, Any], None], timeout: float = WAIT) -> list[dict[str, Any]]:
+    async def drain() -> list[dict[str, Any]]:
+        async with contextlib.aclosing(gen):
             return [event async for event in gen]
 
     return await asyncio.wait_for(drain(), timeout)
 
 
-def without_duration(events: list[dict]) -> list[dict]:
+def without_duration(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
     end = events[-1]
     assert end["type"] == "end"
     assert isinstance(end["duration_ms"], float) and end["duration_ms"] >= 0
@@ -101,7 +101,7 @@ def end(status: str, count: int | None, recovery: str | None = None, **extra: An
     return event
 
 
-def timeout_error(value_part: str, events: list[dict]) -> None:
+def timeout_error(value_part: str, events: list[dict[str, Any]]) -> None:
     assert any(
         e["type"] == "error" and e["name"] == "TimeoutError" and value_part in e["value"] for e in events
     ), events

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import AsyncGenerator
 from typing import Any
 
 import pytest
@@ -17,6 +18,7 @@ from .cells import cell
 from .fake_agent import (
     WAIT,
     FakeAgent,
+    Handler,
     error,
     jupyter_msg,
     scripted,
@@ -34,13 +36,13 @@ async def client(sock_path, agent):
     await asyncio.wait_for(c.close(), WAIT)
 
 
-def call(client: AgentClient, code: str = "1", **kwargs: Any):
+def call(client: AgentClient, code: str = "1", **kwargs: Any) -> AsyncGenerator[dict[str, Any], None]:
     kwargs.setdefault("timeout", None)
     kwargs.setdefault("interrupt_grace", WAIT)
     return cell(client, code, session="session", **kwargs)
 
 
-async def collect(gen, timeout: float = WAIT) -> list[dict[str, Any]]:
+async def collect(gen: AsyncGenerator[dict[str, Any], None], timeout: float = WAIT) -> list[dict[str, Any]]:
     async def drain() -> list[dict[str, Any]]:
         async with contextlib.aclosing(gen):
             return [event async for event in gen]
@@ -175,7 +177,7 @@ async def test_an_aborted_request_is_an_error_not_silence(agent, client):
 # -- bash --------------------------------------------------------------------------------------------
 
 
-def bash_runner(outputs: list[tuple[str, str]], content: dict[str, Any], *, ends: bool = True):
+def bash_runner(outputs: list[tuple[str, str]], content: dict[str, Any], *, ends: bool = True) -> Handler:
     async def handler(fake: FakeAgent, frame: dict[str, Any]) -> None:
         await fake.reply(frame, pid=123)
         parent = {"msg_id": frame["run_id"], "msg_type": "bash_request"}

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import libvirt
 import pytest
@@ -27,7 +29,7 @@ def image(tmp_path: Path) -> GuestImage:
 
 
 @pytest.fixture
-def hv(tmp_path: Path):
+def hv(tmp_path: Path) -> Iterator[Hypervisor]:
     # each test gets its own private in-memory driver instance
     h = Hypervisor("test:///default", "khtest-", tmp_path / "run")
     yield h
@@ -74,7 +76,7 @@ def test_domain_xml_shape(image: GuestImage, tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     "bad", [{"accel": "xen"}, {"memory_mib": 64}, {"vcpus": 0}, {"cpu_quota_percent": 150}]
 )
-def test_domain_spec_rejects_bad_values(bad: dict, tmp_path: Path) -> None:
+def test_domain_spec_rejects_bad_values(bad: dict[str, Any], tmp_path: Path) -> None:
     base = dict(
         name="kh-a",
         uuid="u",
@@ -178,7 +180,7 @@ def test_destroy_that_fails_while_libvirt_is_away_is_retried(hv: Hypervisor, ima
 
     name = hv.new_name()
     hv.start(hv.spec_for(name, image, accel="tcg", memory_mib=256, vcpus=1))
-    real, hv._conn = hv._conn, Away()  # type: ignore[assignment]
+    real, hv._conn = hv._conn, Away()
     with pytest.raises(HypervisorError, match=name):
         hv.destroy(name)
     assert hv.pending_destroys == 1

@@ -23,9 +23,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from kernelhost import (
+    AsyncSandbox,
     AuthenticationError,
     Execution,
     ExecutionError,
+    ExecutionStatus,
     FileInfo,
     InvalidRequestError,
     KernelHostError,
@@ -121,7 +123,7 @@ def test_shape_execution_renders_everything_a_model_needs() -> None:
         ],
         error=ExecutionError("ValueError", "bad", ["\x1b[31mTraceback\x1b[0m", "ValueError: bad"]),
         execution_count=3,
-        status="error",
+        status=ExecutionStatus.ERROR,
     )
     shaped = shape_execution(execution)
     assert shaped.to_text() == (
@@ -144,11 +146,11 @@ def test_shape_execution_image_budget_timeout_and_bash_exit_code() -> None:
     shaped = shape_execution(many, OutputBudget(max_images=2))
     assert len(shaped.images) == 2 and shaped.omitted_images == 1
     assert "[1 more image(s) not shown" in shaped.to_text()
-    assert shape_execution(Execution(status="timeout")).to_text().startswith("[timed out: ")
+    assert shape_execution(Execution(status=ExecutionStatus.TIMEOUT)).to_text().startswith("[timed out: ")
     assert shape_execution(Execution()).to_text() == "[no output]"
     bash = Execution(
         stdout="x\n",
-        status="error",
+        status=ExecutionStatus.ERROR,
         exit_code=3,
         error=ExecutionError("CommandFailed", "the command exited with code 3"),
     )
@@ -262,8 +264,8 @@ def handle_both(block: dict[str, Any], make: Any, **options: Any) -> dict[str, A
     sync_fake, async_fake = make(), AsyncFakeSandbox(make())
     sync_answer = anthropic_adapter.handle_code_execution_tool_use(block, as_sandbox(sync_fake), **options)
     async_answer = asyncio.run(
-        anthropic_adapter.ahandle_code_execution_tool_use(block, async_fake, **options)
-    )  # type: ignore[arg-type]
+        anthropic_adapter.ahandle_code_execution_tool_use(block, cast(AsyncSandbox, async_fake), **options)
+    )
     assert sync_answer == async_answer
     return sync_answer
 
@@ -295,7 +297,9 @@ def test_client_tool_bash_and_bad_input() -> None:
     answer = handle_both(
         bash,
         lambda: FakeSandbox(
-            Execution(status="error", exit_code=1, error=ExecutionError("CommandFailed", "exit 1"))
+            Execution(
+                status=ExecutionStatus.ERROR, exit_code=1, error=ExecutionError("CommandFailed", "exit 1")
+            )
         ),
     )
     assert answer["is_error"] and answer["content"][0]["text"] == "[exit code 1]"
@@ -348,9 +352,9 @@ def test_bash_server_tool_result_shapes() -> None:
             "content": [],
         },
     }
-    slow = handle_both(block, lambda: FakeSandbox(Execution(status="timeout", exit_code=130)))
+    slow = handle_both(block, lambda: FakeSandbox(Execution(status=ExecutionStatus.TIMEOUT, exit_code=130)))
     assert slow["content"]["error_code"] == "execution_time_exceeded"
-    lost = handle_both(block, lambda: FakeSandbox(Execution(status="kernel_died")))
+    lost = handle_both(block, lambda: FakeSandbox(Execution(status=ExecutionStatus.KERNEL_DIED)))
     assert lost["content"]["error_code"] == "unavailable"
     empty = handle_both({**block, "input": {"command": " "}}, FakeSandbox)
     assert empty["content"]["error_code"] == "invalid_tool_input"
@@ -479,10 +483,8 @@ def test_openai_agents_tool_outputs_and_bad_arguments() -> None:
     assert tool.name == "py" and tool.params_json_schema == PARAMETERS
     with_image: Any = asyncio.run(
         tool.on_invoke_tool(
-            None,
-            json.dumps(  # type: ignore[arg-type]
-                {"code": "plot()", "language": "python"}
-            ),
+            None,  # type: ignore[arg-type]  # no run context: the tool never reads it
+            json.dumps({"code": "plot()", "language": "python"}),
         )
     )
     assert isinstance(with_image[0], ToolOutputText)
@@ -490,10 +492,8 @@ def test_openai_agents_tool_outputs_and_bad_arguments() -> None:
     assert with_image[1].image_url == "data:image/png;base64,iVBORw0KGgo="
     text: Any = asyncio.run(
         tool.on_invoke_tool(
-            None,
-            json.dumps(  # type: ignore[arg-type]
-                {"code": "echo 1", "language": "bash"}
-            ),
+            None,  # type: ignore[arg-type]  # no run context: the tool never reads it
+            json.dumps({"code": "echo 1", "language": "bash"}),
         )
     )
     assert text == "1"

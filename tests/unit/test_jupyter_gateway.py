@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
@@ -39,10 +40,11 @@ def _msg(msg_type: str = "execute_request", **content: Any) -> dict[str, Any]:
 
 
 def test_v1_frames_match_jupyter_server() -> None:
-    from jupyter_server.services.kernels.connection.base import (
-        deserialize_msg_from_ws_v1,
-        serialize_msg_to_ws_v1,
-    )
+    from jupyter_server.services.kernels.connection import base
+
+    # unannotated upstream: typed here as this test calls them
+    deserialize_msg_from_ws_v1: Callable[[bytes], tuple[str, list[bytes]]] = base.deserialize_msg_from_ws_v1
+    serialize_msg_to_ws_v1: Callable[[list[bytes], str], bytes] = base.serialize_msg_to_ws_v1
 
     msg = _msg()
     frame = wire.to_v1("shell", msg)
@@ -62,7 +64,10 @@ def test_v1_frames_match_jupyter_server() -> None:
 
 
 def test_legacy_frames() -> None:
-    from jupyter_server.services.kernels.connection.base import serialize_binary_message
+    from jupyter_server.services.kernels.connection import base
+
+    # unannotated upstream: typed here as this test calls it
+    serialize_binary_message: Callable[[dict[str, Any]], bytes] = base.serialize_binary_message
 
     msg = _msg()
     text = json.loads(wire.to_text("stdin", msg))

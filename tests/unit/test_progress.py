@@ -7,6 +7,7 @@ import importlib.util
 import io
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -101,7 +102,7 @@ def test_log_lines_written_through_terminal_aware_go_above_the_bar() -> None:
 def test_build_script_reports_its_stages_through_the_bar(capsys: pytest.CaptureFixture[str]) -> None:
     spec = importlib.util.spec_from_file_location("_build", REPO / "guest-image" / "build.py")
     assert spec is not None and spec.loader is not None
-    build = importlib.util.module_from_spec(spec)
+    build: Any = importlib.util.module_from_spec(spec)  # loaded by path: its _BAR is set below
     spec.loader.exec_module(build)
     progress = build._progress_module()
     assert progress is not None and progress.Stages.__name__ == "Stages"

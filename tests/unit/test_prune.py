@@ -13,7 +13,7 @@ import pytest
 
 from hypervisor import ImageStore
 from kernelhost import cli
-from kernelhost.sandboxes import SandboxRecord, Store
+from kernelhost.sandboxes import SandboxRecord, SandboxState, Store
 from kernelhost.sandboxes.prune import InUse, apply, scan_in_use, stale_images, stale_snapshots
 from kernelhost.sandboxes.snapshots import snapshot_key
 
@@ -153,7 +153,7 @@ def test_prune_command(
             owner="key_1",
             template="python",
             domain="kh-1",
-            state="hibernated",
+            state=SandboxState.HIBERNATED,
             created_at=0.0,
             last_active_at=0.0,
             idle_timeout_seconds=60,

@@ -124,6 +124,7 @@ async def test_rich_results_stream_in_order_as_mime_bundles(py: AsyncSandbox) ->
     assert kinds == ["stdout", "result", "result", "result", "result", "stdout", "result"]
     assert execution.stdout == "before\nafter\n"
     html, svg, js, md, value = execution.results
+    assert html.html is not None, html
     assert "<table>" in html.html and "text/plain" in html.formats()
     assert svg.svg is not None and svg.svg.startswith("<svg")
     assert js.json == {"a": [1, 2]}
@@ -156,7 +157,7 @@ async def test_datasci_plot_is_a_png_and_dataframe_is_html(ds: AsyncSandbox) -> 
     )
     assert frame.error is None, frame.error
     [table] = frame.results
-    assert table.is_main_result and "<table" in (table.html or "") and "det" in table.html
+    assert table.is_main_result and table.html is not None and "<table" in table.html and "det" in table.html
     tooling = await ds.run_code("import shutil\n[shutil.which(c) for c in ('gcc', 'g++', 'cc')]", timeout=60)
     assert tooling.text == "[None, None, None]"  # scipy came without a compiler toolchain
 
@@ -467,6 +468,9 @@ async def test_each_execution_reports_wall_cpu_and_peak_memory(py: AsyncSandbox)
     for execution in (idle, busy):
         assert execution.duration_ms is not None and execution.duration_ms >= 900
         assert execution.cpu_time_ms is not None and execution.peak_memory_bytes is not None
+    # (the loop checked them; mypy does not narrow through it)
+    assert busy.cpu_time_ms is not None and idle.cpu_time_ms is not None
+    assert busy.peak_memory_bytes is not None and idle.peak_memory_bytes is not None
     assert busy.cpu_time_ms > 800 > idle.cpu_time_ms
     assert busy.peak_memory_bytes >= 200 * 2**20 > idle.peak_memory_bytes
     shell = await py.run_code("python3 -c 'b = bytearray(100 * 2**20)'", language="bash", timeout=60)

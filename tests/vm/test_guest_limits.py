@@ -14,6 +14,7 @@ import os
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -37,7 +38,7 @@ async def victim(client_env: Service) -> AsyncIterator[AsyncSandbox]:
             pass  # the service removed it (a protocol violation)
 
 
-async def _while_other_answers(other: AsyncSandbox, work: asyncio.Future[object]) -> int:
+async def _while_other_answers(other: AsyncSandbox, work: asyncio.Future[Any]) -> int:
     """Run ``1 + 1`` on ``other`` until ``work`` is done; how many times it answered."""
     answered = 0
     while not work.done():
@@ -173,6 +174,7 @@ async def test_full_disk_is_a_clear_error_in_the_guest_and_costs_the_host_nothin
     assert filled.error is not None, filled
     assert filled.error.name == "OSError" and "No space left on device" in filled.error.value
     size = await victim.run_code("os.path.getsize('/home/user/fill') // 2**20")
+    assert size.text is not None, size
     assert 64 <= int(size.text) <= 512, size.text  # the cap is half the VM's memory
     # the files API says the same, with its own code
     with pytest.raises(APIError) as full:

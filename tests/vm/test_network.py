@@ -164,6 +164,7 @@ async def test_allowlist_installs_from_the_index_and_refuses_the_rest(
             f"import importlib, {PACKAGE}; importlib.reload({PACKAGE}); {PACKAGE}.__file__"
         )
         assert imported.error is None, imported.error
+        assert imported.text is not None, imported
         assert imported.text.startswith("'/usr/local/lib/"), imported.text
         out = await _py(
             sbx,

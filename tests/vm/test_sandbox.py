@@ -8,7 +8,7 @@ import time
 import aiohttp
 import pytest
 
-from kernelhost import AsyncSandbox, Sandbox
+from kernelhost import AsyncSandbox, Result, Sandbox
 from kernelhost.client import (
     AuthenticationError,
     InvalidRequestError,
@@ -16,7 +16,7 @@ from kernelhost.client import (
     RateLimitError,
 )
 
-from .conftest import Service
+from ..harness import Service
 
 pytestmark = pytest.mark.vm
 
@@ -37,6 +37,7 @@ async def test_persistent_repl_keeps_variables_imports_and_files(sandbox: AsyncS
     )
     assert third.error is None
     assert third.stdout.strip() == '{"counter": 42, "file": "kept"}'
+    assert first.execution_count is not None and second.execution_count is not None
     assert third.execution_count == second.execution_count + 1 == first.execution_count + 2
 
 
@@ -74,7 +75,7 @@ async def test_stdout_streams_in_order_before_the_call_ends(sandbox: AsyncSandbo
 
 
 async def test_results_are_mime_bundles(sandbox: AsyncSandbox) -> None:
-    got = []
+    got: list[Result] = []
     execution = await sandbox.run_code(
         "from IPython.display import display, HTML\ndisplay(HTML('<b>bold</b>'))\n{'a': 1}",
         on_result=got.append,

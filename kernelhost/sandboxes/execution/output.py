@@ -100,6 +100,6 @@ def json_size(value: Any) -> int | None:
     if isinstance(value, str):
         return len(value)
     try:
-        return len(json.dumps(value))
+        return len(json.dumps(value, allow_nan=False))  # NaN and infinities are not JSON
     except (TypeError, ValueError, RecursionError):
         return None

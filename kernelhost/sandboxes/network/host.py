@@ -9,6 +9,7 @@ on a local socket (``index_endpoint``) that a tunnel to that origin connects to.
 
 from __future__ import annotations
 
+import asyncio
 import configparser
 import contextlib
 import fcntl
@@ -16,21 +17,36 @@ import ipaddress
 import os
 import socket
 import struct
+import time
 import urllib.parse
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import structlog
 
-from ...channel.protocol import PROXY_PORT
+from ...channel.protocol import PROXY_PORT, NetRefusal
 from ...config import ConfigError, Settings
-from .policy import AllowEntry, IPAddress, NetworkSpec, Policy, parse_entry, plain_address
+from .policy import (
+    CONNECT_TIMEOUT,
+    AllowEntry,
+    IPAddress,
+    NetworkSpec,
+    Policy,
+    Refused,
+    parse_entry,
+    plain_address,
+)
 
 log = structlog.get_logger("kernelhost.network")
 
 INDEX_HOST = "pip-index.kernelhost.internal"  # virtual origin of the host's file:// indexes
+#: threads for the guests' name lookups: a pool of their own, so that names that never answer
+#: cannot stall the default pool, which every libvirt call uses
+RESOLVER_THREADS = 16
+OWN_TTL = 5.0  # seconds the host's list of its own addresses is trusted
 
 
 @dataclass
@@ -81,17 +97,24 @@ def read_pip_config(
 
 
 def host_addresses() -> set[IPAddress]:
-    """Every address of this host's interfaces (IPv4 via SIOCGIFADDR, IPv6 from /proc)."""
+    """Every address of this host: all IPv4 addresses the kernel treats as local (the LOCAL
+    routes of ``/proc/net/fib_trie``, secondary addresses included), every IPv6 address of
+    ``/proc/net/if_inet6``, and what the host name resolves to."""
     found: set[IPAddress] = set()
+    with contextlib.suppress(OSError), open("/proc/net/fib_trie") as f:
+        last = ""
+        for line in f:
+            text = line.strip()
+            if text.startswith(("|--", "+--")):
+                last = text[3:].split()[0]
+            elif text.endswith("host LOCAL") and last:
+                with contextlib.suppress(ValueError):
+                    found.add(ipaddress.IPv4Address(last))
     with contextlib.suppress(OSError), socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        for _, name in socket.if_nameindex():
+        for _, name in socket.if_nameindex():  # primary addresses, where fib_trie is missing
             with contextlib.suppress(OSError):
-                packed = fcntl.ioctl(
-                    s.fileno(),
-                    0x8915,  # SIOCGIFADDR
-                    struct.pack("256s", name.encode()[:15]),
-                )
-                found.add(ipaddress.IPv4Address(packed[20:24]))
+                packed = fcntl.ioctl(s.fileno(), 0x8915, struct.pack("256s", name.encode()[:15]))
+                found.add(ipaddress.IPv4Address(packed[20:24]))  # SIOCGIFADDR
     with contextlib.suppress(OSError, ValueError), open("/proc/net/if_inet6") as f:
         for line in f:
             found.add(ipaddress.IPv6Address(int(line.split()[0], 16)))
@@ -113,7 +136,12 @@ class HostNetwork:
         own_addresses: set[IPAddress] | None = None,
     ) -> None:
         self.settings = settings
-        self.own = {plain_address(a) for a in (host_addresses() if own_addresses is None else own_addresses)}
+        # the host's own addresses, read again when older than OWN_TTL seconds (an address
+        # added after the start is protected too), unless the caller fixes them (tests)
+        self._fixed_own = own_addresses is not None
+        self._own = {plain_address(a) for a in (own_addresses or set())}
+        self._own_read = 0.0
+        self.resolver = ThreadPoolExecutor(RESOLVER_THREADS, thread_name_prefix="kh-dns")
         self.operator: list[AllowEntry] = []
         for text in settings.network_allow:
             try:
@@ -157,6 +185,33 @@ class HostNetwork:
             return url
         log.warning("network.pip_index_unsupported", url=url)
         return None
+
+    @property
+    def own(self) -> set[IPAddress]:
+        if not self._fixed_own and time.monotonic() - self._own_read > OWN_TTL:
+            self._own = {plain_address(a) for a in host_addresses()}
+            self._own_read = time.monotonic()
+        return self._own
+
+    async def lookup(self, name: str, port: int) -> list[IPAddress]:
+        """The addresses of ``name``, resolved in the resolver's own threads."""
+        loop = asyncio.get_running_loop()
+        try:
+            infos = await asyncio.wait_for(
+                loop.run_in_executor(
+                    self.resolver, lambda: socket.getaddrinfo(name, port, type=socket.SOCK_STREAM)
+                ),
+                CONNECT_TIMEOUT,
+            )
+        except (OSError, TimeoutError) as exc:
+            raise Refused(
+                f"kernelhost: cannot resolve {name}: {exc or 'timed out'}", NetRefusal.UNREACHABLE
+            ) from None
+        return list(dict.fromkeys(ipaddress.ip_address(str(i[4][0]).split("%")[0]) for i in infos))
+
+    def close(self) -> None:
+        """Let the resolver's threads go (a lookup that never answers is abandoned)."""
+        self.resolver.shutdown(wait=False, cancel_futures=True)
 
     def local_endpoint(self, name: str, port: int) -> Path | None:
         if name == INDEX_HOST and port == 80 and self.file_roots:

@@ -9,10 +9,8 @@ API or libvirt.
 
 from __future__ import annotations
 
-import asyncio
 import ipaddress
 import re
-import socket
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -199,7 +197,7 @@ class Policy:
             raise Refused(f"kernelhost: {name}:{port} is not in this sandbox's network allowlist")
         # explicitly listed by the operator (not a wildcard): may be a private address
         trusted = any(e.operator and not e.wildcard for e in matched)
-        addrs = [literal] if literal is not None else await _lookup(name, port)
+        addrs = [literal] if literal is not None else await self.host.lookup(name, port)
         return self._check(f"{name}:{port}", addrs, port, trusted)
 
     def _check(self, where: str, addrs: list[IPAddress], port: int, trusted: bool) -> list[IPAddress]:
@@ -227,14 +225,3 @@ class Policy:
                 f"kernelhost: {where} refused: {'; '.join(reasons)[:200]}; sandboxes may not reach it{hint}"
             )
         return allowed
-
-
-async def _lookup(name: str, port: int) -> list[IPAddress]:
-    loop = asyncio.get_running_loop()
-    try:
-        infos = await asyncio.wait_for(loop.getaddrinfo(name, port, type=socket.SOCK_STREAM), CONNECT_TIMEOUT)
-    except (OSError, TimeoutError) as exc:
-        raise Refused(
-            f"kernelhost: cannot resolve {name}: {exc or 'timed out'}", NetRefusal.UNREACHABLE
-        ) from None
-    return list(dict.fromkeys(ipaddress.ip_address(str(i[4][0]).split("%")[0]) for i in infos))

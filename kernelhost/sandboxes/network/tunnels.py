@@ -9,7 +9,10 @@ unacknowledged bytes of a tunnel, so a slow reader on either end never grows hos
 The guest is hostile: a frame never costs the host more than a bounded amount of work. Only an
 accepted ``open`` (at most ``MAX_TUNNELS`` at once) starts a task; refusals and the ``close``
 answers to frames of unknown tunnels go through one bounded outbox with one sender task, and
-what does not fit is dropped.
+what does not fit is dropped. Frames a well-behaved agent sends only in races (for a tunnel
+that just ended) or never (any tunnel frame in mode ``none``) are counted in a bucket
+(``STRAY_RATE``, ``STRAY_BURST``): a guest that overdraws it is cut off, and its VM destroyed.
+Refusals are logged at most ``LOG_RATE`` a second per sandbox.
 """
 
 from __future__ import annotations
@@ -24,8 +27,9 @@ from typing import Any
 
 import structlog
 
-from ...channel import AgentClient, ChannelError, ChannelListener
+from ...channel import AgentClient, ChannelError, ChannelListener, ProtocolViolation
 from ...channel.protocol import NET_CHUNK, NET_WINDOW, Frame, NetFrame, NetRefusal
+from ...ratelimit import TokenBucket
 from ...tasks import TaskSet
 from .policy import CONNECT_TIMEOUT, IPAddress, Policy, Refused
 
@@ -35,6 +39,9 @@ MAX_TUNNELS = 32  # connections open at once per sandbox
 OUTBOX = 256  # control frames (refusals, close answers) waiting to be sent
 SEND_TIMEOUT = 30.0  # seconds one frame to the guest may take before its tunnel ends
 RECENTLY_ENDED = 1024  # tunnel ids whose close answer was already sent
+STRAY_RATE, STRAY_BURST = 20.0, 512.0  # frames for no tunnel: per second, and at once
+LOG_RATE, LOG_BURST = 1.0, 20.0  # refusals logged per second, and at once
+LOOKUPS = 2  # name lookups one sandbox may have running in the resolver's threads
 
 
 @dataclass(eq=False)
@@ -69,23 +76,33 @@ class Tunnels(ChannelListener):
         self._outbox_ready = asyncio.Event()
         self._sender: asyncio.Task[None] | None = None
         self._ended: OrderedDict[int, None] = OrderedDict()
+        self._strays = TokenBucket(STRAY_RATE, STRAY_BURST)
+        self._logs = TokenBucket(LOG_RATE, LOG_BURST)
+        self.refused = 0
+        self._lookups = asyncio.Semaphore(LOOKUPS)  # name lookups of this sandbox at once
 
     # -- frames from the guest (on the channel's reader: never blocks) ----------------------------
 
     def on_net(self, frame: dict[str, Any]) -> None:
         kind, tunnel_id = frame.get("t"), frame.get("tunnel")
+        if self.closed:
+            return
         if (
-            self.closed
+            self.policy.mode == "none"
             or not isinstance(tunnel_id, int)
             or isinstance(tunnel_id, bool)
             or not 0 < tunnel_id < 1 << 62
         ):
+            self._stray("tunnel frames it has no business sending")
             return
         tun = self.tunnels.get(tunnel_id)
         if kind == NetFrame.OPEN:
             if tun is None:
                 self._open(tunnel_id, frame.get("host"), frame.get("port"))
+            else:
+                self._stray("opens for tunnels already open")
         elif tun is None:
+            self._stray("frames for tunnels that do not exist")
             if kind != NetFrame.CLOSE:  # a tunnel of an earlier host, or one we ended
                 self._answer_unknown(tunnel_id)
         elif kind == NetFrame.DATA:
@@ -108,13 +125,25 @@ class Tunnels(ChannelListener):
     def on_close(self, reason: str, violation: bool) -> None:
         self.close()
 
+    def _stray(self, what: str) -> None:
+        """Count a frame no well-behaved agent sends this often; cut the guest off past it."""
+        if not self._strays.take():
+            raise ProtocolViolation(f"the guest floods its channel with {what}")
+
+    def _log_refusal(self, host: str, port: int, reason: str) -> None:
+        self.refused += 1
+        self._count("refused")
+        if self._logs.take():
+            self.log.warning(
+                "network.refused", host=host[:100], port=port, reason=reason[:300], refused=self.refused
+            )
+
     def _open(self, tunnel_id: int, host: Any, port: Any) -> None:
         if not isinstance(host, str) or not isinstance(port, int) or isinstance(port, bool):
             self._refuse(tunnel_id, NetRefusal.INVALID, "kernelhost: open needs a host and a port")
             return
         if len(self.tunnels) >= MAX_TUNNELS:
-            self._count("refused")
-            self.log.warning("network.refused", host=host[:100], port=port, reason="too many connections")
+            self._log_refusal(host, port, "too many connections")
             self._refuse(
                 tunnel_id,
                 NetRefusal.BUSY,
@@ -188,8 +217,7 @@ class Tunnels(ChannelListener):
             try:
                 reader, writer = await self._connect(host, port)
             except Refused as exc:
-                self._count("refused")
-                self.log.warning("network.refused", host=host[:100], port=port, reason=str(exc))
+                self._log_refusal(host, port, str(exc))
                 await self._send(NetFrame.OPENED, tun.id, ok=False, reason=exc.reason.value, error=str(exc))
                 return
             self._count("opened")
@@ -208,7 +236,8 @@ class Tunnels(ChannelListener):
         local = self.policy.local_endpoint(host, port)
         if local is not None:
             return await _open_local(local)
-        addrs = await self.policy.resolve(host, port)
+        async with self._lookups:
+            addrs = await self.policy.resolve(host, port)
         return await _open_tcp(host, addrs, port)
 
     async def _pump(self, tun: _Tunnel, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

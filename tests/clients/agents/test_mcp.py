@@ -29,6 +29,7 @@ TOOLS = {
     "write_file",
     "list_files",
     "fork_sandbox",
+    "restart_sandbox",
     "close_sandbox",
     "list_sandboxes",
 }
@@ -134,6 +135,10 @@ async def test_stdio_server_runs_code_files_and_forks_then_deletes_its_sandboxes
         assert (await call(client, "run_code", code="r", sandbox_id=child)).structured_content[
             "result"
         ] == "2"
+        restarted = await call(client, "restart_sandbox", sandbox_id=child)
+        assert restarted.structured_content == {"sandbox_id": child, "recovery": "kernel_restarted"}
+        after = await call(client, "run_code", code="r", sandbox_id=child)  # variables are gone
+        assert after.structured_content["error"]["name"] == "NameError"
 
         created = await call(client, "create_sandbox", network="allowlist", allow=["files.example.org:443"])
         extra = created.structured_content["sandbox_id"]

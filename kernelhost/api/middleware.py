@@ -1,0 +1,89 @@
+"""The request path before a view runs: who is calling (API keys), how much one key may have open
+at once, and the headers every response carries."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import structlog
+from aiohttp import web
+from aiohttp.typedefs import Middleware
+
+from ..config import Settings
+from .console import PATHS as CONSOLE_PATHS
+from .errors import Handler, error_response
+from .state import KEY_ID, KEYS, SETTINGS
+
+log = structlog.get_logger("kernelhost.api")
+
+
+PUBLIC_PATHS = frozenset({"/openapi.json"}) | CONSOLE_PATHS
+#: tenant-wide counts, public unless the operator sets metrics_require_key
+HEALTH_PATHS = frozenset({"/healthz", "/metrics"})
+
+
+@web.middleware
+async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    structlog.contextvars.clear_contextvars()
+    sandbox_id = request.match_info.get("sandbox_id")
+    if sandbox_id:
+        structlog.contextvars.bind_contextvars(sandbox_id=sandbox_id)
+    if request.path in PUBLIC_PATHS or (
+        request.path in HEALTH_PATHS and not request.app[SETTINGS].metrics_require_key
+    ):
+        return await handler(request)
+    header = request.headers.get("Authorization", "")
+    scheme, _, presented = header.partition(" ")
+    if scheme.lower() not in ("bearer", "token") or not presented.strip():
+        return error_response(
+            401,
+            "unauthorized",
+            "missing API key: send 'Authorization: Bearer <key>' (the key is printed by "
+            "'kernelhost serve' at first start, or set in KERNELHOST_API_KEYS)",
+        )
+    kid = request.app[KEYS].identify(presented.strip())
+    if kid is None:
+        return error_response(
+            401, "unauthorized", "invalid API key; check KERNELHOST_API_KEY on the client side"
+        )
+    request[KEY_ID] = kid
+    structlog.contextvars.bind_contextvars(key_id=kid)
+    return await handler(request)
+
+
+def request_limits(settings: Settings) -> Middleware:
+    """At most ``max_requests_per_key`` requests of one key open at once (an execute stream, a
+    download or a WebSocket counts until it ends): one key cannot hold every connection and
+    task of the service."""
+    limit = settings.max_requests_per_key
+    open_now: Counter[str] = Counter()
+
+    @web.middleware
+    async def limits(request: web.Request, handler: Handler) -> web.StreamResponse:
+        kid = request.get(KEY_ID)
+        if kid is None:  # a public path
+            return await handler(request)
+        if open_now[kid] >= limit:
+            return error_response(
+                429,
+                "capacity_exceeded",
+                f"this API key has {open_now[kid]} requests open, its limit (max_requests_per_key); "
+                "wait for some to end, or raise the setting",
+                limit="max_requests_per_key",
+                value=limit,
+            )
+        open_now[kid] += 1
+        try:
+            return await handler(request)
+        finally:
+            open_now[kid] -= 1
+            if not open_now[kid]:
+                del open_now[kid]
+
+    return limits
+
+
+async def add_security_headers(request: web.Request, response: web.StreamResponse) -> None:
+    """Every response: the browser must not guess a content type (a file from a sandbox served
+    as HTML would run in the service's origin)."""
+    response.headers.setdefault("X-Content-Type-Options", "nosniff")
