@@ -146,11 +146,17 @@ def _free_port() -> int:
 
 @contextlib.contextmanager
 def running_service(
-    state_dir: Path, name: str, start_timeout: float = 120.0, **env: str
+    state_dir: Path,
+    name: str,
+    start_timeout: float = 120.0,
+    launcher: list[str] | None = None,
+    **env: str,
 ) -> Iterator[Service]:
     """A started service for one test tier; on exit it is stopped, its log kept as
-    ``results/<name>-service.log``, and no domain or VM directory of its prefix may be left."""
+    ``results/<name>-service.log``, and no domain or VM directory of its prefix may be left.
+    ``launcher``: what the service runs under (a network namespace)."""
     svc = Service.make(state_dir, **env)
+    svc.launcher = list(launcher or [])
     svc.start(timeout=start_timeout)
     try:
         yield svc

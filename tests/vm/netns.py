@@ -34,6 +34,7 @@ class NetNS:
     name: str
     host_ip: str  # the tests' end of the veth pair
     ns_ip: str  # the namespace's end: where its service listens
+    ns_if: str  # the namespace's end of the veth pair
     procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
 
     @property
@@ -47,11 +48,8 @@ class NetNS:
         return proc
 
     def add_address(self, address: str) -> None:
-        """Give the namespace one more address of its own (on a dummy interface)."""
-        dummy = f"khd{secrets.token_hex(2)}"
-        _ip("-n", self.name, "link", "add", dummy, "type", "dummy")
-        _ip("-n", self.name, "addr", "add", f"{address}/32", "dev", dummy)
-        _ip("-n", self.name, "link", "set", dummy, "up")
+        """Give the namespace one more address of its own: a secondary one on its interface."""
+        _ip("-n", self.name, "addr", "add", f"{address}/32", "dev", self.ns_if)
 
 
 @contextlib.contextmanager
@@ -59,7 +57,7 @@ def netns(blackhole_dns: bool = False) -> Iterator[NetNS]:
     tag = secrets.token_hex(3)
     name, host_if, ns_if = f"kh-{tag}", f"khh{tag}", f"khn{tag}"
     octet = int(tag[:2], 16) % 250 + 1
-    ns = NetNS(name, f"10.231.{octet}.1", f"10.231.{octet}.2")
+    ns = NetNS(name, f"10.231.{octet}.1", f"10.231.{octet}.2", ns_if)
     etc = Path("/etc/netns") / name
     try:
         _ip("netns", "add", name)

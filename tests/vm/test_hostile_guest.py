@@ -27,9 +27,10 @@ pytestmark = pytest.mark.vm
 
 def rss_mib(service: Service) -> float:
     assert service.proc is not None
-    for line in open(f"/proc/{service.proc.pid}/status"):
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
+    with open(f"/proc/{service.proc.pid}/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
     raise AssertionError("no VmRSS")
 
 
@@ -179,12 +180,14 @@ def _strict(line: bytes) -> dict[str, Any]:
 async def test_guest_values_that_are_not_json_never_cut_the_stream(
     service: Service, victim: AsyncSandbox
 ) -> None:
+    # NaN and infinity, and nesting deeper than JSON encoders recurse (msgpack's own packer stops
+    # at 511 levels: the deep value is spliced in as raw bytes)
     body = (
-        "nested = None\n"
-        "for _ in range(1000):\n"
-        "    nested = [nested]\n"
-        "jupyter('iopub', 'display_data', {'data': {'text/plain': 'shown', 'application/json': "
-        "{'x': float('nan')}, 'application/vnd.deep+json': nested}, 'metadata': {'m': float('inf')}})\n"
+        "m = message('iopub', 'display_data', {'data': {'text/plain': 'shown', 'application/json': "
+        "{'x': float('nan')}, 'application/vnd.deep+json': '@@DEEP@@'}, 'metadata': {'m': float('inf')}})\n"
+        "deep = b'\\x91' * 900 + b'\\xc0'\n"
+        "raw = msgpack.packb(m, use_bin_type=True).replace(msgpack.packb('@@DEEP@@'), deep)\n"
+        "send_raw(len(raw).to_bytes(4, 'big') + raw)\n"
         "jupyter('iopub', 'stream', {'name': 'stdout', 'text': 'after\\n'})\n"
         "finish()"
     )
@@ -199,7 +202,9 @@ async def test_guest_values_that_are_not_json_never_cut_the_stream(
         raw = await asyncio.wait_for(r.read(), 120)
     events = [_strict(line) for line in raw.splitlines() if line.strip()]
     assert events[-1]["type"] == "end", events[-1]
-    [result] = [e for e in events if e["type"] == "result"]
+    results = [e for e in events if e["type"] == "result"]
+    assert len(results) == 1, events
+    [result] = results
     assert result["data"]["text/plain"].startswith("shown") and result["truncated"] is True
     assert "application/json" not in result["data"] and result["metadata"] == {}
     assert any(e["type"] == "stdout" and e["text"] == "after\n" for e in events)
