@@ -121,7 +121,7 @@ class FrameDecoder:
         self.max_objects = max_objects
         self._buf = bytearray()
         self._need: int | None = None  # body length of the frame being read, once known
-        self._error: FrameError | None = None
+        self._error: str | None = None  # why the decoder stopped (a message, not the exception)
 
     @property
     def buffered(self) -> int:
@@ -133,7 +133,7 @@ class FrameDecoder:
 
     def feed_costed(self, data: bytes) -> list[tuple[dict[str, Any], int]]:
         if self._error is not None:
-            raise self._error
+            raise MalformedFrame(f"the channel stopped at an earlier bad frame: {self._error}")
         frames: list[tuple[dict[str, Any], int]] = []
         view = memoryview(data)
         try:
@@ -157,8 +157,10 @@ class FrameDecoder:
                     self._buf.clear()
                     self._need = None
         except FrameError as exc:
+            # keep only the message: the exception's traceback holds the frame being decoded
+            # (a guest's object bomb, tens of MiB), and the caller's frame holds this decoder
             self._buf = bytearray()
-            self._error = exc
+            self._error = str(exc)
             raise
         return frames
 

@@ -23,7 +23,7 @@ from .jupyter_support import JupyterLab
 
 RESULTS = REPO / "results"
 
-# == Jupyter (issue 5): tests/clients/test_jupyter_*.py =============================================
+# == Jupyter: tests/clients/test_jupyter_*.py =======================================================
 # Fixture graph (session scoped)::
 #
 #     jupyter_service ──> jupyter_env ──> jupyter_lab      a `jupyter lab` with --gateway-url

@@ -101,14 +101,14 @@ def impostor(body: str) -> str:
 
 #: the bodies of impostor cells, one per kind of attack; each gets the guest cut off
 ATTACKS = {
-    # finding 2: frames for tunnels that do not exist
+    # frames for tunnels that do not exist
     "stray_tunnels": "send_raw(b''.join(frame({'op': 'net', 't': 'data', 'tunnel': i + 1, 'data': b''})"
     " for i in range(20000)))\nimport time\ntime.sleep(60)",
-    # finding 3: a frame of millions of empty maps
+    # a frame of millions of empty maps
     "object_bomb": "inner = b'\\xdd' + (500000).to_bytes(4, 'big') + b'\\x80' * 500000\n"
     "payload = b'\\x81' + msgpack.packb('op') + b'\\xdc' + (8).to_bytes(2, 'big') + inner * 8\n"
     "send_raw(len(payload).to_bytes(4, 'big') + payload)\nimport time\ntime.sleep(60)",
-    # finding 9: the host's log
+    # the host's log
     "log_flood": "for i in range(2000):\n    send({'op': 'event', 'event': 'e' * 4096})\n"
     "send({'op': 'x' * (1 << 20)})\nimport time\ntime.sleep(60)",
 }

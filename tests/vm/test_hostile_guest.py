@@ -68,7 +68,7 @@ async def _cut_off(service: Service, victim: AsyncSandbox, body: str) -> Any:
     return ended
 
 
-# -- finding 1: a guest that stops reading ------------------------------------------------------
+# -- a guest that stops reading ------------------------------------------------------
 
 
 async def test_a_guest_that_stops_reading_holds_neither_a_delete_nor_the_reaper(
@@ -148,7 +148,7 @@ async def test_a_reply_nobody_asked_for_cuts_the_guest_off(service: Service, vic
     )
 
 
-# -- finding 9: the host's logs ----------------------------------------------------------------------
+# -- the host's logs ----------------------------------------------------------------------
 
 
 async def test_a_guest_cannot_flood_the_hosts_log(service: Service, victim: AsyncSandbox) -> None:
@@ -165,7 +165,7 @@ async def test_a_guest_cannot_flood_the_hosts_log(service: Service, victim: Asyn
     assert grown < 256 * 1024, f"the guest wrote {grown} bytes into the service's log"
 
 
-# -- finding 13: values that are not JSON -----------------------------------------------------------
+# -- values that are not JSON -----------------------------------------------------------
 
 
 def _strict(line: bytes) -> dict[str, Any]:

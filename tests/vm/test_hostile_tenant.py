@@ -72,7 +72,7 @@ async def _create(svc: Service, key: str, **kwargs: Any) -> AsyncSandbox | RateL
         return exc
 
 
-# -- finding 4: quotas reserved before any work starts ---------------------------------------------
+# -- quotas reserved before any work starts ---------------------------------------------
 
 
 async def test_concurrent_creates_cannot_pass_the_key_limits(clean: Service) -> None:
@@ -108,7 +108,7 @@ async def test_forks_queued_behind_a_cell_cannot_pass_the_key_limits(clean: Serv
         await sbx.close()
 
 
-# -- finding 7: waking counts again; hibernation has a disk budget ----------------------------------
+# -- waking counts again; hibernation has a disk budget ----------------------------------
 
 
 async def test_a_woken_sandbox_counts_against_its_key_again(clean: Service) -> None:
@@ -272,7 +272,7 @@ async def test_mcp_keeps_only_what_its_answer_can_use(clean: Service) -> None:
         assert _rss_mib(clean) - before < 60
 
 
-# -- finding 14: one service per state ---------------------------------------------------------------
+# -- one service per state ---------------------------------------------------------------
 
 
 async def test_a_second_service_on_the_same_state_refuses_before_touching_a_vm(limited: Service) -> None:

@@ -1,6 +1,6 @@
 """The service's JSON log: every line about a sandbox names it and its API key's id, and no
-line carries an API key itself (issue 8: "every line of a request bound to its sandbox id and key
-id, never the key itself")."""
+line carries an API key itself: every line of a request is bound to its sandbox id and key id,
+never to the key."""
 
 from __future__ import annotations
 

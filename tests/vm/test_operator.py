@@ -271,6 +271,12 @@ async def test_console_runs_a_printing_and_a_plotting_cell(service: Service) -> 
                 await page.locator("section.panel:not([hidden]) button.delete").click()
                 await playwright.expect(page.locator("section.panel")).to_have_count(remaining)
             assert ids(service) == before
+            # a link carrying another key does not swap it in silently: it is only offered
+            await page.goto(f"{service.url}/#key={service.other_key}")
+            await page.reload()
+            await page.locator("#status", has_text="different API key").wait_for()
+            assert await page.evaluate("sessionStorage.getItem('kernelhost-key')") == service.api_key
+            assert await page.input_value("#key") == service.other_key
             assert not problems, problems
         finally:
             await browser.close()

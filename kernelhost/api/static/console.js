@@ -243,10 +243,19 @@ document.addEventListener("DOMContentLoaded", () => {
   $("connect").onsubmit = (ev) => { ev.preventDefault(); connect($("key").value); };
   $("create").onsubmit = (ev) => { ev.preventDefault(); createSandbox($("template").value); };
   $("open").onsubmit = (ev) => { ev.preventDefault(); openSandbox($("existing").value); };
-  // a key in the fragment (#key=...) never reaches the server; it is removed from the address bar
+  // a key in the fragment (#key=...) never reaches the server; it is removed from the address bar.
+  // A link must not swap the key silently (whoever sent it would see what is typed next): a key
+  // other than the stored one is only offered, and used once the user presses Connect.
   const fromHash = new URLSearchParams(location.hash.slice(1)).get("key");
   if (fromHash) history.replaceState(null, "", location.pathname);
-  const key = fromHash || sessionStorage.getItem("kernelhost-key");
+  const stored = sessionStorage.getItem("kernelhost-key");
+  if (fromHash && stored && fromHash.trim() !== stored) {
+    $("key").value = fromHash;
+    status(`this link carries a different API key (ending ${fromHash.trim().slice(-4)}); ` +
+      "press Connect to switch to it, or reload to keep yours", true);
+    return;
+  }
+  const key = fromHash || stored;
   if (key) {
     $("key").value = key;
     connect(key);

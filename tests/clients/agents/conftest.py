@@ -1,4 +1,4 @@
-"""Fixtures for the agent-framework adapters (issue 4): the real anthropic, openai-agents and mcp
+"""Fixtures for the agent-framework adapters: the real anthropic, openai-agents and mcp
 libraries, and the npm package's tests, driving a real ``kernelhost serve``.
 
 Fixture graph (session scoped)::

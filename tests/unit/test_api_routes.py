@@ -1,5 +1,5 @@
-"""Execution depth in the HTTP layer and settings: the new routes, error statuses, the guest's
-filesystem errors mapped to clear ones, and the new limits' validation."""
+"""The HTTP layer's sandbox routes and limit settings: the routes, error statuses, the guest's
+filesystem errors mapped to clear ones, and the validation of limit settings."""
 
 from __future__ import annotations
 
@@ -54,7 +54,7 @@ async def client(tmp_path: Path) -> AsyncIterator[ApiClient]:
         ("GET", "/v1/sandboxes/sbx_nope/files/list"),
     ],
 )
-async def test_new_routes_answer_404_for_an_unknown_sandbox(
+async def test_sandbox_routes_answer_404_for_an_unknown_sandbox(
     client: ApiClient, method: str, path: str
 ) -> None:
     r = await client.request(
@@ -65,7 +65,7 @@ async def test_new_routes_answer_404_for_an_unknown_sandbox(
     assert body["error"]["code"] == "sandbox_not_found" and "sbx_nope" in body["error"]["message"]
 
 
-async def test_new_routes_need_a_key(client: ApiClient) -> None:
+async def test_sandbox_routes_need_a_key(client: ApiClient) -> None:
     r = await client.get("/v1/sandboxes/sbx_nope/files?path=a.txt")
     assert r.status == 401
 

@@ -1,4 +1,4 @@
-"""Execution depth through real VMs: rich results, the datasci template, bash, the timeout ladder,
+"""Executions through real VMs: rich results, the datasci template, bash, the timeout ladder,
 kernel and VM death, interrupt/restart, output caps, files, usage figures.
 
 These tests run their own ``kernelhost serve`` (module scoped), because two of them need a shape
@@ -8,7 +8,7 @@ whole ladder is exercised in seconds. Tests that end in a fresh VM use a sandbox
 
 Fixture graph (module scoped)::
 
-    depth_service ──> py  (python sandbox)        shared by read-mostly tests
+    execution_service ──> py  (python sandbox)        shared by read-mostly tests
                   └─> ds  (python-datasci sandbox)
                   └─> fresh (function)            a new python sandbox, closed after the test
 """
@@ -43,9 +43,9 @@ AGENT_TIMEOUT = 5.0
 
 
 @pytest.fixture(scope="module")
-def depth_service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
+def execution_service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
     svc = Service.make(
-        tmp_path_factory.mktemp("depth"),
+        tmp_path_factory.mktemp("execution"),
         KERNELHOST_VM_MEMORY_MIB="1536",
         KERNELHOST_POOL_SIZE="1",
         KERNELHOST_INTERRUPT_GRACE=str(GRACE),
@@ -61,7 +61,7 @@ def depth_service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]
     finally:
         leaked, leaked_dirs = svc.cleanup()
         (REPO / "results").mkdir(exist_ok=True)
-        (REPO / "results" / "vm-depth-service.log").write_bytes(svc.log_path.read_bytes())
+        (REPO / "results" / "vm-execution-service.log").write_bytes(svc.log_path.read_bytes())
         assert not leaked, f"domains left behind: {leaked}"
         assert not leaked_dirs, f"VM directories left behind: {leaked_dirs}"
 
@@ -71,20 +71,20 @@ def _open(svc: Service, template: str = "python") -> AsyncSandbox:
 
 
 @pytest.fixture(scope="module")
-async def py(depth_service: Service) -> AsyncIterator[AsyncSandbox]:
-    async with _open(depth_service) as sbx:
+async def py(execution_service: Service) -> AsyncIterator[AsyncSandbox]:
+    async with _open(execution_service) as sbx:
         yield sbx
 
 
 @pytest.fixture(scope="module")
-async def ds(depth_service: Service) -> AsyncIterator[AsyncSandbox]:
-    async with _open(depth_service, "python-datasci") as sbx:
+async def ds(execution_service: Service) -> AsyncIterator[AsyncSandbox]:
+    async with _open(execution_service, "python-datasci") as sbx:
         yield sbx
 
 
 @pytest.fixture
-async def fresh(depth_service: Service) -> AsyncIterator[AsyncSandbox]:
-    async with _open(depth_service) as sbx:
+async def fresh(execution_service: Service) -> AsyncIterator[AsyncSandbox]:
+    async with _open(execution_service) as sbx:
         yield sbx
 
 
@@ -319,11 +319,12 @@ async def test_interrupt_reaches_a_bash_command(py: AsyncSandbox) -> None:
     assert stopped.stdout == "go\n"
 
 
-async def test_client_disconnect_interrupts_the_call(py: AsyncSandbox, depth_service: Service) -> None:
+async def test_client_disconnect_interrupts_the_call(py: AsyncSandbox, execution_service: Service) -> None:
     await py.run_code("still = 'there'")
-    async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {depth_service.api_key}"}) as http:
+    auth = {"Authorization": f"Bearer {execution_service.api_key}"}
+    async with aiohttp.ClientSession(headers=auth) as http:
         resp = await http.post(
-            f"{depth_service.url}/v1/sandboxes/{py.id}/execute",
+            f"{execution_service.url}/v1/sandboxes/{py.id}/execute",
             json={"code": "print('spinning', flush=True)\nwhile True:\n    pass"},
         )
         assert (await asyncio.wait_for(resp.content.readline(), 30)).startswith(b'{"type":"stdout"')
@@ -344,10 +345,10 @@ def _rss(pid: int) -> int:
 
 
 async def test_printing_forever_is_cut_at_the_cap_and_host_memory_stays_flat(
-    py: AsyncSandbox, depth_service: Service
+    py: AsyncSandbox, execution_service: Service
 ) -> None:
-    assert depth_service.proc is not None
-    pid = depth_service.proc.pid
+    assert execution_service.proc is not None
+    pid = execution_service.proc.pid
     baseline = _rss(pid)
     samples: list[int] = []
 
@@ -397,7 +398,7 @@ async def test_100_mb_file_round_trips_byte_for_byte(py: AsyncSandbox, tmp_path:
     await py.files.remove("data", recursive=True)
 
 
-async def test_files_small_text_errors_and_limits(py: AsyncSandbox, depth_service: Service) -> None:
+async def test_files_small_text_errors_and_limits(py: AsyncSandbox, execution_service: Service) -> None:
     await py.files.write("notes/a.txt", "héllo\n")
     assert await py.files.read_text("notes/a.txt") == "héllo\n"
     assert (await py.run_code("open('notes/a.txt').read()")).text == "'héllo\\n'"
@@ -427,10 +428,11 @@ async def test_files_small_text_errors_and_limits(py: AsyncSandbox, depth_servic
         yield b"\0" * 1024
         await asyncio.sleep(60)  # the answer must come before the body does
 
-    async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {depth_service.api_key}"}) as http:
+    auth = {"Authorization": f"Bearer {execution_service.api_key}"}
+    async with aiohttp.ClientSession(headers=auth) as http:
         r = await asyncio.wait_for(
             http.put(
-                f"{depth_service.url}/v1/sandboxes/{py.id}/files",
+                f"{execution_service.url}/v1/sandboxes/{py.id}/files",
                 params={"path": "x.bin"},
                 data=endless(),
                 headers={"Content-Length": str(MAX_FILE + 1)},
@@ -439,7 +441,7 @@ async def test_files_small_text_errors_and_limits(py: AsyncSandbox, depth_servic
         )
         assert r.status == 413, await r.text()
         assert "max_file_bytes" in (await r.json())["error"]["message"]
-        r = await http.get(f"{depth_service.url}/v1/sandboxes/{py.id}/files")
+        r = await http.get(f"{execution_service.url}/v1/sandboxes/{py.id}/files")
         assert r.status == 400 and "path" in (await r.json())["error"]["message"]
     await py.files.write("plain.txt", b"a file")
     with pytest.raises(InvalidRequestError) as not_dir:  # a parent is a file
@@ -448,8 +450,8 @@ async def test_files_small_text_errors_and_limits(py: AsyncSandbox, depth_servic
     assert [e.name for e in await py.files.list() if e.name.startswith(".")] == []
 
 
-def test_sync_files_and_bash(depth_service: Service) -> None:
-    with Sandbox(url=depth_service.url, api_key=depth_service.api_key) as sbx:
+def test_sync_files_and_bash(execution_service: Service) -> None:
+    with Sandbox(url=execution_service.url, api_key=execution_service.api_key) as sbx:
         sbx.files.write("hello.txt", b"from sync")
         assert sbx.files.read("hello.txt") == b"from sync"
         assert [e.name for e in sbx.files.list()] == ["hello.txt"]
