@@ -122,6 +122,7 @@ class Tally:
     deletes: list[float] = field(default_factory=list)
     latencies: list[float] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
+    service_cpu_s: float = 0.0  # the service's own CPU time over a phase (bench_hostile)
 
 
 async def hostile_loop(url: str, key: str, kind: str, stop: asyncio.Event, tally: Tally) -> None:
