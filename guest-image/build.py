@@ -27,6 +27,7 @@ import importlib.util
 import json
 import os
 import platform
+import re
 import shutil
 import subprocess
 import sys
@@ -51,6 +52,7 @@ PROTOCOL = REPO / "kernelhost" / "channel" / "protocol.py"
 DEFAULT_IMAGE_DIR = "/var/cache/kernelhost/images"
 
 BASE_PACKAGES = [
+    "apt",  # for template layers (guest-image/layer.py); the essential variant has none
     "python3",
     "python3-ipykernel",
     "python3-jupyter-client",
@@ -160,9 +162,17 @@ def host_sources(suite: str) -> tuple[str, str]:
     return "\n\n".join(stanzas) + ("\n" if stanzas else ""), "\n".join(lines) + ("\n" if lines else "")
 
 
+#: build inputs of template layers only: a change to them rebuilds layers, not full images
+LAYER_INPUTS = ("layer.py", "buildroot.py")
+
+
 def image_key(template: str, spec: dict[str, Any], sources: tuple[str, str]) -> str:
     h = hashlib.sha256()
-    inputs = sorted(p for p in HERE.rglob("*") if p.is_file() and "__pycache__" not in p.parts)
+    inputs = sorted(
+        p
+        for p in HERE.rglob("*")
+        if p.is_file() and "__pycache__" not in p.parts and p.relative_to(HERE).as_posix() not in LAYER_INPUTS
+    )
     for path in [*inputs, CODEC, PROTOCOL]:
         h.update(str(path.relative_to(REPO)).encode() + b"\0" + path.read_bytes() + b"\0")
     h.update(json.dumps([template, spec, sources, platform.machine()], sort_keys=True).encode())
@@ -320,12 +330,34 @@ def warm_up(root: Path, preload: list[str]) -> None:
     )
 
 
+def sources_for(suite: str) -> tuple[str, str]:
+    """The host's apt sources for ``suite``: its own, or, for another release of the same
+    distribution, the host's with the suite names changed (``bookworm-security`` ->
+    ``trixie-security``)."""
+    own = codename()
+    if suite == own:
+        return host_sources(own)
+    deb822, one_line = host_sources(own)
+    swap = re.compile(rf"(?<![\w.-]){re.escape(own)}(?=-|\s|$)", re.M)
+    return swap.sub(suite, deb822), swap.sub(suite, one_line)
+
+
+def distribution_spec(suite: str) -> dict[str, Any]:
+    """A bare base for templates on another release: the agent's packages and pip."""
+    return {
+        "description": f"Debian {suite}: the agent's packages and pip",
+        "packages": ["python3-pip"],
+        "suite": suite,
+    }
+
+
 def build(template: str, spec: dict[str, Any], image_dir: Path, force: bool) -> Path:
-    suite = codename()
-    sources = host_sources(suite)
+    suite = spec.get("suite") or codename()
+    sources = sources_for(suite)
     key = image_key(template, spec, sources)
     final = image_dir / f"{template}-{key}"
-    link = image_dir / template
+    # a distribution base is no template of its own: its link is hidden from the service's list
+    link = image_dir / (f".base-{template}" if spec.get("suite") else template)
     if (final / "manifest.json").exists() and not force:
         log(f"{template}: up to date ({final})")
         _point(link, final)
@@ -428,7 +460,20 @@ def main() -> None:
     parser.add_argument("--image-dir", default=os.environ.get("KERNELHOST_IMAGE_DIR", DEFAULT_IMAGE_DIR))
     parser.add_argument("--force", action="store_true", help="rebuild even if up to date")
     parser.add_argument("--print-path", action="store_true", help="print image dirs, build nothing")
+    parser.add_argument(
+        "--distribution", metavar="SUITE", help="build the base for templates on release SUITE (debian-SUITE)"
+    )
     args = parser.parse_args()
+    if args.distribution:
+        if not re.fullmatch(r"[a-z]{3,20}", args.distribution):
+            raise SystemExit(f"--distribution {args.distribution!r}: name a release, e.g. trixie")
+        spec = distribution_spec(args.distribution)
+        name = f"debian-{args.distribution}"
+        if args.print_path:
+            print(Path(args.image_dir) / f"{name}-{image_key(name, spec, sources_for(args.distribution))}")
+        else:
+            build(name, spec, Path(args.image_dir), args.force)
+        return
     templates = load_templates()
     names = args.templates or list(templates)
     unknown = [n for n in names if n not in templates]

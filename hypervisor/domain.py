@@ -10,6 +10,7 @@ from xml.sax.saxutils import escape, quoteattr
 CHANNEL_NAME = "org.kernelhost.0"
 METADATA_NS = "urn:kernelhost:domain:1"
 MEM_ID = "khram"  # id of the file-backed RAM object; must match between a save and a load
+MAX_LAYERS = 8
 
 
 @dataclass(frozen=True)
@@ -38,6 +39,8 @@ class DomainSpec:
     mem_path: Path | None = None
     mem_share: bool = False
     incoming: bool = False  # start waiting for a migration stream (``-incoming defer``)
+    # Read-only erofs layers stacked over ``rootfs`` (a template's), lowest first: vdb, vdc, ...
+    layers: tuple[Path, ...] = ()
 
     def __post_init__(self) -> None:
         if self.accel not in ("tcg", "kvm"):
@@ -50,6 +53,8 @@ class DomainSpec:
             raise ValueError(
                 f"cpu_quota_percent must be between 0 (no cap) and 100, got {self.cpu_quota_percent}"
             )
+        if len(self.layers) > MAX_LAYERS:
+            raise ValueError(f"at most {MAX_LAYERS} layers over a root image, got {len(self.layers)}")
         if len(str(self.channel_socket)) > 100:
             raise ValueError(
                 f"channel socket path {self.channel_socket} is longer than a UNIX socket allows; "
@@ -66,6 +71,8 @@ class DomainSpec:
             "mitigations=off",
             f"kh.upper_size={self.writable_size}",
         ]
+        if self.layers:
+            parts.append(f"kh.layers={len(self.layers)}")
         if self.cmdline_extra:
             parts.append(self.cmdline_extra)
         return " ".join(parts)
@@ -100,7 +107,7 @@ class DomainSpec:
       <target dev='vda' bus='virtio'/>
       <readonly/>
       <shareable/>
-    </disk>
+    </disk>{self._layer_disks()}
     <controller type='usb' model='none'/>
     <controller type='virtio-serial' index='0'/>
     <channel type='unix'>
@@ -119,6 +126,19 @@ class DomainSpec:
   <qemu:capabilities><qemu:del capability='cpu-unavailable-features'/></qemu:capabilities>
 </domain>
 """
+
+    def _layer_disks(self) -> str:
+        return "".join(
+            f"""
+    <disk type='file' device='disk'>
+      <driver name='qemu' type='raw'/>
+      <source file={quoteattr(str(layer))}/>
+      <target dev='vd{chr(ord("b") + n)}' bus='virtio'/>
+      <readonly/>
+      <shareable/>
+    </disk>"""
+            for n, layer in enumerate(self.layers)
+        )
 
     def _cputune(self) -> str:
         if not self.cpu_quota_percent:

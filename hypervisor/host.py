@@ -121,6 +121,7 @@ class Hypervisor:
         mem_share: bool = False,
         incoming: bool = False,
         cpu_quota_percent: int = 0,
+        writable_size: str = "50%",
     ) -> DomainSpec:
         """A DomainSpec whose per-VM files live under ``vm_dir(name)``, created here."""
         self._check_name(name)
@@ -133,11 +134,13 @@ class Hypervisor:
             kernel=image.kernel,
             initrd=image.initrd,
             rootfs=image.rootfs,
+            layers=image.layers,
             channel_socket=vm_dir / "agent.sock",
             console_log=vm_dir / "console.log",
             memory_mib=memory_mib,
             vcpus=vcpus,
             cpu_quota_percent=cpu_quota_percent,
+            writable_size=writable_size,
             accel=accel,
             cmdline_extra=cmdline_extra,
             metadata=dict(metadata or {}),

@@ -1,4 +1,9 @@
-"""Built guest images: ``<image_dir>/<template>`` links to ``<template>-<key>/`` (see guest-image/)."""
+"""Built guest images: ``<image_dir>/<template>`` links to ``<template>-<key>/`` (see guest-image/).
+
+A full image holds a kernel, an initramfs and a root (``rootfs.erofs``). A template's image is a
+layer (``layer.erofs``) over a full one, which its manifest names (``base``: the directory of
+that build); its VMs boot the base's kernel and root with the layer stacked over it.
+"""
 
 from __future__ import annotations
 
@@ -17,16 +22,31 @@ class GuestImage:
     manifest: dict[str, Any]
 
     @property
+    def base_path(self) -> Path:
+        """The full image this one boots: itself, or the build its layer sits on."""
+        base = self.manifest.get("base")
+        return self.path.parent / base if isinstance(base, str) and base else self.path
+
+    @property
     def kernel(self) -> Path:
-        return self.path / "vmlinuz"
+        return self.base_path / "vmlinuz"
 
     @property
     def initrd(self) -> Path:
-        return self.path / "initrd.img"
+        return self.base_path / "initrd.img"
 
     @property
     def rootfs(self) -> Path:
-        return self.path / "rootfs.erofs"
+        return self.base_path / "rootfs.erofs"
+
+    @property
+    def layers(self) -> tuple[Path, ...]:
+        return (self.path / "layer.erofs",) if self.base_path != self.path else ()
+
+    @property
+    def complete(self) -> bool:
+        """Every file a VM of this image needs is there (a layer's base may have been pruned)."""
+        return all(p.is_file() for p in (self.kernel, self.initrd, self.rootfs, *self.layers))
 
     @property
     def key(self) -> str:

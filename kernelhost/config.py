@@ -85,6 +85,10 @@ class Settings:
     idle_action: str = "hibernate"  # hibernate | delete
     hibernate_retention_seconds: int = 7 * 24 * 3600
     max_fork: int = 32
+    # docs/templates.md: builds of users' templates, and the operator's spec files
+    template_dir: Path = Path("/etc/kernelhost/templates")  # *.toml built at start, for every key
+    template_build_concurrency: int = 1  # template builds running at once (the rest queue)
+    template_build_timeout: float = 1800.0  # seconds one build may take before it is stopped
     max_sandboxes_per_key: int = 100  # live and hibernated sandboxes one API key may hold
     max_memory_mib_per_key: int = 32768  # sum of running sandboxes' VM memory per API key
     max_hibernated_mib_per_key: int = 65536  # disk one API key's hibernated sandboxes may take
@@ -232,6 +236,14 @@ class Settings:
         for name in ("max_requests_per_key", "max_connections", "max_metadata_bytes"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} has value {getattr(self, name)}; use at least 1")
+        if not 1 <= self.template_build_concurrency <= 16:
+            raise ConfigError(
+                f"template_build_concurrency has value {self.template_build_concurrency}; use 1-16"
+            )
+        if not self.template_build_timeout > 0:
+            raise ConfigError(
+                f"template_build_timeout has value {self.template_build_timeout}; use seconds > 0"
+            )
         if not self.header_timeout > 0:
             raise ConfigError(f"header_timeout has value {self.header_timeout}; use seconds > 0")
         if bool(self.tls_cert_file) != bool(self.tls_key_file):

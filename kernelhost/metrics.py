@@ -110,20 +110,20 @@ class Metrics:
     # -- hooks ---------------------------------------------------------------------------------
 
     def observe_create(self, template: str, how: str, seconds: float) -> None:
-        self.create_seconds.labels(template, how or "unknown").observe(seconds)
+        self.create_seconds.labels(label(template), how or "unknown").observe(seconds)
 
     def count_create_failure(self, template: str) -> None:
-        self.create_failures.labels(template).inc()
+        self.create_failures.labels(label(template)).inc()
 
     def observe_fork(self, template: str, children: int, seconds: float) -> None:
-        self.fork_seconds.labels(template).observe(seconds)
-        self.forked.labels(template).inc(children)
+        self.fork_seconds.labels(label(template)).observe(seconds)
+        self.forked.labels(label(template)).inc(children)
 
     def observe_wake(self, template: str, seconds: float) -> None:
-        self.wake_seconds.labels(template).observe(seconds)
+        self.wake_seconds.labels(label(template)).observe(seconds)
 
     def count_hibernation(self, template: str) -> None:
-        self.hibernations.labels(template).inc()
+        self.hibernations.labels(label(template)).inc()
 
     def observe_end(self, language: str, status: str, recovery: str | None, seconds: float) -> None:
         """Account one execution by how it ended (and, on a timeout, the rung that stopped it)."""
@@ -143,6 +143,12 @@ class Metrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+def label(template: str) -> str:
+    """A template as a metric label: a key's own templates are all ``custom`` (their image
+    names carry the key's id, which no label may; and there may be many)."""
+    return "custom" if "@" in template else template
 
 
 # -- state read at scrape time ---------------------------------------------------------------------
@@ -192,7 +198,7 @@ class StateCollector(Collector):
         vms: Tally[str] = Tally()
         for sbx in m.all():
             rec: _Record = sbx.record
-            by_state[(str(rec.state), rec.template)] += 1
+            by_state[(str(rec.state), label(rec.template))] += 1
             if rec.state in ("running", "replacing"):
                 vms[rec.accel] += 1
         sandboxes = GaugeMetricFamily(

@@ -26,6 +26,7 @@ from .openapi import setup_openapi
 from .pip_index import serving as serving_pip_index
 from .routes import routes
 from .state import KEYS, RUNTIME, SETTINGS, Runtime
+from .templates import routes as template_routes
 
 log = structlog.get_logger("kernelhost.api")
 
@@ -95,6 +96,7 @@ def init_app(settings: Settings, keys: KeyRing | None = None) -> web.Application
     app[KEYS] = keys or KeyRing.from_settings(settings)
     app.cleanup_ctx.append(_resources)
     app.add_routes(routes)
+    app.add_routes(template_routes)
     setup_openapi(app)
     setup_mcp(app, settings)  # /mcp: the MCP server over streamable HTTP
     setup_gateway(app)  # /api/kernels, /api/kernelspecs: the Kernel Gateway API (Jupyter)

@@ -29,6 +29,8 @@ from ..sandboxes import (
     SandboxError,
     SandboxNotFound,
     SandboxNotRunning,
+    TemplateConflict,
+    TemplateNotFound,
 )
 
 log = structlog.get_logger("kernelhost.api")
@@ -36,6 +38,8 @@ log = structlog.get_logger("kernelhost.api")
 STATUS: list[tuple[type[SandboxError], int]] = [
     (InvalidRequest, 400),
     (SandboxNotFound, 404),
+    (TemplateNotFound, 404),
+    (TemplateConflict, 409),
     (SandboxNotRunning, 409),
     (CapacityExceeded, 429),
     (BootFailed, 503),
@@ -66,6 +70,7 @@ def rest_hint(exc: SandboxError) -> str | None:
             "sandbox a fresh VM if its agent stays silent (state lost)",
             Remedy.RECREATE: f"DELETE /v1/sandboxes/{sid} and create a new sandbox",
             Remedy.LIST_SANDBOXES: "list yours with GET /v1/sandboxes",
+            Remedy.LIST_TEMPLATES: "list them with GET /v1/templates",
             Remedy.LIST_DIRECTORY: f"list it with GET /v1/sandboxes/{sid}/files/list"
             + (f"?path={path}" if isinstance(path, str) else ""),
         }.get(exc.remedy)

@@ -12,6 +12,7 @@ from typing import Any
 from aiohttp import web
 
 from ..sandboxes import Remedy, SandboxState
+from .openapi_templates import template_paths
 
 ID = {
     "name": "sandbox_id",
@@ -307,7 +308,7 @@ def document() -> dict[str, Any]:
             "schemas": _schemas(),
         },
         "security": [{"bearer": []}],
-        "paths": {**_sandbox_paths(), **_call_paths(), **_file_paths()},
+        "paths": {**_sandbox_paths(), **_call_paths(), **_file_paths(), **template_paths(_op)},
     }
 
 

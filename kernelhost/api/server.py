@@ -2,9 +2,9 @@
 
 Every connection costs a descriptor before its request is authenticated, so what an
 unauthenticated client can hold is bounded here: at most ``max_connections`` at once (the next
-one is closed at once), and a connection must send a request's head within ``header_timeout``
-seconds (aiohttp closes a connection whose request has not begun by its keep-alive deadline,
-which is also how long an idle kept-alive connection stays). The process's descriptor limit is
+one is closed at once), and a connection must send its first request's head within
+``header_timeout`` seconds (``_Guarded``); later requests of a kept-alive connection get the
+same time by aiohttp's keep-alive deadline. The process's descriptor limit is
 raised to its hard limit at start, so the cap is what binds, not ``EMFILE``.
 """
 
@@ -43,16 +43,67 @@ class _Refused(asyncio.Protocol):
         transport.close()
 
 
-def capped(runner: web.BaseRunner, limit: int) -> Callable[[], asyncio.BaseProtocol]:
-    """The protocol factory of ``runner``'s server, refusing connections past ``limit``."""
+class _Guarded(asyncio.Protocol):
+    """aiohttp's protocol for one connection, with a deadline for the first request's head and
+    a place in the count of open connections (taken when the connection is accepted, so a burst
+    accepted in one go cannot pass the cap before aiohttp has seen any of it)."""
+
+    def __init__(self, inner: asyncio.Protocol, live: set[_Guarded], header_timeout: float) -> None:
+        self.inner = inner
+        self.live = live
+        self.header_timeout = header_timeout
+        self._head = b""  # the first request's bytes until its head is complete
+        self._deadline: asyncio.TimerHandle | None = None
+        self._transport: asyncio.BaseTransport | None = None
+        live.add(self)
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = transport
+        self._deadline = asyncio.get_running_loop().call_later(self.header_timeout, self._too_slow)
+        self.inner.connection_made(transport)
+
+    def _too_slow(self) -> None:
+        log.info("server.header_timeout", seconds=self.header_timeout)
+        if self._transport is not None:
+            self._transport.close()
+
+    def data_received(self, data: bytes) -> None:
+        if self._deadline is not None:
+            self._head = (self._head + data)[-(1 << 16) :]
+            if b"\r\n\r\n" in self._head:
+                self._deadline.cancel()
+                self._deadline, self._head = None, b""
+        self.inner.data_received(data)
+
+    def eof_received(self) -> bool | None:
+        return self.inner.eof_received()
+
+    def pause_writing(self) -> None:
+        self.inner.pause_writing()
+
+    def resume_writing(self) -> None:
+        self.inner.resume_writing()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.live.discard(self)
+        if self._deadline is not None:
+            self._deadline.cancel()
+        self.inner.connection_lost(exc)
+
+
+def capped(runner: web.BaseRunner, limit: int, header_timeout: float) -> Callable[[], asyncio.BaseProtocol]:
+    """The protocol factory of ``runner``'s server: connections past ``limit`` are refused,
+    the others must send their first request's head within ``header_timeout`` seconds (later
+    ones are aiohttp's keep-alive deadline)."""
+    live: set[_Guarded] = set()
 
     def factory() -> asyncio.BaseProtocol:
         server = runner.server
         assert server is not None
-        if len(server.connections) >= limit:
-            log.warning("server.connection_refused", connections=len(server.connections), limit=limit)
+        if len(live) >= limit:
+            log.warning("server.connection_refused", connections=len(live), limit=limit)
             return _Refused()
-        return server()
+        return _Guarded(server(), live, header_timeout)
 
     return factory
 
@@ -81,7 +132,9 @@ async def serve(app: web.Application, settings: Settings, ready: Callable[[], No
     try:
         loop = asyncio.get_running_loop()
         server = await loop.create_server(
-            capped(runner, settings.max_connections), sock=sock, ssl=ssl_context(settings)
+            capped(runner, settings.max_connections, settings.header_timeout),
+            sock=sock,
+            ssl=ssl_context(settings),
         )
         stop = asyncio.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):

@@ -133,6 +133,7 @@ REMEDIES = {
     "recreate": "close it with close_sandbox and create a new one with create_sandbox",
     "list_sandboxes": "see yours with list_sandboxes",
     "list_directory": "list it with list_files",
+    "list_templates": "pass one of the templates this error names as create_sandbox's template",
 }
 
 

@@ -17,6 +17,8 @@ from .errors import (
     SandboxError,
     SandboxNotFound,
     SandboxNotRunning,
+    TemplateConflict,
+    TemplateNotFound,
     UnknownTemplate,
 )
 from .execution import ClearOutput, End, Error, Event, Result, Stream
@@ -60,6 +62,8 @@ __all__ = [
     "SessionEnd",
     "Store",
     "Stream",
+    "TemplateConflict",
+    "TemplateNotFound",
     "UnknownTemplate",
     "key_id",
     "new_api_key",

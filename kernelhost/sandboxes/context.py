@@ -30,10 +30,10 @@ class Context:
     tasks: TaskSet
     accel: str
 
-    @property
-    def shape(self) -> VmShape:
-        """The machine new sandboxes get."""
-        return VmShape(self.settings.vm_memory_mib, self.settings.vm_vcpus, self.accel)
+    def shape_for(self, image: GuestImage) -> VmShape:
+        """The machine new sandboxes of ``image`` get: its template's size, or the service's."""
+        memory, vcpus, _ = self.vms.snapshots.shape_of(image)
+        return VmShape(memory, vcpus, self.accel)
 
     def hibernation_file(self, rec: SandboxRecord) -> Path:
         return self.settings.hibernate_dir / f"{rec.id}.state"

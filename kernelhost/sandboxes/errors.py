@@ -8,6 +8,8 @@ its tool). ``kernelhost/api/errors.py`` maps each error to an HTTP status in one
     ├── InvalidRequest          bad input; names the field and the fix
     │   └── UnknownTemplate     template not built or not defined, names the valid ones
     ├── SandboxNotFound         absent, or owned by another key
+    ├── TemplateNotFound        no such template for this key (another key's is absent too)
+    ├── TemplateConflict        in use, being built, not built yet, or not this key's
     ├── SandboxNotRunning       dead or being deleted
     ├── CapacityExceeded        a limit was reached, names the setting
     ├── BootFailed              the VM did not reach a ready kernel
@@ -32,6 +34,7 @@ class Remedy(enum.StrEnum):
     RECREATE = "recreate"  # delete the sandbox and create a new one
     LIST_SANDBOXES = "list_sandboxes"  # look up the sandboxes this key holds
     LIST_DIRECTORY = "list_directory"  # the path is a directory: list it instead
+    LIST_TEMPLATES = "list_templates"  # look up the templates this key may use
 
 
 class SandboxError(Exception):
@@ -65,6 +68,20 @@ class SandboxNotFound(SandboxError):
 
     def __init__(self, sandbox_id: str) -> None:
         super().__init__(f"no sandbox {sandbox_id!r} for this API key", sandbox_id=sandbox_id)
+
+
+class TemplateNotFound(SandboxError):
+    code = "template_not_found"
+    remedy = Remedy.LIST_TEMPLATES
+
+    def __init__(self, name: str, visible: list[str], build_id: str | None = None) -> None:
+        shown = ", ".join(visible) or "none"
+        what = f"no build {build_id!r} of template {name!r}" if build_id else f"no template {name!r}"
+        super().__init__(f"{what} for this API key (yours and the shared ones: {shown})", template=name)
+
+
+class TemplateConflict(SandboxError):
+    code = "template_conflict"
 
 
 class SandboxNotRunning(SandboxError):

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import Callable
 from typing import Any
 
 import structlog
@@ -58,10 +59,15 @@ class SandboxWatch(ChannelListener):
             self.lifecycle.channel_closed(self.sbx, reason, violation)
 
 
+#: a key's template name -> (the image name a record keeps, the image); ``TemplateService.resolve``
+Resolve = Callable[[str, str], tuple[str, GuestImage]]
+
+
 class Lifecycle:
-    def __init__(self, ctx: Context) -> None:
+    def __init__(self, ctx: Context, resolve: Resolve | None = None) -> None:
         self.ctx = ctx
         self.registry = ctx.registry
+        self.resolve = resolve
 
     # -- create --------------------------------------------------------------------------------
 
@@ -90,9 +96,12 @@ class Lifecycle:
             )
         return data
 
-    def _image(self, template: str) -> GuestImage:
+    def _image(self, owner: str, template: str) -> tuple[str, GuestImage]:
+        """The image name to record and the image, for ``owner``'s template ``template``."""
+        if self.resolve is not None:
+            return self.resolve(owner, template)
         try:
-            return self.ctx.images.get(template)
+            return template, self.ctx.images.get(template)
         except ImageNotFound as exc:
             raise UnknownTemplate(
                 f"unknown template {template!r}; valid templates: "
@@ -110,15 +119,16 @@ class Lifecycle:
         network: Any = None,
     ) -> Sandbox:
         t0 = time.monotonic()
-        spec = parse_network(network)
-        shape = self.ctx.shape
+        name, image = self._image(owner, template)
+        # the template's default network when the request names none
+        spec = parse_network(network if network is not None else image.manifest.get("network"))
+        shape = self.ctx.shape_for(image)
         with self.registry.reserve(owner, 1, shape.memory_mib):
             idle = self._idle_timeout(idle_timeout)
             meta = self._metadata(metadata)
-            image = self._image(template)
             rec = new_record(
                 owner=owner,
-                template=template,
+                template=name,
                 domain=self.ctx.hv.new_name(),
                 image_key=image.key,
                 shape=shape,
@@ -128,7 +138,9 @@ class Lifecycle:
             )
             sbx = Sandbox(rec)
             vms = self.ctx.vms
-            clone = vms.pool.take(template) if vms.use_snapshots else None
+            clone = vms.pool.take(name) if vms.use_snapshots else None
+            if vms.use_snapshots:
+                vms.pool.start(name)  # a template's pool fills once it is used (idempotent)
             if clone is not None and clone.image_key == image.key:
                 await self._adopt(sbx, clone)
                 how = "pool"
@@ -137,12 +149,12 @@ class Lifecycle:
                     self.ctx.tasks.spawn(vms.discard(clone), name=f"discard:{clone.domain}")
                 how = await self._create_vm(sbx, image)
         seconds = time.monotonic() - t0
-        self.ctx.metrics.observe_create(template, how, seconds)
+        self.ctx.metrics.observe_create(name, how, seconds)
         log.info(
             "sandbox.created",
             sandbox_id=rec.id,
             domain=rec.domain,
-            template=template,
+            template=name,
             how=how,
             ms=round(seconds * 1000),
         )

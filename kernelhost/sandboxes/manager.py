@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 import structlog
@@ -26,6 +26,7 @@ from ..channel import ChannelError
 from ..config import Settings
 from ..metrics import Metrics
 from ..tasks import TaskSet
+from ..templates.builds import Build
 from .context import Context
 from .errors import InvalidRequest
 from .execution import LANGUAGES, Cell, CellPolicy, End, Event, OutputLimits, RunningCall, run_cell
@@ -41,6 +42,9 @@ from .sandbox import Sandbox, ensure_usable, wait_replacement
 from .session import Sessions
 from .states import Recovery
 from .store import Store
+from .template_store import TemplateStore
+from .template_views import TemplateView
+from .templates import OperatorTemplates, TemplateService
 from .vms import VmFactory
 
 log = structlog.get_logger("kernelhost.sandboxes")
@@ -72,7 +76,8 @@ class SandboxManager:
             tasks=TaskSet("sandboxes"),
             accel=accel,
         )
-        self._lifecycle = Lifecycle(ctx)
+        self._templates = TemplateService(ctx, TemplateStore(store.db))
+        self._lifecycle = Lifecycle(ctx, self._templates.resolve)
         self._hibernation = Hibernation(ctx, self._lifecycle)
         self._reaper = Reaper(ctx, self._lifecycle, self._hibernation)
         self._recovery = Recoverer(ctx, self._lifecycle, self._hibernation)
@@ -95,10 +100,12 @@ class SandboxManager:
         """Reattach to running VMs, destroy strays, start the reaper and the warm pools."""
         await self._ctx.vms.prepare()
         await self._lifecycle.reconcile()
+        await asyncio.to_thread(self._templates.start)
         tasks = self._ctx.tasks
         self._background = [
             tasks.spawn(self._reaper.run(), name="idle-reaper"),
             tasks.spawn(self._warm_up(), name="warm-up"),
+            tasks.spawn(OperatorTemplates(self._templates).load(), name="operator-templates"),
         ]
 
     async def _warm_up(self) -> None:
@@ -106,7 +113,7 @@ class SandboxManager:
         vms, images = self._ctx.vms, self._ctx.images
         if not vms.use_snapshots:
             return
-        for template in images.templates():
+        for template in self.templates():  # the shared ones; a key's own fill once it is used
             try:
                 await vms.snapshot_for(images.get(template))
             except (HypervisorError, ChannelError, TimeoutError) as exc:
@@ -139,7 +146,45 @@ class SandboxManager:
         return list(self._ctx.registry)
 
     def templates(self) -> list[str]:
-        return self._ctx.images.templates()
+        """The templates every key may use that are ready: built-ins and the operator's."""
+        return [v.name for v in self._templates.visible("") if v.state == "ready"]
+
+    # -- templates -------------------------------------------------------------------------------
+
+    def template_list(self, owner: str) -> list[TemplateView]:
+        """The templates ``owner`` may use: its own, the operator's, the built-ins."""
+        return self._templates.visible(owner)
+
+    def template(self, owner: str, name: str) -> TemplateView:
+        return self._templates.view(owner, name)
+
+    def template_builds(self, owner: str, name: str) -> list[dict[str, Any]]:
+        view = self._templates.view(owner, name)
+        if view.kind == "builtin":
+            return []
+        rec = self._templates.store.get(owner, name) or self._templates.store.get("", name)
+        assert rec is not None
+        return [
+            {k: v for k, v in row.items() if k not in ("owner", "key")}
+            for row in self._templates.store.builds(rec.owner, name)
+        ]
+
+    async def build_template(self, owner: str, spec: Any, archive: bytes | None = None) -> Build:
+        """Check ``spec`` and build it off the request path; the build (a cache hit is one too)."""
+        return await self._templates.submit(owner, spec, archive)
+
+    def template_build(self, owner: str, name: str, build_id: str | None = None) -> Build:
+        return self._templates.build(owner, name, build_id)
+
+    def follow_build(self, build: Build, follow: bool = True) -> AsyncIterator[dict[str, Any]]:
+        """The build's log events so far, then (``follow``) live until it ends."""
+        return self._templates.queue.follow(build, follow)
+
+    async def cancel_template_build(self, owner: str, name: str, build_id: str | None = None) -> Build:
+        return await self._templates.cancel(owner, name, build_id)
+
+    async def delete_template(self, owner: str, name: str) -> None:
+        await self._templates.delete(owner, name)
 
     @property
     def pool(self) -> WarmPool:

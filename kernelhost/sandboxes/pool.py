@@ -58,6 +58,17 @@ class WarmPool:
         self._wanted[template] = asyncio.Event()
         self._tasks[template] = asyncio.create_task(self._refill(template), name=f"pool-refill:{template}")
 
+    async def stop(self, template: str) -> None:
+        """Stop keeping this template's pool and destroy its clones (a template deleted)."""
+        task = self._tasks.pop(template, None)
+        self._wanted.pop(template, None)
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        for clone in self._ready.pop(template, []):
+            await self._discard(clone)
+
     def take(self, template: str) -> Clone | None:
         ready = self._ready.get(template)
         clone = None

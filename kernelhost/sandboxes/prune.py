@@ -243,7 +243,25 @@ def stale_images(images: ImageStore, referenced: Iterable[tuple[str, str]], in_u
             plan.keep.append((art, in_use.uncertain or "in use by a running VM"))
         else:
             plan.remove.append(art)
+    _keep_bases(plan, base)
     return plan
+
+
+def _keep_bases(plan: Plan, base: Path) -> None:
+    """A template's layer boots its base's build: a base that a kept layer names is kept."""
+    removed = {art.path for art in plan.remove}
+    needed: dict[str, str] = {}
+    for path in base.iterdir():
+        if path.is_symlink() or path in removed or not (path / "layer.erofs").is_file():
+            continue
+        try:
+            needed[str(json.loads((path / "manifest.json").read_text())["base"])] = path.name
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    for art in list(plan.remove):
+        if art.path.name in needed:
+            plan.remove.remove(art)
+            plan.keep.append((art, f"the base of the template layer {needed[art.path.name]}"))
 
 
 def apply(plan: Plan, on_removed: Callable[[Artifact], None] | None = None) -> int:

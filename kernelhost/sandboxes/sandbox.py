@@ -110,7 +110,7 @@ class Sandbox:
         r = self.record
         return {
             "id": r.id,
-            "template": r.template,
+            "template": r.template.split("@", 1)[0],  # a key's own template: its name, not its image
             "state": r.state.value,
             "created_at": iso_time(r.created_at),
             "last_active_at": iso_time(r.last_active_at),

@@ -89,17 +89,29 @@ class TemplateSnapshots:
         self.warmup_timeout = warmup_timeout
         self.attach = attach
         self._locks: dict[str, asyncio.Lock] = {}
-        self._shape = f"{memory_mib}m{vcpus}c{accel}"
+
+    def shape_of(self, image: GuestImage) -> tuple[int, int, str]:
+        """(memory MiB, vCPUs, writable size) of the image's VMs: its template's, else the
+        service's."""
+        vm = image.manifest.get("vm") or {}
+        memory = int(vm.get("memory_mib") or self.memory_mib)
+        writable = f"{int(vm['writable_mib'])}m" if vm.get("writable_mib") else "50%"
+        return memory, int(vm.get("vcpus") or self.vcpus), writable
 
     def key_for(self, image: GuestImage) -> str:
-        return snapshot_key(image.key, self.hv.versions(), self.memory_mib, self.vcpus, self.accel)
+        memory, vcpus, _ = self.shape_of(image)
+        return snapshot_key(image.key, self.hv.versions(), memory, vcpus, self.accel)
 
-    def _path(self, template: str, key: str) -> Path:
-        return self.dir / f"{template}-{self._shape}-{key}"
+    def _shape(self, image: GuestImage) -> str:
+        memory, vcpus, _ = self.shape_of(image)
+        return f"{memory}m{vcpus}c{self.accel}"
+
+    def _path(self, image: GuestImage, key: str) -> Path:
+        return self.dir / f"{image.template}-{self._shape(image)}-{key}"
 
     def current(self, image: GuestImage) -> Snapshot | None:
         key = self.key_for(image)
-        path = self._path(image.template, key)
+        path = self._path(image, key)
         if (path / "meta.json").is_file() and (path / "ram").is_file():
             return Snapshot(image.template, key, path, image.key)
         return None
@@ -116,7 +128,8 @@ class TemplateSnapshots:
 
     async def _build(self, image: GuestImage) -> Snapshot:
         key = await asyncio.to_thread(self.key_for, image)
-        final = self._path(image.template, key)
+        final = self._path(image, key)
+        memory, vcpus, writable = self.shape_of(image)
         work = self.dir / f".build-{final.name}-{uuid.uuid4().hex[:6]}"
         work.mkdir(parents=True)
         give_to_qemu(self.dir)
@@ -140,13 +153,14 @@ class TemplateSnapshots:
                 name,
                 image,
                 accel=self.accel,
-                memory_mib=self.memory_mib,
-                vcpus=self.vcpus,
+                memory_mib=memory,
+                vcpus=vcpus,
+                writable_size=writable,
                 mem_path=work / "ram",
                 mem_share=True,
                 metadata={"role": "template", "template": image.template},
             )
-            progress.stage("boot", f"{self.memory_mib} MiB, {self.accel}")
+            progress.stage("boot", f"{memory} MiB, {self.accel}")
             await asyncio.to_thread(self.hv.start, spec)
             progress.stage("kernel ready")
             agent = await self.attach(spec.channel_socket, self.boot_timeout)
@@ -163,8 +177,8 @@ class TemplateSnapshots:
                         "template": image.template,
                         "key": key,
                         "image_key": image.key,
-                        "memory_mib": self.memory_mib,
-                        "vcpus": self.vcpus,
+                        "memory_mib": memory,
+                        "vcpus": vcpus,
                         "accel": self.accel,
                         "state_bytes": size,
                         "built_at": time.time(),
@@ -189,6 +203,13 @@ class TemplateSnapshots:
 
     def _remove_stale(self, keep: Snapshot) -> None:
         """Remove older snapshots of the same template and shape (clones keep their mapping)."""
-        for path in self.dir.glob(f"{keep.template}-{self._shape}-*"):
+        shape = keep.path.name.removeprefix(f"{keep.template}-").rsplit("-", 1)[0]
+        for path in self.dir.glob(f"{keep.template}-{shape}-*"):
             if path != keep.path:
+                shutil.rmtree(path, ignore_errors=True)
+
+    def remove(self, template: str) -> None:
+        """Remove every snapshot of a template (it was deleted; running clones keep theirs)."""
+        for path in self.dir.glob(f"{template}-*"):
+            if path.name.removeprefix(f"{template}-").count("-") == 1:  # <shape>-<key>, not a longer name
                 shutil.rmtree(path, ignore_errors=True)

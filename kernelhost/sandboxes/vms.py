@@ -3,7 +3,8 @@ hand-over from the warm pool, hibernate to disk and wake, and fork a live VM int
 
 Every VM here has its RAM as a file-backed block (``memory-backend-file``, id ``khram``): a
 template's file mapped shared, a clone's mapped privately, any other VM's an unnamed file in
-``ram_dir/anon``. One RAM shape for every VM is what lets any VM's saved state load into another.
+``ram_dir/anon``. One RAM shape per template (its own size, or the service's) is what lets any
+of its VMs' saved state load into another.
 This module knows the channel (it attaches agents) but not HTTP, and nothing of sandbox records.
 Every launch returns its timings with its agent (``Launched``), so concurrent launches, wakes and
 pool refills never share a "last launch" value.
@@ -165,12 +166,14 @@ class VmFactory:
             # a shared tmpfs mapping fills about 4x faster than a private one when a state is
             # loaded (one page fault per page instead of a read fault plus a copy-on-write).
             mem_path, mem_share = self.anon_dir, True
+        memory, vcpus, writable = self.snapshots.shape_of(image)
         return self.hv.spec_for(
             domain,
             image,
             accel=self.accel,
-            memory_mib=self.settings.vm_memory_mib,
-            vcpus=self.settings.vm_vcpus,
+            memory_mib=memory,
+            vcpus=vcpus,
+            writable_size=writable,
             metadata=meta,
             mem_path=mem_path,
             mem_share=mem_share,

@@ -150,7 +150,9 @@ def test_dev_key_is_generated_once_and_kept(tmp_path: Path) -> None:
 async def test_per_key_limits_answer_429_naming_the_limit(
     tmp_path: Path, limits: dict[str, Any], needle: str
 ) -> None:
-    settings = offline_settings(tmp_path, pool_size=0, api_keys=(KEY,), **limits)
+    settings = offline_settings(
+        tmp_path, image_dir=fake_image_dir(tmp_path), snapshots="off", pool_size=0, api_keys=(KEY,), **limits
+    )
     async with TestClient(TestServer(init_app(settings))) as c:
         r = await c.post("/v1/sandboxes", json={}, headers=auth())
         assert r.status == 429

@@ -5,12 +5,12 @@ from __future__ import annotations
 import asyncio
 
 from .agent import run
-from .config import AgentConfig
+from .config import guest_config
 
 
 def main() -> None:
     """Run the guest's agent until the VM stops."""
-    asyncio.run(run(AgentConfig()))
+    asyncio.run(run(guest_config()))
 
 
 if __name__ == "__main__":

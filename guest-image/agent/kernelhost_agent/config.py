@@ -10,13 +10,17 @@ a developer's host without changing it.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import sys
 from collections.abc import MutableMapping
 
-from .shared import codec, protocol
+from .shared import codec, log, protocol
 
-__all__ = ["AgentConfig"]
+__all__ = ["TEMPLATE_FILE", "AgentConfig", "guest_config"]
+
+#: What a template's layer says about its kernel and environment (guest-image/layer.py)
+TEMPLATE_FILE = "/etc/kernelhost/template.json"
 
 
 def _process_environ() -> MutableMapping[str, str]:
@@ -41,6 +45,9 @@ class AgentConfig:
     #: where the image build writes ``/usr/local/share/jupyter/kernels/kernelhost``).
     kernel_name: str = "kernelhost"
     kernelspec_dirs: tuple[str, ...] | None = None
+    #: The kernel's language: what the agent's own cells (preloads, reseeding, the network's
+    #: variables) are written in (``languages.py``).
+    language: str = "python"
     #: Where jupyter_client writes the kernel's connection file (None: its runtime directory).
     connection_file: str | None = None
     #: The kernel's and bash's working directory, and the base of relative file paths.
@@ -76,3 +83,26 @@ class AgentConfig:
     set_clock: bool = True
     add_entropy: bool = True
     drop_caches: bool = True
+
+
+def guest_config(template_file: str = TEMPLATE_FILE) -> AgentConfig:
+    """The guest's configuration: the defaults, with a template's kernel, its language and its
+    environment variables (set in the agent's own environment, which the kernel and bash
+    commands start from) when the image has a template layer."""
+    try:
+        with open(template_file, encoding="utf-8") as f:
+            info = json.load(f)
+    except FileNotFoundError:
+        return AgentConfig()
+    except (OSError, ValueError) as exc:
+        log(f"ignoring {template_file}: {exc}")
+        return AgentConfig()
+    env = info.get("env") if isinstance(info, dict) else None
+    if isinstance(env, dict):
+        os.environ.update({str(k): str(v) for k, v in env.items()})
+    kernel = info.get("kernel") if isinstance(info, dict) else None
+    language = info.get("language") if isinstance(info, dict) else None
+    return AgentConfig(
+        kernel_name=kernel if isinstance(kernel, str) and kernel else "kernelhost",
+        language=language if isinstance(language, str) and language else "python",
+    )

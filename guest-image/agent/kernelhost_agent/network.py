@@ -16,6 +16,7 @@ from .bash import Bash
 from .config import AgentConfig
 from .dispatch import Handler
 from .kernel import Kernel
+from .languages import language_for
 from .netproxy import NetProxy
 from .shared import log, protocol
 
@@ -69,8 +70,10 @@ class Network:
             config = None if mode == "none" else {**(pip or {}), "mode": mode}
             write_pip_conf(self.config.pip_conf, config, self.config.proxy_port)
             self._set_env(env)
-            await self.kernel.until_ready()
-            await self.kernel.run_silent(self._kernel_code(env), timeout=_APPLY_TIMEOUT)
+            code = self._kernel_code(env)
+            if code is not None:
+                await self.kernel.until_ready()
+                await self.kernel.run_silent(code, timeout=_APPLY_TIMEOUT)
             self.applied = wanted
         return {"listening": self.proxy.server is not None, "port": self.config.proxy_port}
 
@@ -83,20 +86,11 @@ class Network:
         environ.update(env)
         self.bash.set_proxy_env(env)
 
-    def _kernel_code(self, env: dict[str, str]) -> str:
-        """The same for the running kernel, and pip's install directory on its sys.path."""
-        site = self.config.pip_site
+    def _kernel_code(self, env: dict[str, str]) -> str | None:
+        """The same for the running kernel (for Python, also pip's install directory on its
+        sys.path); None for a kernel language the agent writes no cells in."""
         unset = sorted(set(protocol.NET_ENV_KEYS) - set(env))
-        return (
-            "import os as _kh_os, site as _kh_site, sys as _kh_sys\n"
-            f"_kh_os.environ.update({env!r})\n"
-            f"for _kh_k in {unset!r}:\n"
-            "    _kh_os.environ.pop(_kh_k, None)\n"
-            f"_kh_os.makedirs({site!r}, exist_ok=True)\n"
-            f"if {site!r} not in _kh_sys.path:\n"
-            f"    _kh_site.addsitedir({site!r})\n"
-            "del _kh_os, _kh_site, _kh_sys"
-        )
+        return language_for(self.config.language).set_env(env, unset, self.config.pip_site)
 
 
 def write_pip_conf(path: str, pip: dict[str, Any] | None, proxy_port: int) -> None:

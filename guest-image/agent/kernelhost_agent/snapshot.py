@@ -19,6 +19,7 @@ from typing import Any
 from .config import AgentConfig
 from .dispatch import Handler
 from .kernel import Kernel, silent_cell
+from .languages import language_for
 from .shared import protocol
 
 __all__ = ["Snapshots", "add_entropy"]
@@ -28,27 +29,6 @@ RESEED_TIMEOUT = 30.0
 ENTROPY_MAX = 512
 RNDADDENTROPY = 0x40085203  # _IOW('R', 0x03, int[2])
 RNDRESEEDCRNG = 0x5207  # _IO('R', 0x07)
-WARM_UP_CELLS = ("1 + 1", "print('warm')", "raise ValueError('warm')")
-# ...and no trace of them: `_`, `Out` and `_N` as in a fresh kernel, no sys.last_* error
-WARM_UP_CLEANUP = (
-    "import sys as _kh_s\n"
-    "get_ipython().displayhook.flush()\n"
-    "for _kh_n in [k for k in globals() if k[:1] == '_' and k[1:].isdigit()]:\n"
-    "    del globals()[_kh_n]\n"
-    "for _kh_a in ('last_type', 'last_value', 'last_traceback', 'last_exc'):\n"
-    "    if hasattr(_kh_s, _kh_a):\n"
-    "        delattr(_kh_s, _kh_a)\n"
-    "del _kh_s, _kh_a\n"
-    "if '_kh_n' in globals():\n"
-    "    del _kh_n\n"
-)
-RESEED = (
-    "import random as _kh_r, sys as _kh_s\n"
-    "_kh_r.seed()\n"
-    "if 'numpy' in _kh_s.modules:\n"
-    "    _kh_s.modules['numpy'].random.seed()\n"
-    "del _kh_r, _kh_s"
-)
 
 
 class Snapshots:
@@ -59,6 +39,7 @@ class Snapshots:
     def __init__(self, config: AgentConfig, kernel: Kernel) -> None:
         self.config = config
         self.kernel = kernel
+        self.language = language_for(config.language)
 
     def ops(self) -> Mapping[str, Handler]:
         """prepare_snapshot and resumed."""
@@ -75,21 +56,22 @@ class Snapshots:
             raise ValueError(f"preload must be a list of module names, got {type(preload).__name__}")
         modules = [m for m in preload if isinstance(m, str) and m]
         for module in modules:
-            if not all(part.isidentifier() for part in module.split(".")):
-                raise ValueError(f"not a module name: {module!r:.200}")
+            self.language.check_preload(module)
         await self.kernel.until_ready()
         t0 = time.monotonic()
+        lang = self.language
         for module in modules:
-            await self.kernel.run_silent(f"import {module}", timeout=WARM_UP_TIMEOUT)
+            await self.kernel.run_silent(lang.load(module), timeout=WARM_UP_TIMEOUT)
         # One ordinary cell of each kind a user's first call takes (a value, output, an error's
         # traceback): the modules they import lazily are in RAM before the page cache is dropped,
         # so a clone's first call is not the slow one. No history, so no execution count moves.
-        for code in WARM_UP_CELLS:
+        for code in lang.warm_up_cells:
             await self.kernel.request(
                 "shell", "execute_request", silent_cell(code, silent=False), timeout=WARM_UP_TIMEOUT
             )
-        await self.kernel.run_silent(WARM_UP_CLEANUP)
-        await self.kernel.run_silent("import gc as _kh_gc; _kh_gc.collect(); del _kh_gc")
+        for own in (lang.cleanup, lang.collect):
+            if own is not None:
+                await self.kernel.run_silent(own)
         gc.collect()
         if self.config.drop_caches:
             os.sync()
@@ -110,7 +92,8 @@ class Snapshots:
             if self.config.add_entropy:
                 add_entropy(entropy)
         await self.kernel.until_ready()
-        await self.kernel.run_silent(RESEED, timeout=RESEED_TIMEOUT)
+        if self.language.reseed is not None:
+            await self.kernel.run_silent(self.language.reseed, timeout=RESEED_TIMEOUT)
         return {"seconds": round(time.monotonic() - t0, 4)}
 
 

@@ -46,6 +46,7 @@ def gateway_hint(exc: SandboxError) -> str:
             Remedy.RESTART: "restart the kernel",
             Remedy.RECREATE: "shut this kernel down and start a new one",
             Remedy.LIST_SANDBOXES: "list the running kernels",
+            Remedy.LIST_TEMPLATES: "list the kernelspecs",
         }.get(exc.remedy)
         if exc.remedy is not None
         else None

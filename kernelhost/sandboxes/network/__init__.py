@@ -19,14 +19,7 @@ from ...channel.protocol import Op
 from ...config import Settings
 from ...metrics import Metrics
 from ..errors import AgentUnresponsive, NotSupportedByImage
-from .host import (
-    INDEX_HOST,
-    HostNetwork,
-    PipIndexes,
-    host_addresses,
-    pip_config_files,
-    read_pip_config,
-)
+from .host import INDEX_HOST, HostNetwork, host_addresses
 from .policy import (
     MODES,
     AllowEntry,
@@ -48,7 +41,6 @@ __all__ = [
     "AllowEntry",
     "HostNetwork",
     "NetworkSpec",
-    "PipIndexes",
     "Policy",
     "Refused",
     "SandboxNetwork",
@@ -56,8 +48,6 @@ __all__ = [
     "host_addresses",
     "parse_entry",
     "parse_network",
-    "pip_config_files",
-    "read_pip_config",
 ]
 
 log = structlog.get_logger("kernelhost.network")

@@ -10,18 +10,15 @@ on a local socket (``index_endpoint``) that a tunnel to that origin connects to.
 from __future__ import annotations
 
 import asyncio
-import configparser
 import contextlib
 import fcntl
 import ipaddress
-import os
 import socket
 import struct
 import time
 import urllib.parse
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +26,7 @@ import structlog
 
 from ...channel.protocol import PROXY_PORT, NetRefusal
 from ...config import ConfigError, Settings
+from ...pipconfig import PipIndexes, read_pip_config
 from .policy import (
     CONNECT_TIMEOUT,
     AllowEntry,
@@ -47,53 +45,6 @@ INDEX_HOST = "pip-index.kernelhost.internal"  # virtual origin of the host's fil
 #: cannot stall the default pool, which every libvirt call uses
 RESOLVER_THREADS = 16
 OWN_TTL = 5.0  # seconds the host's list of its own addresses is trusted
-
-
-@dataclass
-class PipIndexes:
-    index_url: str | None = None
-    extra_index_urls: list[str] = field(default_factory=list)
-
-
-def pip_config_files(environ: Mapping[str, str]) -> list[Path]:
-    """pip's configuration files, in the order pip loads them (later ones override)."""
-    xdg_dirs = environ.get("XDG_CONFIG_DIRS") or "/etc/xdg"
-    files = [Path(d) / "pip" / "pip.conf" for d in reversed(xdg_dirs.split(":")) if d]
-    files.append(Path("/etc/pip.conf"))
-    home = Path(environ.get("HOME") or Path.home())
-    files.append(home / ".pip" / "pip.conf")
-    files.append(Path(environ.get("XDG_CONFIG_HOME") or home / ".config") / "pip" / "pip.conf")
-    if environ.get("VIRTUAL_ENV"):
-        files.append(Path(environ["VIRTUAL_ENV"]) / "pip.conf")
-    if environ.get("PIP_CONFIG_FILE"):
-        files.append(Path(environ["PIP_CONFIG_FILE"]))
-    return files
-
-
-def read_pip_config(
-    environ: Mapping[str, str] | None = None, files: Sequence[Path] | None = None
-) -> PipIndexes:
-    """index-url and extra-index-url as the host's pip sees them: its config files ([global],
-    then [install]) and then ``PIP_INDEX_URL`` / ``PIP_EXTRA_INDEX_URL``."""
-    env = os.environ if environ is None else environ
-    values: dict[str, str] = {}
-    for path in pip_config_files(env) if files is None else files:
-        parser = configparser.RawConfigParser()
-        try:
-            parser.read(path, encoding="utf-8")
-        except (configparser.Error, OSError, UnicodeDecodeError) as exc:
-            log.warning("network.pip_config_unreadable", path=str(path), error=str(exc))
-            continue
-        for section in ("global", "install"):
-            if parser.has_section(section):
-                for key in ("index-url", "extra-index-url"):
-                    if parser.has_option(section, key):
-                        values[key] = parser.get(section, key)
-    for key, name in (("index-url", "PIP_INDEX_URL"), ("extra-index-url", "PIP_EXTRA_INDEX_URL")):
-        if env.get(name):
-            values[key] = env[name]
-    index = values.get("index-url", "").strip() or None
-    return PipIndexes(index, values.get("extra-index-url", "").split())
 
 
 def host_addresses() -> set[IPAddress]:

@@ -1,0 +1,127 @@
+"""Template records and their builds, in the service's SQLite database beside the sandboxes.
+
+A template is ``(owner, name)``: ``owner`` is an API key's id for a template built through the
+API, ``""`` for one the operator ships as a spec file (visible to every key). Built-in templates
+are images only (``make image``) and have no record.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS templates (
+    owner TEXT NOT NULL,
+    name TEXT NOT NULL,
+    spec TEXT NOT NULL,
+    state TEXT NOT NULL,
+    image_key TEXT NOT NULL DEFAULT '',
+    build_id TEXT NOT NULL DEFAULT '',
+    error TEXT NOT NULL DEFAULT '',
+    created_at REAL NOT NULL,
+    updated_at REAL NOT NULL,
+    PRIMARY KEY (owner, name)
+);
+CREATE TABLE IF NOT EXISTS template_builds (
+    id TEXT PRIMARY KEY,
+    owner TEXT NOT NULL,
+    name TEXT NOT NULL,
+    key TEXT NOT NULL,
+    state TEXT NOT NULL,
+    stage TEXT NOT NULL DEFAULT '',
+    stages TEXT NOT NULL DEFAULT '[]',
+    error TEXT NOT NULL DEFAULT '',
+    created_at REAL NOT NULL,
+    started_at REAL,
+    finished_at REAL
+);
+CREATE INDEX IF NOT EXISTS template_builds_template ON template_builds(owner, name);
+"""
+
+
+@dataclass
+class TemplateRecord:
+    owner: str
+    name: str
+    spec: dict[str, Any]
+    state: str  # building | ready | failed (the latest build's outcome; ready keeps the image)
+    image_key: str = ""  # the layer build sandboxes start from; "" until one succeeded
+    build_id: str = ""  # the latest build
+    error: str = ""
+    created_at: float = field(default_factory=time.time)
+    updated_at: float = field(default_factory=time.time)
+
+
+class TemplateStore:
+    def __init__(self, db: sqlite3.Connection) -> None:
+        self.db = db
+        self.db.executescript(SCHEMA)
+
+    # -- templates -------------------------------------------------------------------------------
+
+    def put(self, rec: TemplateRecord) -> None:
+        rec.updated_at = time.time()
+        row = asdict(rec)
+        row["spec"] = json.dumps(row["spec"])
+        cols = ", ".join(row)
+        marks = ", ".join(f":{k}" for k in row)
+        self.db.execute(f"INSERT OR REPLACE INTO templates ({cols}) VALUES ({marks})", row)
+
+    def get(self, owner: str, name: str) -> TemplateRecord | None:
+        row = self.db.execute(
+            "SELECT * FROM templates WHERE owner = ? AND name = ?", (owner, name)
+        ).fetchone()
+        return _template(row) if row else None
+
+    def all(self) -> list[TemplateRecord]:
+        return [_template(r) for r in self.db.execute("SELECT * FROM templates ORDER BY owner, name")]
+
+    def delete(self, owner: str, name: str) -> None:
+        self.db.execute("DELETE FROM templates WHERE owner = ? AND name = ?", (owner, name))
+        self.db.execute("DELETE FROM template_builds WHERE owner = ? AND name = ?", (owner, name))
+
+    # -- builds ----------------------------------------------------------------------------------
+
+    def put_build(self, build: dict[str, Any]) -> None:
+        row = {k: build.get(k) for k in _BUILD_COLUMNS}
+        row["stages"] = json.dumps(row["stages"] or [])
+        row["error"] = row["error"] or ""
+        cols = ", ".join(row)
+        marks = ", ".join(f":{k}" for k in row)
+        self.db.execute(f"INSERT OR REPLACE INTO template_builds ({cols}) VALUES ({marks})", row)
+
+    def build(self, build_id: str) -> dict[str, Any] | None:
+        row = self.db.execute("SELECT * FROM template_builds WHERE id = ?", (build_id,)).fetchone()
+        return _build(row) if row else None
+
+    def builds(self, owner: str, name: str) -> list[dict[str, Any]]:
+        rows = self.db.execute(
+            "SELECT * FROM template_builds WHERE owner = ? AND name = ? ORDER BY created_at", (owner, name)
+        )
+        return [_build(r) for r in rows]
+
+    def unfinished_builds(self) -> list[dict[str, Any]]:
+        rows = self.db.execute("SELECT * FROM template_builds WHERE state IN ('queued', 'running')")
+        return [_build(r) for r in rows]
+
+
+_BUILD_COLUMNS = (
+    "id", "owner", "name", "key", "state", "stage", "stages", "error",
+    "created_at", "started_at", "finished_at",
+)  # fmt: skip
+
+
+def _template(row: sqlite3.Row) -> TemplateRecord:
+    data = dict(row)
+    data["spec"] = json.loads(data["spec"])
+    return TemplateRecord(**data)
+
+
+def _build(row: sqlite3.Row) -> dict[str, Any]:
+    data = dict(row)
+    data["stages"] = json.loads(data["stages"] or "[]")
+    return data

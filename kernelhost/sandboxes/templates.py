@@ -1,0 +1,344 @@
+"""Templates as the sandbox layer serves them: which a key may use, building a spec into an
+image and its snapshot off the request path, and removing one nobody uses.
+
+Three kinds, looked up in this order when a key names a template: its own (built through the
+API; other keys never see it), the operator's (spec files in ``template_dir``, built at start,
+visible to every key), the built-ins (``make image``). A template's image is
+``<image_dir>/<image>`` where ``image`` is the name for the operator's and ``name@<key id>`` for
+a key's own; sandboxes record that image name. A build runs the stages of ``builds.py`` and then
+makes the template's snapshot (its preloads imported); only then does the template's link move
+to the new build, so sandboxes keep starting from the last good build while a new one runs or
+after it fails.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import shutil
+import sys
+import time
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from hypervisor import GuestImage, ImageNotFound
+
+from ..templates import SpecError, TemplateSpec, parse_spec
+from ..templates.builds import GUEST_IMAGE, Build, BuildFailed, BuildQueue, BuildState, clean_work
+from ..templates.files import ArchiveError, unpack_archive
+from .context import Context
+from .errors import InvalidRequest, Remedy, SandboxError, TemplateConflict, TemplateNotFound, UnknownTemplate
+from .template_store import TemplateRecord, TemplateStore
+from .template_views import KERNEL_PACKAGES, TemplateView, builtin_view, image_name, record_view
+
+log = structlog.get_logger("kernelhost.templates")
+
+LAYER_FORMAT = 1  # bump when what goes into a layer's key changes
+
+
+class TemplateService:
+    def __init__(self, ctx: Context, store: TemplateStore) -> None:
+        self.ctx = ctx
+        self.store = store
+        settings = ctx.settings
+        self.queue = BuildQueue(
+            settings.state_dir / "template-builds",
+            settings.template_build_concurrency,
+            settings.template_build_timeout,
+        )
+        self.files_dir = settings.state_dir / "template-files"
+
+    def start(self) -> None:
+        """After a restart: builds that were running are failed (their scratch is gone with the
+        prune of abandoned builds), and finished ones are known again (their logs stay)."""
+        for row in self.store.unfinished_builds():
+            row.update(state=str(BuildState.FAILED), error="the service stopped during the build",
+                       finished_at=time.time())  # fmt: skip
+            self.store.put_build(row)
+            rec = self.store.get(row["owner"], row["name"])
+            if rec is not None and rec.build_id == row["id"]:
+                rec.state, rec.error = ("ready" if self._image(rec) else "failed"), row["error"]
+                self.store.put(rec)
+        for rec in self.store.all():
+            for row in self.store.builds(rec.owner, rec.name):
+                self.queue.restore(row)
+        for scratch in self.ctx.settings.image_dir.glob(".build-*-bld_*"):
+            clean_work(scratch)  # a layer build that a killed service left (mounts included)
+
+    # -- what a key sees -------------------------------------------------------------------------
+
+    def builtins(self) -> list[str]:
+        """Full images (``make image``): neither a layer nor a key's or operator's template."""
+        names = []
+        for name in self.ctx.images.templates():
+            if "@" in name or name.startswith("."):
+                continue
+            with contextlib.suppress(ImageNotFound):
+                if not self.ctx.images.get(name).layers and self.store.get("", name) is None:
+                    names.append(name)
+        return names
+
+    def visible(self, owner: str) -> list[TemplateView]:
+        views = {name: builtin_view(self.ctx.images.get(name)) for name in self.builtins()}
+        for rec in self.store.all():
+            if rec.owner in ("", owner):
+                views[rec.name] = record_view(rec, self._image(rec), self.queue.builds.get(rec.build_id))
+        return [views[n] for n in sorted(views)]
+
+    def view(self, owner: str, name: str) -> TemplateView:
+        for view in self.visible(owner):
+            if view.name == name:
+                return view
+        raise TemplateNotFound(name, [v.name for v in self.visible(owner)])
+
+    def resolve(self, owner: str, name: str) -> tuple[str, GuestImage]:
+        """The image a new sandbox of ``name`` starts from, and the image's name to record."""
+        rec = self._record(owner, name)
+        if rec is None:
+            if name in self.builtins():
+                return name, self.ctx.images.get(name)
+            raise UnknownTemplate(
+                f"unknown template {name!r}; valid templates: "
+                f"{', '.join(v.name for v in self.visible(owner)) or 'none built (run make image)'}",
+                field="template",
+                valid=[v.name for v in self.visible(owner)],
+            )
+        image = self._image(rec)
+        if image is None:
+            what = (
+                "is still building" if rec.state == "building" else f"has no successful build ({rec.error})"
+            )
+            raise TemplateConflict(
+                f"template {name!r} {what}; wait for its build or fix its spec", template=name
+            )
+        return image_name(rec.owner, rec.name), image
+
+    def _record(self, owner: str, name: str) -> TemplateRecord | None:
+        return self.store.get(owner, name) or self.store.get("", name)
+
+    def _image(self, rec: TemplateRecord) -> GuestImage | None:
+        if not rec.image_key:
+            return None
+        try:
+            image = self.ctx.images.get(image_name(rec.owner, rec.name))
+        except ImageNotFound:
+            return None
+        return image if image.complete else None
+
+    # -- building --------------------------------------------------------------------------------
+
+    async def submit(self, owner: str, data: Any, archive: bytes | None = None) -> Build:
+        """Check the spec, then build it in the background (a cache hit finishes at once)."""
+        try:
+            spec = parse_spec(data, builtins=tuple(self.builtins()))
+        except SpecError as exc:
+            raise InvalidRequest(str(exc), field=exc.field) from None
+        current = self.store.get(owner, spec.name)
+        running = self.queue.builds.get(current.build_id) if current else None
+        if running is not None and not running.state.finished:
+            raise TemplateConflict(
+                f"template {spec.name!r} is being built ({running.id}); wait for it or cancel it first",
+                template=spec.name,
+                build_id=running.id,
+            )
+        files = None
+        if archive:
+            spec, files = await asyncio.to_thread(self._unpack, spec, archive)
+        base = await self._base(spec)
+        key = self._key(spec, base)
+        build = self.queue.new(owner, spec.name, key)
+        rec = current or TemplateRecord(owner, spec.name, spec.wire(), "building")
+        rec.spec, rec.state, rec.build_id, rec.error = spec.wire(), "building", build.id, ""
+        self.store.put(rec)
+        self.store.put_build(build.row())
+        build.task = self.ctx.tasks.spawn(
+            self._build(build, rec, spec, base, files), name=f"template-build:{build.id}"
+        )
+        return build
+
+    def _unpack(self, spec: TemplateSpec, archive: bytes) -> tuple[TemplateSpec, Path]:
+        digest = hashlib.sha256(archive).hexdigest()
+        dest = self.files_dir / digest
+        if not dest.is_dir():
+            try:
+                unpack_archive(archive, dest.with_name(dest.name + ".tmp"), self.ctx.settings.max_file_bytes)
+            except ArchiveError as exc:
+                raise InvalidRequest(str(exc), field="files") from None
+            dest.with_name(dest.name + ".tmp").rename(dest)
+        return spec.with_files(digest), dest
+
+    async def _base(self, spec: TemplateSpec) -> tuple[str, str]:
+        """(the base's image directory name, its key) for a spec; a distribution base may not
+        be built yet (its first build makes it)."""
+        if spec.suite is not None:
+            image_dir = str(self.ctx.settings.image_dir)
+            script = str(GUEST_IMAGE / "build.py")
+            out = await _script_output(
+                [
+                    sys.executable,
+                    script,
+                    "--print-path",
+                    "--distribution",
+                    spec.suite,
+                    "--image-dir",
+                    image_dir,
+                ]
+            )
+            name = Path(out.strip()).name
+            return name, name.rsplit("-", 1)[1]
+        image = self.ctx.images.get(spec.base)
+        return image.path.name, image.key
+
+    def _key(self, spec: TemplateSpec, base: tuple[str, str]) -> str:
+        scripts = b"".join((GUEST_IMAGE / f).read_bytes() for f in ("layer.py", "buildroot.py"))
+        blob = json.dumps([LAYER_FORMAT, spec.wire(), base[1], KERNEL_PACKAGES.get(spec.kernel, {})])
+        return hashlib.sha256(blob.encode() + hashlib.sha256(scripts).digest()).hexdigest()[:16]
+
+    async def _build(
+        self, build: Build, rec: TemplateRecord, spec: TemplateSpec, base: tuple[str, str], files: Path | None
+    ) -> None:
+        from .template_build import run_build  # the stages, in a module of their own
+
+        bound = log.bind(template=spec.name, build_id=build.id, owner=rec.owner or "operator")
+        bound.info("template.build_started", key=build.key)
+        try:
+            await run_build(self.ctx, self.queue, build, rec, spec, base, files)
+            rec.state, rec.image_key, rec.error = "ready", build.key, ""
+            await build.finish(BuildState.CACHED if build.stage == "cached" else BuildState.SUCCEEDED)
+            bound.info("template.built", seconds=round(time.time() - build.created_at, 1))
+        except BuildFailed as exc:
+            rec.state, rec.error = "failed", f"{exc.stage}: {exc}" if exc.stage else str(exc)
+            await build.finish(BuildState.FAILED, rec.error)
+            bound.warning("template.build_failed", stage=exc.stage, error=str(exc))
+        except asyncio.CancelledError:
+            rec.state, rec.error = ("ready" if self._image(rec) else "failed"), "the build was cancelled"
+            await build.finish(BuildState.CANCELLED, rec.error)
+            bound.info("template.build_cancelled")
+            raise
+        finally:
+            if self.store.get(rec.owner, rec.name) is not None:  # not deleted meanwhile
+                self.store.put(rec)
+            self.store.put_build(build.row())
+
+    async def cancel(self, owner: str, name: str, build_id: str | None = None) -> Build:
+        build = self.build(owner, name, build_id)
+        if build.task is not None and not build.task.done():
+            build.task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.wait_for(asyncio.shield(build.task), 60)
+        return build
+
+    def build(self, owner: str, name: str, build_id: str | None = None) -> Build:
+        """One build of the caller's template (the latest by default)."""
+        rec = self._record(owner, name)
+        if rec is None or (rec.owner != owner and rec.owner != ""):
+            raise TemplateNotFound(name, [v.name for v in self.visible(owner)])
+        wanted = build_id or rec.build_id
+        build = self.queue.builds.get(wanted)
+        if build is None or build.owner != rec.owner or build.name != rec.name:
+            raise TemplateNotFound(name, [v.name for v in self.visible(owner)], build_id=wanted)
+        return build
+
+    # -- removing --------------------------------------------------------------------------------
+
+    async def delete(self, owner: str, name: str) -> None:
+        rec = self.store.get(owner, name)
+        if rec is None:
+            if self._record(owner, name) is not None or name in self.builtins():
+                raise TemplateConflict(f"template {name!r} is not this key's; only its owner can delete it",
+                                       template=name)  # fmt: skip
+            raise TemplateNotFound(name, [v.name for v in self.visible(owner)])
+        image = image_name(owner, name)
+        users = [s.id for s in self.ctx.registry if s.record.template == image]
+        if users:
+            raise TemplateConflict(
+                f"template {name!r} is used by {len(users)} sandbox(es) ({', '.join(users[:5])}); "
+                "delete them first",
+                template=name,
+                remedy=Remedy.LIST_SANDBOXES,
+                sandboxes=users,
+            )
+        if rec.build_id:
+            with contextlib.suppress(TemplateNotFound):
+                await self.cancel(owner, name, rec.build_id)
+        self.store.delete(owner, name)
+        await self.ctx.vms.pool.stop(image)
+        await asyncio.to_thread(self._remove_files, image, rec)
+        log.info("template.deleted", template=name, owner=owner or "operator")
+
+    def _remove_files(self, image: str, rec: TemplateRecord) -> None:
+        image_dir = self.ctx.settings.image_dir
+        (image_dir / image).unlink(missing_ok=True)
+        for path in image_dir.glob(f"{image}-*"):
+            shutil.rmtree(path, ignore_errors=True)
+        self.ctx.vms.snapshots.remove(image)
+        for build in self.store.builds(rec.owner, rec.name):
+            (self.queue.log_dir / f"{build['id']}.jsonl").unlink(missing_ok=True)
+
+
+async def _script_output(argv: list[str]) -> str:
+    proc = await asyncio.create_subprocess_exec(
+        *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    if proc.returncode:
+        raise InvalidRequest(f"base: {err.decode(errors='replace').strip()[:300]}", field="base")
+    return out.decode()
+
+
+class OperatorTemplates:
+    """The operator's spec files (``template_dir/*.toml``), built at start for every key."""
+
+    def __init__(self, service: TemplateService) -> None:
+        self.service = service
+
+    async def load(self) -> None:
+        directory = self.service.ctx.settings.template_dir
+        if not directory.is_dir():
+            return
+        for path in sorted(directory.glob("*.toml")):
+            try:
+                data = tomllib.loads(path.read_text())
+                archive = _operator_files(path, data)
+                build = await self.service.submit("", data, archive)
+            except (OSError, tomllib.TOMLDecodeError, SandboxError, ArchiveError) as exc:
+                log.error("template.operator_spec_failed", path=str(path), error=str(exc))
+                continue
+            log.info("template.operator_spec", path=str(path), template=build.name, build_id=build.id)
+
+
+def _operator_files(path: Path, data: dict[str, Any]) -> bytes | None:
+    """A spec file's ``files`` (local paths, relative to the file) as an archive."""
+    from ..templates.files import pack_files
+
+    entries = local_files(data.pop("files", None), path.parent)
+    if entries:
+        data["files_dest"] = "/"
+    return pack_files(entries) if entries else None
+
+
+def local_files(files: Any, root: Path) -> list[tuple[Path, str]]:
+    """``files`` of a TOML spec: ``"path"`` (to /home/user/<name>) or ``{src, dest}``."""
+    if files is None:
+        return []
+    if not isinstance(files, list):
+        raise InvalidRequest("files: must be a list of paths or {src, dest} tables", field="files")
+    entries = []
+    for item in files:
+        if isinstance(item, str):
+            src, dest = item, f"/home/user/{Path(item).name}"
+        elif (
+            isinstance(item, dict) and isinstance(item.get("src"), str) and isinstance(item.get("dest"), str)
+        ):
+            src, dest = item["src"], item["dest"]
+        else:
+            raise InvalidRequest(f"files: {item!r:.80} is neither a path nor {{src, dest}}", field="files")
+        if not dest.startswith("/"):
+            raise InvalidRequest(f"files: dest {dest!r:.80} must be an absolute guest path", field="files")
+        entries.append(((root / src).expanduser(), dest))
+    return entries

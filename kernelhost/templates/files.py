@@ -1,0 +1,86 @@
+"""A template's files: a tar archive (optionally gzip-compressed) unpacked into a staging
+directory, checked member by member before a byte is written: regular files and directories
+only, relative paths that stay inside, a size budget. The CLI packs local paths into one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import shutil
+import tarfile
+from pathlib import Path, PurePosixPath
+
+__all__ = ["ArchiveError", "pack_files", "unpack_archive"]
+
+
+class ArchiveError(ValueError):
+    """The archive cannot be a template's files; the message names the member and the fix."""
+
+
+def unpack_archive(data: bytes, dest: Path, max_bytes: int) -> str:
+    """Unpack ``data`` into ``dest`` (created; removed again on failure); its sha256."""
+    digest = hashlib.sha256(data).hexdigest()
+    try:
+        archive = tarfile.open(fileobj=io.BytesIO(data), mode="r:*")
+    except (tarfile.TarError, EOFError, OSError) as exc:
+        raise ArchiveError(f"files: not a tar archive (plain or gzip-compressed): {exc}") from None
+    members = _checked(archive, max_bytes)
+    dest.mkdir(parents=True)
+    try:
+        for member in members:
+            target = dest / member.name
+            if member.isdir():
+                target.mkdir(parents=True, exist_ok=True)
+                continue
+            target.parent.mkdir(parents=True, exist_ok=True)
+            source = archive.extractfile(member)
+            assert source is not None
+            with source, target.open("wb") as out:
+                shutil.copyfileobj(source, out)
+            target.chmod(0o755 if member.mode & 0o111 else 0o644)
+    except BaseException:
+        shutil.rmtree(dest, ignore_errors=True)
+        raise
+    return digest
+
+
+def _checked(archive: tarfile.TarFile, max_bytes: int) -> list[tarfile.TarInfo]:
+    total = 0
+    members = []
+    for member in archive:
+        path = PurePosixPath(member.name)
+        if path.is_absolute() or ".." in path.parts or not member.name.strip("./"):
+            raise ArchiveError(f"files: member {member.name!r:.200} leaves the archive; use relative paths")
+        if not (member.isfile() or member.isdir()):
+            raise ArchiveError(
+                f"files: member {member.name!r:.200} is a link or a device; only files and directories "
+                "are copied (resolve links before packing)"
+            )
+        total += member.size
+        if total > max_bytes:
+            raise ArchiveError(f"files: the archive unpacks to more than {max_bytes} bytes (max_file_bytes)")
+        member.name = str(path)
+        members.append(member)
+    return members
+
+
+def pack_files(entries: list[tuple[Path, str]]) -> bytes:
+    """A gzip tar of local paths (files or directories), each at its guest path relative to
+    ``/`` (``entries``: ``(local path, absolute guest path)``)."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as archive:
+        for local, guest in entries:
+            if not local.exists():
+                raise ArchiveError(f"files: {local} does not exist")
+            archive.add(str(local), arcname=guest.lstrip("/"), filter=_plain)
+    return buf.getvalue()
+
+
+def _plain(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
+    """Owner and group are the guest's business (root), not the packer's."""
+    if info.issym() or info.islnk():
+        raise ArchiveError(f"files: {info.name} is a link; copy what it points to instead")
+    info.uid = info.gid = 0
+    info.uname = info.gname = "root"
+    return info
