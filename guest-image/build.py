@@ -305,6 +305,32 @@ def install_overlay(root: Path) -> None:
     run(["chroot", str(root), "python3", "-m", "compileall", "-q", "/opt/kernelhost"])
 
 
+def kernel_info(root: Path, template: str, spec: dict[str, Any]) -> dict[str, str]:
+    """The kernel a template runs: the image's own Python kernelspec, or (``kernel`` in
+    templates.json) an installed one, written to /etc/kernelhost/template.json for the agent
+    (the file a template layer writes too: guest-image/layer.py)."""
+    name = spec.get("kernel")
+    if not name:
+        return {"kernel": "kernelhost", "language": "python", "display_name": "Python 3 (kernelhost)"}
+    found = [
+        p
+        for d in ("usr/local/share", "usr/share")
+        if (p := root / d / "jupyter/kernels" / name / "kernel.json").is_file()
+    ]
+    if not found:
+        raise SystemExit(f"templates.json: {template}: no kernelspec {name!r} was installed by its packages")
+    kernelspec = json.loads(found[0].read_text())
+    info = {
+        "kernel": name,
+        "language": str(spec.get("language") or kernelspec.get("language", name)).lower(),
+        "display_name": str(kernelspec.get("display_name", name)),
+    }
+    path = root / "etc" / "kernelhost" / "template.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({**info, "template": template, "env": {}, "preload": spec.get("preload", [])}))
+    return info
+
+
 def warm_up(root: Path, preload: list[str]) -> None:
     """Import the template's preloaded modules once at build time, as the guest's kernel will
     (HOME=/root), so caches they build on first use (matplotlib's font list) are in the image."""
@@ -404,6 +430,7 @@ def _build(
         kernel_version, modules = take_kernel(root, out)
         stage("overlay", "agent, codec, init, kernelspec")
         install_overlay(root)
+        kernel = kernel_info(root, template, spec)
         warm_up(root, list(spec.get("preload", [])))
         stage("erofs", "packing the root (lz4hc)")
         run(
@@ -423,6 +450,7 @@ def _build(
             "key": key,
             "description": spec.get("description", ""),
             "preload": list(spec.get("preload", [])),
+            **kernel,
             "kernel_version": kernel_version,
             "suite": suite,
             "arch": platform.machine(),

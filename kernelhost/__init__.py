@@ -8,7 +8,9 @@ from kernelhost.client import (
     APIError,
     AsyncFiles,
     AsyncSandbox,
+    AsyncTemplate,
     AuthenticationError,
+    BuildInfo,
     ConflictError,
     Execution,
     ExecutionError,
@@ -27,6 +29,9 @@ from kernelhost.client import (
     SandboxInfo,
     SandboxState,
     ServerError,
+    Template,
+    TemplateBuildError,
+    TemplateInfo,
     TransportError,
 )
 
@@ -34,7 +39,9 @@ __all__ = [
     "APIError",
     "AsyncFiles",
     "AsyncSandbox",
+    "AsyncTemplate",
     "AuthenticationError",
+    "BuildInfo",
     "ConflictError",
     "Execution",
     "ExecutionError",
@@ -53,5 +60,8 @@ __all__ = [
     "SandboxInfo",
     "SandboxState",
     "ServerError",
+    "Template",
+    "TemplateBuildError",
+    "TemplateInfo",
     "TransportError",
 ]

@@ -35,13 +35,16 @@ from kernelhost.client._models import (
     SandboxState,
 )
 from kernelhost.client._sandbox import AsyncSandbox
-from kernelhost.client._sync import Files, Sandbox
+from kernelhost.client._sync import Files, Sandbox, Template
+from kernelhost.client._templates import AsyncTemplate, BuildInfo, TemplateBuildError, TemplateInfo
 
 __all__ = [
     "APIError",
     "AsyncFiles",
     "AsyncSandbox",
+    "AsyncTemplate",
     "AuthenticationError",
+    "BuildInfo",
     "ConflictError",
     "Execution",
     "ExecutionError",
@@ -60,5 +63,8 @@ __all__ = [
     "SandboxInfo",
     "SandboxState",
     "ServerError",
+    "Template",
+    "TemplateBuildError",
+    "TemplateInfo",
     "TransportError",
 ]

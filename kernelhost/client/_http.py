@@ -139,10 +139,11 @@ class HTTPClient:
         """
         what = f"{method} {path}"
         deadline = aiohttp.ClientTimeout(total=timeout, connect=CONNECT_TIMEOUT)
-        headers = {"Content-Type": "application/octet-stream"} if data is not None else None
+        raw = data is not None and not isinstance(data, aiohttp.FormData)
+        headers = {"Content-Type": "application/octet-stream"} if raw else None
         # replayable: not a POST (a create that failed this way may have happened), and no
         # streamed body (it cannot be sent twice)
-        replayable = data is None or isinstance(data, bytes)
+        replayable = data is None or isinstance(data, bytes | aiohttp.FormData)
         with self._translate_errors(what, timeout):
             async with await self._send(
                 method,

@@ -20,7 +20,7 @@ import contextlib
 import functools
 import threading
 import weakref
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 
@@ -28,11 +28,12 @@ from kernelhost.client._exceptions import KernelHostError
 from kernelhost.client._files import AsyncFiles
 from kernelhost.client._models import SandboxInfo
 from kernelhost.client._sandbox import CREATE_TIMEOUT, AsyncSandbox
+from kernelhost.client._templates import AsyncTemplate
 
 if TYPE_CHECKING:
     from typing import Self  # Python 3.11+; annotations are never evaluated at runtime
 
-__all__ = ["Sandbox"]
+__all__ = ["Sandbox", "Template"]
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -306,3 +307,52 @@ class Sandbox:
             return loop_thread.call(AsyncSandbox.list(url=url, api_key=api_key))
         finally:
             loop_thread.stop()
+
+
+def _sync_classmethod(
+    method: Callable[P, Coroutine[Any, Any, R]],
+) -> Callable[P, R]:
+    """Derive a blocking class method from an ``AsyncTemplate`` coroutine class method: each
+    call runs on a private loop thread (callbacks are called on it)."""
+
+    @functools.wraps(method)
+    def blocking(*args: P.args, **kwargs: P.kwargs) -> R:
+        loop_thread = _LoopThread()
+        try:
+            return loop_thread.call(method(*args, **kwargs))
+        finally:
+            loop_thread.stop()
+
+    return blocking
+
+
+async def _collect(items: AsyncIterator[T]) -> builtins.list[T]:
+    return [item async for item in items]
+
+
+class Template:
+    """Templates, for synchronous code: the blocking twin of ``AsyncTemplate``.
+
+    info = Template.build("ml.toml", on_stage=lambda stage, detail: print(stage, detail))
+    with Sandbox(template=info.name) as sbx: ...
+    """
+
+    __doc__ = (__doc__ or "") + "\n\n" + (AsyncTemplate.__doc__ or "")
+
+    build = staticmethod(_sync_classmethod(AsyncTemplate.build))
+    wait = staticmethod(_sync_classmethod(AsyncTemplate.wait))
+    get = staticmethod(_sync_classmethod(AsyncTemplate.get))
+    delete = staticmethod(_sync_classmethod(AsyncTemplate.delete))
+    cancel = staticmethod(_sync_classmethod(AsyncTemplate.cancel))
+
+    @staticmethod
+    @_doc_from(AsyncTemplate.logs)
+    def logs(name: str, build_id: str | None = None, **kwargs: Any) -> builtins.list[dict[str, Any]]:
+        loop_thread = _LoopThread()
+        try:
+            return loop_thread.call(_collect(AsyncTemplate.logs(name, build_id, **kwargs)))
+        finally:
+            loop_thread.stop()
+
+    # Defined last: inside the class body, the name ``list`` refers to this method afterwards.
+    list = staticmethod(_sync_classmethod(AsyncTemplate.list))

@@ -28,6 +28,7 @@ from .sandbox import Sandbox
 from .session import KernelSession, SessionClient, SessionEnd
 from .states import ExecutionStatus, Recovery, SandboxState
 from .store import SandboxRecord, Store, key_id, new_api_key
+from .template_views import TemplateView
 
 __all__ = [
     "INDEX_HOST",
@@ -64,6 +65,7 @@ __all__ = [
     "Stream",
     "TemplateConflict",
     "TemplateNotFound",
+    "TemplateView",
     "UnknownTemplate",
     "key_id",
     "new_api_key",

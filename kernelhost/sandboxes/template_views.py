@@ -49,12 +49,15 @@ class TemplateView:
 
 def builtin_view(image: GuestImage) -> TemplateView:
     m = image.manifest
+    kernelspec = str(m.get("kernel") or "kernelhost")
     return TemplateView(
         name=image.template,
         kind="builtin",
         state="ready",
         description=str(m.get("description", "")),
-        display_name="Python 3 (kernelhost)",
+        kernel={"kernelhost": "python", "ir": "r"}.get(kernelspec, kernelspec),
+        language=str(m.get("language") or "python"),
+        display_name=str(m.get("display_name") or "Python 3 (kernelhost)"),
         image_key=image.key,
         size_bytes=sum(v for v in m.get("sizes", {}).values() if isinstance(v, int)),
         resolved={"apt": dict(p.split(" ", 1) for p in m.get("packages", []) if " " in p)},

@@ -28,9 +28,9 @@ import structlog
 
 from hypervisor import GuestImage, ImageNotFound
 
+from ..archive import ArchiveError, local_files, pack_files, unpack_archive
 from ..templates import SpecError, TemplateSpec, parse_spec
 from ..templates.builds import GUEST_IMAGE, Build, BuildFailed, BuildQueue, BuildState, clean_work
-from ..templates.files import ArchiveError, unpack_archive
 from .context import Context
 from .errors import InvalidRequest, Remedy, SandboxError, TemplateConflict, TemplateNotFound, UnknownTemplate
 from .template_store import TemplateRecord, TemplateStore
@@ -314,31 +314,7 @@ class OperatorTemplates:
 
 def _operator_files(path: Path, data: dict[str, Any]) -> bytes | None:
     """A spec file's ``files`` (local paths, relative to the file) as an archive."""
-    from ..templates.files import pack_files
-
     entries = local_files(data.pop("files", None), path.parent)
     if entries:
         data["files_dest"] = "/"
     return pack_files(entries) if entries else None
-
-
-def local_files(files: Any, root: Path) -> list[tuple[Path, str]]:
-    """``files`` of a TOML spec: ``"path"`` (to /home/user/<name>) or ``{src, dest}``."""
-    if files is None:
-        return []
-    if not isinstance(files, list):
-        raise InvalidRequest("files: must be a list of paths or {src, dest} tables", field="files")
-    entries = []
-    for item in files:
-        if isinstance(item, str):
-            src, dest = item, f"/home/user/{Path(item).name}"
-        elif (
-            isinstance(item, dict) and isinstance(item.get("src"), str) and isinstance(item.get("dest"), str)
-        ):
-            src, dest = item["src"], item["dest"]
-        else:
-            raise InvalidRequest(f"files: {item!r:.80} is neither a path nor {{src, dest}}", field="files")
-        if not dest.startswith("/"):
-            raise InvalidRequest(f"files: dest {dest!r:.80} must be an absolute guest path", field="files")
-        entries.append(((root / src).expanduser(), dest))
-    return entries

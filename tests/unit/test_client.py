@@ -236,7 +236,8 @@ def _sdk_threads() -> list[threading.Thread]:
 
 def test_all_lists_exactly_the_public_names() -> None:
     expected = {
-        "APIError", "AsyncFiles", "AsyncSandbox", "AuthenticationError", "ConflictError",
+        "APIError", "AsyncFiles", "AsyncSandbox", "AsyncTemplate", "AuthenticationError", "BuildInfo",
+        "ConflictError", "Template", "TemplateBuildError", "TemplateInfo",
         "Execution", "ExecutionError", "ExecutionStatus", "FileInfo", "FileTooLargeError", "Files",
         "InvalidRequestError", "KernelHostError", "KernelHostTimeout", "NotFoundError",
         "RateLimitError", "Recovery", "Result", "Sandbox", "SandboxInfo", "SandboxState",

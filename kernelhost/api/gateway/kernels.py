@@ -127,7 +127,9 @@ async def start_kernel(request: web.Request) -> web.Response:
     """
     body = await json_object(request, null_is_empty=True)
     manager = _manager(request)
-    options = _start_options(body, manager.templates())
+    options = _start_options(
+        body, [v.name for v in manager.template_list(request[KEY_ID]) if v.state == "ready"]
+    )
     sbx = await manager.create(request[KEY_ID], **options)
     model = kernel_model(sbx)
     log.info("gateway.kernel_started", sandbox_id=sbx.id, kernel_id=model["id"], template=options["template"])

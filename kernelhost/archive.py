@@ -1,6 +1,10 @@
-"""A template's files: a tar archive (optionally gzip-compressed) unpacked into a staging
-directory, checked member by member before a byte is written: regular files and directories
-only, relative paths that stay inside, a size budget. The CLI packs local paths into one.
+"""A template's files on the wire: a tar archive (optionally gzip-compressed). The SDK, the
+CLI and the operator's spec files pack local paths into one (``pack_files``, with the
+``files`` entries of a TOML spec read by ``local_files``); the service unpacks it into a
+staging directory (``unpack_archive``), checked member by member before a byte is written:
+regular files and directories only, relative paths that stay inside, a size budget.
+
+Standard library only: the SDK imports it.
 """
 
 from __future__ import annotations
@@ -10,8 +14,9 @@ import io
 import shutil
 import tarfile
 from pathlib import Path, PurePosixPath
+from typing import Any
 
-__all__ = ["ArchiveError", "pack_files", "unpack_archive"]
+__all__ = ["ArchiveError", "local_files", "pack_files", "unpack_archive"]
 
 
 class ArchiveError(ValueError):
@@ -84,3 +89,26 @@ def _plain(info: tarfile.TarInfo) -> tarfile.TarInfo | None:
     info.uid = info.gid = 0
     info.uname = info.gname = "root"
     return info
+
+
+def local_files(files: Any, root: Path) -> list[tuple[Path, str]]:
+    """The ``files`` of a TOML spec as (local path, guest path): ``"path"`` (relative to
+    ``root``; to ``/home/user/<name>``) or ``{src = "path", dest = "/guest/path"}``."""
+    if files is None:
+        return []
+    if not isinstance(files, list):
+        raise ArchiveError("files: must be a list of paths or {src, dest} tables")
+    entries = []
+    for item in files:
+        if isinstance(item, str):
+            src, dest = item, f"/home/user/{Path(item).name}"
+        elif (
+            isinstance(item, dict) and isinstance(item.get("src"), str) and isinstance(item.get("dest"), str)
+        ):
+            src, dest = item["src"], item["dest"]
+        else:
+            raise ArchiveError(f"files: {item!r:.80} is neither a path nor a {{src, dest}} table")
+        if not dest.startswith("/"):
+            raise ArchiveError(f"files: dest {dest!r:.80} must be an absolute guest path")
+        entries.append(((root / src).expanduser(), dest))
+    return entries

@@ -1,0 +1,118 @@
+"""/v1/templates without a VM: the spec's errors name the field, the built-ins are listed, a
+key's template is invisible to others, a bad files archive is refused before anything runs.
+Builds themselves run through real images in tests/vm/test_templates.py."""
+
+from __future__ import annotations
+
+import io
+import json
+import tarfile
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import aiohttp
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestClient, TestServer
+
+from kernelhost.api import init_app
+from kernelhost.archive import ArchiveError, local_files, pack_files, unpack_archive
+
+from .offline import fake_image_dir, offline_settings
+
+pytestmark = pytest.mark.unit
+ApiClient = TestClient[web.Request, web.Application]
+
+KEY = "unit-test-key-0123456789"
+OTHER = "other-test-key-0123456789"
+
+
+def auth(key: str = KEY) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+@pytest.fixture
+async def client(tmp_path: Path) -> AsyncIterator[ApiClient]:
+    settings = offline_settings(
+        tmp_path, image_dir=fake_image_dir(tmp_path), snapshots="off", pool_size=0, api_keys=(KEY, OTHER)
+    )
+    async with TestClient(TestServer(init_app(settings))) as c:
+        yield c
+
+
+async def test_the_builtins_are_listed_and_unknown_names_are_404(client: ApiClient) -> None:
+    r = await client.get("/v1/templates", headers=auth())
+    assert r.status == 200
+    (python,) = (await r.json())["templates"]
+    assert (python["name"], python["kind"], python["state"]) == ("python", "builtin", "ready")
+    r = await client.get("/v1/templates/nope", headers=auth())
+    assert r.status == 404
+    err = (await r.json())["error"]
+    assert err["code"] == "template_not_found" and "python" in err["message"]
+    assert "GET /v1/templates" in err["hint"]
+    r = await client.delete("/v1/templates/python", headers=auth())
+    assert r.status == 409 and "not this key's" in (await r.json())["error"]["message"]
+
+
+@pytest.mark.parametrize(
+    ("spec", "field"),
+    [
+        ({"name": "Bad"}, "name"),
+        ({"name": "ml", "pip": "numpy"}, "pip"),
+        ({"name": "ml", "base": "nope"}, "base"),
+        ({"name": "python"}, "name"),
+        ({"name": "ml", "memory_mib": 1}, "memory_mib"),
+        ({"name": "ml", "colour": "red"}, "colour"),
+    ],
+)
+async def test_a_bad_spec_is_a_400_naming_the_field(
+    client: ApiClient, spec: dict[str, object], field: str
+) -> None:
+    r = await client.post("/v1/templates", json=spec, headers=auth())
+    assert r.status == 400
+    err = (await r.json())["error"]
+    assert err["field"] == field and field in err["message"]
+
+
+async def test_a_files_archive_that_leaves_its_root_is_refused(client: ApiClient) -> None:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        info = tarfile.TarInfo("../../etc/passwd")
+        info.size = 1
+        tar.addfile(info, io.BytesIO(b"x"))
+    form = aiohttp.FormData()
+    form.add_field("spec", json.dumps({"name": "evil"}), content_type="application/json")
+    form.add_field("files", buf.getvalue(), filename="f.tar")
+    r = await client.post("/v1/templates", data=form, headers=auth())
+    assert r.status == 400
+    assert "leaves the archive" in (await r.json())["error"]["message"]
+    r = await client.get("/v1/templates/evil", headers=auth())
+    assert r.status == 404  # nothing was recorded
+
+
+async def test_multipart_without_a_spec_part_is_a_400(client: ApiClient) -> None:
+    form = aiohttp.FormData()
+    form.add_field("files", b"x", filename="f.tar")
+    r = await client.post("/v1/templates", data=form, headers=auth())
+    assert r.status == 400 and (await r.json())["error"]["field"] == "spec"
+
+
+def test_archives_round_trip_and_refuse_links_and_escapes(tmp_path: Path) -> None:
+    (tmp_path / "src" / "sub").mkdir(parents=True)
+    (tmp_path / "src" / "sub" / "a.txt").write_text("a")
+    (tmp_path / "run.sh").write_text("#!/bin/sh\n")
+    (tmp_path / "run.sh").chmod(0o755)
+    entries = local_files(["run.sh", {"src": "src", "dest": "/opt/app"}], tmp_path)
+    assert entries[0] == (tmp_path / "run.sh", "/home/user/run.sh")
+    digest = unpack_archive(pack_files(entries), tmp_path / "out", 1 << 20)
+    assert len(digest) == 64
+    assert (tmp_path / "out" / "opt/app/sub/a.txt").read_text() == "a"
+    assert (tmp_path / "out" / "home/user/run.sh").stat().st_mode & 0o111
+    (tmp_path / "link").symlink_to(tmp_path / "run.sh")
+    with pytest.raises(ArchiveError, match="is a link"):
+        pack_files([(tmp_path / "link", "/x")])
+    with pytest.raises(ArchiveError, match="more than"):
+        unpack_archive(pack_files(entries), tmp_path / "out2", 1)
+    assert not (tmp_path / "out2").exists()
+    with pytest.raises(ArchiveError, match="absolute guest path"):
+        local_files([{"src": "run.sh", "dest": "relative"}], tmp_path)
