@@ -9,6 +9,7 @@ Standard library only: the SDK imports it.
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import io
 import shutil
@@ -74,7 +75,9 @@ def pack_files(entries: list[tuple[Path, str]]) -> bytes:
     """A gzip tar of local paths (files or directories), each at its guest path relative to
     ``/`` (``entries``: ``(local path, absolute guest path)``)."""
     buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w:gz") as archive:
+    # the same files pack to the same bytes (no time in the gzip header, directories walked in
+    # order), so an unchanged template is a cache hit
+    with gzip.GzipFile(fileobj=buf, mode="wb", mtime=0) as gz, tarfile.open(fileobj=gz, mode="w") as archive:
         for local, guest in entries:
             if not local.exists():
                 raise ArchiveError(f"files: {local} does not exist")

@@ -152,3 +152,24 @@ def _free_port() -> int:
 
 
 # == end of the Jupyter section =====================================================================
+
+
+# == Templates in Jupyter: tests/clients/test_jupyter_templates.py =================================
+# Fixture graph (session scoped)::
+#
+#     jupyter_service ──> jupyter_template      a key's own template, built through the SDK and
+#                                               deleted at the end
+
+
+@pytest.fixture(scope="session")
+def jupyter_template(jupyter_service: Service) -> Iterator[str]:
+    from kernelhost import Template
+
+    url, key = jupyter_service.url, jupyter_service.api_key
+    spec = {"name": "notebook-kit", "pip": ["tomli-w==1.2.0"], "env": {"KIT_RUN": os.urandom(4).hex()}}
+    info = Template.build(spec, url=url, api_key=key)
+    assert info.state == "ready", info
+    try:
+        yield info.name
+    finally:
+        Template.delete(info.name, url=url, api_key=key)
