@@ -102,16 +102,16 @@ def step_apt(root: BuildRoot, packages: list[str], env: dict[str, str]) -> None:
 
 
 def _apt_error(tail: list[str]) -> str:
-    for line in tail:
-        m = re.search(r"Unable to locate package (\S+)", line)
-        if m:
-            return f"no package named {m.group(1)!r} in the distribution; check its name (apt-cache search)"
-        m = re.search(r"Package '?([^' ]+)'? has no installation candidate", line)
-        if m:
-            return f"package {m.group(1)!r} has no installation candidate"
-        m = re.search(r"Version '([^']+)' for '([^']+)' was not found", line)
-        if m:
-            return f"version {m.group(1)!r} of {m.group(2)!r} was not found"
+    text = "\n".join(tail)
+    m = re.search(r"Unable to locate package (\S+)", text)
+    if m:
+        return f"no package named {m.group(1)!r} in the distribution; check its name (apt-cache search)"
+    m = re.search(r"Package '?([^' ]+)'? has no installation candidate", text)
+    if m:
+        return f"package {m.group(1)!r} has no installation candidate"
+    m = re.search(r"Version '([^']+)' for '([^']+)' was not found", text)
+    if m:
+        return f"version {m.group(1)!r} of {m.group(2)!r} was not found"
     return _last_error(tail)
 
 
@@ -133,17 +133,16 @@ def step_pip(
 
 
 def _pip_error(tail: list[str]) -> str:
-    for line in tail:
-        m = re.search(r"No matching distribution found for (\S+)", line)
-        if m:
-            name = m.group(1)
-            return f"no matching distribution for {name!r} on the package index; check its name and version"
-        m = re.search(r"Could not find a version that satisfies the requirement (\S+)", line)
-        if m:
-            return f"no version satisfies {m.group(1)!r}"
-        m = re.search(r"ResolutionImpossible|conflicting dependencies", line)
-        if m:
-            return "the requirements conflict: " + _last_error(tail)
+    text = "\n".join(tail)
+    m = re.search(r"No matching distribution found for (\S+)", text)
+    if m:
+        name = m.group(1)
+        return f"no matching distribution for {name!r} on the package index; check its name and version"
+    m = re.search(r"Could not find a version that satisfies the requirement (\S+)", text)
+    if m:
+        return f"no version satisfies {m.group(1)!r}"
+    if re.search(r"ResolutionImpossible|conflicting dependencies", text):
+        return "the requirements conflict: " + _last_error(tail)
     return _last_error(tail)
 
 
@@ -219,7 +218,8 @@ def resolved(root: BuildRoot, env: dict[str, str], before: dict[str, str]) -> di
          "--path", _site_packages(root)],
         capture_output=True, text=True,
     )  # fmt: skip
-    pip = {p["name"]: p["version"] for p in json.loads(out.stdout or "[]")} if out.returncode == 0 else {}
+    listed = json.loads(out.stdout or "[]") if out.returncode == 0 else []
+    pip = {re.sub(r"[-_.]+", "-", p["name"]).lower(): p["version"] for p in listed}  # canonical names
     return {"apt": dict(sorted(apt.items())), "pip": dict(sorted(pip.items()))}
 
 

@@ -12,7 +12,19 @@ from typing import Any
 from .progress import Stages
 
 #: every stage a build may pass through, in order (for the bar's count)
-BUILD_STAGES = ["base", "mount", "apt", "pip", "files", "setup", "kernel", "warm-up", "pack", "snapshot"]
+BUILD_STAGES = [
+    "cached",
+    "base",
+    "mount",
+    "apt",
+    "pip",
+    "files",
+    "setup",
+    "kernel",
+    "warm-up",
+    "pack",
+    "snapshot",
+]
 
 ClientCall = Callable[[str, Callable[[], Coroutine[Any, Any, int]]], int]
 

@@ -64,9 +64,10 @@ def run_checks(settings: Settings, probe_timeout: float = 20.0) -> list[Check]:
             )
             reachable = False
         images = ImageStore(settings.image_dir)
-        templates = images.templates()
+        templates = [t for t in images.templates() if "@" not in t and not images.get(t).layers]
         if templates:
             checks.append(Check("images", True, f"{', '.join(templates)} in {settings.image_dir}"))
+            checks.append(_templates(settings))
         else:
             checks.append(
                 Check(
@@ -105,6 +106,36 @@ def run_checks(settings: Settings, probe_timeout: float = 20.0) -> list[Check]:
     checks.append(_shm(settings.ram_dir, settings.vm_memory_mib))
     checks.append(_service(settings.url))
     return checks
+
+
+def _templates(settings: Settings) -> Check:
+    """The operator's and the keys' templates, by state, as the service's records have them."""
+    import sqlite3
+
+    from .sandboxes.template_store import TemplateStore
+
+    if not settings.db_path.is_file():
+        return Check("templates", True, "no template built yet (docs/templates.md)")
+    db = sqlite3.connect(settings.db_path)
+    db.row_factory = sqlite3.Row
+    try:
+        records = TemplateStore(db).all()
+    finally:
+        db.close()
+    operator = [f"{r.name} ({r.state})" for r in records if not r.owner]
+    keys: dict[str, int] = {}
+    for r in records:
+        if r.owner:
+            keys[r.state] = keys.get(r.state, 0) + 1
+    failed = [f"{r.name}: {r.error}" for r in records if r.state == "failed" and not r.owner]
+    detail = f"operator's: {', '.join(operator) or 'none'}; API keys': " + (
+        ", ".join(f"{n} {state}" for state, n in sorted(keys.items())) or "none"
+    )
+    if failed:
+        return Check(
+            "templates", False, detail + "; " + "; ".join(failed), "fix the spec files in template_dir"
+        )
+    return Check("templates", True, detail)
 
 
 def _snapshots(settings: Settings, images: Any, templates: list[str]) -> Check:

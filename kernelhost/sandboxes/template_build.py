@@ -33,12 +33,14 @@ async def run_build(
     spec: TemplateSpec,
     base: tuple[str, str],
     files: Path | None,
-) -> GuestImage:
-    """Build ``spec`` into the image of ``rec``; raises ``BuildFailed`` naming the stage."""
+) -> tuple[GuestImage, bool]:
+    """Build ``spec`` into the image of ``rec``: the image, and whether it was built before (a
+    cache hit). Raises ``BuildFailed`` naming the stage."""
     image_dir = ctx.settings.image_dir
     name = image_name(rec.owner, rec.name)
     final = image_dir / f"{name}-{build.key}"
-    if (final / "manifest.json").is_file():
+    cached = (final / "manifest.json").is_file()
+    if cached:
         await build.note(
             {"stage": "cached", "detail": f"{final.name} (the spec and its inputs are unchanged)"}
         )
@@ -50,11 +52,11 @@ async def run_build(
     try:
         await _snapshot(ctx, build, image)
     except BaseException:
-        if build.stage != "cached":
+        if not cached:
             await asyncio.shield(asyncio.to_thread(shutil.rmtree, final, True))
         raise
     await asyncio.to_thread(_point, image_dir / name, final)
-    return image
+    return image, cached
 
 
 async def _distribution_base(queue: BuildQueue, build: Build, suite: str, image_dir: Path) -> None:

@@ -207,12 +207,14 @@ class TemplateService:
         bound = log.bind(template=spec.name, build_id=build.id, owner=rec.owner or "operator")
         bound.info("template.build_started", key=build.key)
         try:
-            await run_build(self.ctx, self.queue, build, rec, spec, base, files)
+            _, cached = await run_build(self.ctx, self.queue, build, rec, spec, base, files)
             rec.state, rec.image_key, rec.error = "ready", build.key, ""
-            await build.finish(BuildState.CACHED if build.stage == "cached" else BuildState.SUCCEEDED)
+            await build.finish(BuildState.CACHED if cached else BuildState.SUCCEEDED)
             bound.info("template.built", seconds=round(time.time() - build.created_at, 1))
         except BuildFailed as exc:
-            rec.state, rec.error = "failed", f"{exc.stage}: {exc}" if exc.stage else str(exc)
+            said = str(exc)
+            rec.state = "failed"
+            rec.error = said if not exc.stage or said.startswith(f"{exc.stage}:") else f"{exc.stage}: {said}"
             await build.finish(BuildState.FAILED, rec.error)
             bound.warning("template.build_failed", stage=exc.stage, error=str(exc))
         except asyncio.CancelledError:

@@ -126,7 +126,7 @@ async def _kit(tpl_service: Service, src: Path) -> AsyncIterator[TemplateInfo]:
 async def test_a_sandbox_of_the_template_has_everything_it_names(
     tpl_service: Service, kit: TemplateInfo
 ) -> None:
-    assert kit.resolved["pip"].get("tomli_w") == "1.2.0", kit.resolved
+    assert kit.resolved["pip"].get("tomli-w") == "1.2.0", kit.resolved
     assert "jq" in kit.resolved["apt"], kit.resolved
     async with AsyncSandbox(template="kit", url=tpl_service.url, api_key=tpl_service.api_key) as sbx:
         assert (await sbx.info()).template == "kit"
@@ -233,13 +233,16 @@ async def test_the_operators_template_is_built_at_start_for_every_key(tpl_servic
 
 async def test_the_r_builtin_computes_and_plots(tpl_service: Service) -> None:
     async with AsyncSandbox(template="r", url=tpl_service.url, api_key=tpl_service.api_key) as sbx:
+        # IRkernel shows a value as display data (text, HTML, Markdown, LaTeX), not as a result
         mean = await sbx.run_code("x <- 1:10; mean(x)")
-        assert mean.error is None and "5.5" in (mean.text or ""), mean
+        assert mean.error is None and [r.text for r in mean.results] == ["[1] 5.5"], mean
         plot = await sbx.run_code("plot(x, x^2, main = 'squares')")
         assert plot.error is None, plot.error
         assert any("image/png" in r.data for r in plot.results), [list(r.data) for r in plot.results]
         kept = await sbx.run_code("sum(x)")
-        assert "55" in (kept.text or "")  # state persists between calls
+        assert [r.text for r in kept.results] == ["[1] 55"]  # state persists between calls
+        failed = await sbx.run_code("stop('boom')")
+        assert failed.error is not None and "boom" in failed.error.value
 
 
 async def test_a_template_on_the_next_release_runs_its_newer_python(tpl_service: Service) -> None:
