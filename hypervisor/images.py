@@ -1,8 +1,11 @@
-"""Built guest images: ``<image_dir>/<template>`` links to ``<template>-<key>/`` (see guest-image/).
+"""Built guest images: ``<root>/<template>`` links to ``<template>-<key>/`` (see guest-image/).
 
-A full image holds a kernel, an initramfs and a root (``rootfs.erofs``). A template's image is a
-layer (``layer.erofs``) over a full one, which its manifest names (``base``: the directory of
-that build); its VMs boot the base's kernel and root with the layer stacked over it.
+Two roots: the image dir (the built-in images ``make image`` builds, and distribution bases, a
+cache shared by every service of the host) and the built dir (the templates one service built:
+its own state). A full image holds a kernel, an initramfs and a root (``rootfs.erofs``). A
+template's image is a layer (``layer.erofs``) over a full one of the image dir, which its
+manifest names (``base``: the directory of that build); its VMs boot the base's kernel and root
+with the layer stacked over it.
 """
 
 from __future__ import annotations
@@ -20,12 +23,15 @@ class GuestImage:
     template: str
     path: Path
     manifest: dict[str, Any]
+    base_dir: Path | None = None  # where a layer's base is (default: beside the layer)
 
     @property
     def base_path(self) -> Path:
         """The full image this one boots: itself, or the build its layer sits on."""
         base = self.manifest.get("base")
-        return self.path.parent / base if isinstance(base, str) and base else self.path
+        if not isinstance(base, str) or not base:
+            return self.path
+        return (self.base_dir or self.path.parent) / base
 
     @property
     def kernel(self) -> Path:
@@ -54,28 +60,46 @@ class GuestImage:
 
 
 class ImageStore:
-    """Looks up built images; never builds (that is ``make image``'s job)."""
+    """Looks up built images in the image dir, then the built dir; never builds (that is ``make
+    image``'s job, and the template service's)."""
 
-    def __init__(self, image_dir: Path) -> None:
+    def __init__(self, image_dir: Path, built_dir: Path | None = None) -> None:
         self.image_dir = Path(image_dir)
+        self.built_dir = Path(built_dir) if built_dir is not None else None
+
+    @property
+    def roots(self) -> tuple[Path, ...]:
+        return (self.image_dir,) if self.built_dir is None else (self.image_dir, self.built_dir)
 
     def templates(self) -> list[str]:
-        if not self.image_dir.is_dir():
-            return []
-        return sorted(
-            p.name for p in self.image_dir.iterdir() if p.is_symlink() and (p / "manifest.json").is_file()
-        )
+        """Every image a template links to (not the hidden links of distribution bases)."""
+        names: set[str] = set()
+        for root in self.roots:
+            if root.is_dir():
+                names.update(
+                    p.name
+                    for p in root.iterdir()
+                    if p.is_symlink() and not p.name.startswith(".") and (p / "manifest.json").is_file()
+                )
+        return sorted(names)
+
+    def _image(self, template: str, path: Path) -> GuestImage:
+        manifest = json.loads((path / "manifest.json").read_text())
+        return GuestImage(template, path, manifest, self.image_dir)
 
     def get_by_key(self, template: str, key: str) -> GuestImage:
         """The exact build a VM was started from (its disk and kernel must not change under it)."""
-        path = self.image_dir / f"{template}-{key}"
-        if "/" in template + key or not (path / "manifest.json").is_file():
-            raise ImageNotFound(f"{template}-{key}", str(self.image_dir), self.templates())
-        return GuestImage(template, path, json.loads((path / "manifest.json").read_text()))
+        if "/" not in template + key:
+            for root in self.roots:
+                path = root / f"{template}-{key}"
+                if (path / "manifest.json").is_file():
+                    return self._image(template, path)
+        raise ImageNotFound(f"{template}-{key}", str(self.image_dir), self.templates())
 
     def get(self, template: str) -> GuestImage:
-        link = self.image_dir / template
-        if "/" in template or template.startswith(".") or not (link / "manifest.json").is_file():
-            raise ImageNotFound(template, str(self.image_dir), self.templates())
-        path = link.resolve()
-        return GuestImage(template, path, json.loads((path / "manifest.json").read_text()))
+        if "/" not in template and not template.startswith("."):
+            for root in self.roots:
+                link = root / template
+                if (link / "manifest.json").is_file():
+                    return self._image(template, link.resolve())
+        raise ImageNotFound(template, str(self.image_dir), self.templates())

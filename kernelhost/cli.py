@@ -333,7 +333,7 @@ def _prune(args: argparse.Namespace) -> int:
     finally:
         hv.close()
     referenced = referenced_builds(settings.db_path)
-    images = ImageStore(settings.image_dir)
+    images = ImageStore(settings.image_dir, settings.built_image_dir)
     in_use = scan_in_use()
     plan = stale_snapshots(settings.ram_dir, images, in_use, versions) + stale_images(
         images, referenced, in_use

@@ -120,6 +120,11 @@ class Settings:
         return self.state_dir / "kernelhost.sqlite3"
 
     @property
+    def built_image_dir(self) -> Path:
+        """The images of the templates this service built (the built-ins stay in image_dir)."""
+        return self.state_dir / "images"
+
+    @property
     def hibernate_dir(self) -> Path:
         return self.state_dir / "hibernated"
 

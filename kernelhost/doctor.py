@@ -63,7 +63,7 @@ def run_checks(settings: Settings, probe_timeout: float = 20.0) -> list[Check]:
                 )
             )
             reachable = False
-        images = ImageStore(settings.image_dir)
+        images = ImageStore(settings.image_dir, settings.built_image_dir)
         templates = [t for t in images.templates() if "@" not in t and not images.get(t).layers]
         if templates:
             checks.append(Check("images", True, f"{', '.join(templates)} in {settings.image_dir}"))

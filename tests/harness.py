@@ -8,7 +8,9 @@ every VM of its prefix) before the fixtures tear them down (``tests/conftest.py`
 from __future__ import annotations
 
 import contextlib
+import glob
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -129,13 +131,25 @@ class Service:
         try:
             leaked = [d.name for d in hv.domains()]
             leaked_dirs = [p.name for p in self.run_dir.glob(self.prefix + "*")]
-            forks = Path(self.env.get("KERNELHOST_RAM_DIR", "/dev/shm/kernelhost")) / "forks"
+            ram_dir = Path(self.env.get("KERNELHOST_RAM_DIR", "/dev/shm/kernelhost"))
+            forks = ram_dir / "forks"
             leaked_dirs += [str(p) for p in forks.glob(self.prefix.rstrip("-"))]
             shutil.rmtree(forks / self.prefix.rstrip("-"), ignore_errors=True)
+            self._drop_template_snapshots(ram_dir / "templates")
             hv.reconcile(set())
         finally:
             hv.close()
         return leaked, leaked_dirs
+
+    def _drop_template_snapshots(self, snapshots: Path) -> None:
+        """The snapshots (RAM) of the templates this service built: its state dir, where their
+        images are, is a test's temporary directory, so no later service starts from them."""
+        built = self.state_dir / "images"
+        for link in built.glob("*") if built.is_dir() else ():
+            if link.is_symlink():
+                for snap in snapshots.glob(f"{glob.escape(link.name)}-*"):
+                    if re.fullmatch(r"\d+m\d+c[a-z]+-[0-9a-f]+", snap.name[len(link.name) + 1 :]):
+                        shutil.rmtree(snap, ignore_errors=True)
 
 
 def _free_port() -> int:

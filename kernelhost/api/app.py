@@ -49,7 +49,7 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
 async def _service(app: web.Application, settings: Settings) -> AsyncIterator[None]:
     store = Store(settings.db_path)
     hv = Hypervisor(settings.libvirt_uri, settings.domain_prefix, settings.run_dir)
-    images = ImageStore(settings.image_dir)
+    images = ImageStore(settings.image_dir, settings.built_image_dir)
     try:
         await asyncio.to_thread(hv.versions)
     except LibvirtUnavailable as exc:

@@ -61,18 +61,7 @@ def setup_mcp(app: web.Application, settings: Settings) -> None:
 
         from ..integrations.mcp_server import bearer_credentials, create_server
     except ImportError as exc:
-        reason = str(exc)
-
-        async def missing(request: web.Request) -> web.Response:
-            return error_response(
-                501,
-                "mcp_not_installed",
-                f"this server has no MCP support ({reason}); install it with "
-                "pip install 'kernelhost[mcp]' and restart the service",
-            )
-
-        for method in ("GET", "POST", "DELETE"):
-            app.router.add_route(method, MCP_PATH, missing)
+        _serve_missing(app, str(exc))
         return
 
     server = create_server(bearer_credentials(loopback_url(settings)))
@@ -112,6 +101,25 @@ def setup_mcp(app: web.Application, settings: Settings) -> None:
     for method in ("GET", "POST", "DELETE"):
         app.router.add_route(method, MCP_PATH, handle)
 
+    app.cleanup_ctx.append(_lifetime(manager))
+
+
+def _serve_missing(app: web.Application, reason: str) -> None:
+    async def missing(request: web.Request) -> web.Response:
+        return error_response(
+            501,
+            "mcp_not_installed",
+            f"this server has no MCP support ({reason}); install it with "
+            "pip install 'kernelhost[mcp]' and restart the service",
+        )
+
+    for method in ("GET", "POST", "DELETE"):
+        app.router.add_route(method, MCP_PATH, missing)
+
+
+def _lifetime(manager: Any) -> Callable[[web.Application], AsyncIterator[None]]:
+    """The session manager's lifetime as an app cleanup context."""
+
     async def run_manager(app: web.Application) -> AsyncIterator[None]:
         # The manager's anyio task group must be entered and left in one task, so it lives in a
         # task of its own for the app's lifetime.
@@ -141,7 +149,7 @@ def setup_mcp(app: web.Application, settings: Settings) -> None:
             except TimeoutError:
                 log.warning("mcp.stop_timeout", seconds=MANAGER_TIMEOUT)
 
-    app.cleanup_ctx.append(run_manager)
+    return run_manager
 
 
 class KeySessions:

@@ -215,43 +215,46 @@ def referenced_builds(db_path: Path) -> list[tuple[str, str]]:
 
 
 def stale_images(images: ImageStore, referenced: Iterable[tuple[str, str]], in_use: InUse) -> Plan:
-    """Image builds in the image dir that no template links to, no sandbox record names
-    (``referenced``: (template, image_key) pairs) and no running process uses."""
+    """Image builds in the image and built dirs that no template links to, no sandbox record
+    names (``referenced``: (template, image_key) pairs) and no running process uses."""
     plan = Plan()
-    base = images.image_dir
-    if not base.is_dir():
-        return plan
     current = {f"{t}-{k}" for t, k in _current_images(images).items()}
-    for link in base.iterdir():  # also links of templates whose manifest is missing
-        if link.is_symlink():
-            current.add(os.readlink(link).rstrip("/").rsplit("/", 1)[-1])
     used = {f"{t}-{k}" for t, k in referenced}
-    for path in sorted(base.iterdir()):
-        if path.is_symlink() or not path.is_dir():
-            continue
-        if path.name.startswith(".build-"):
-            reason = _abandoned(path)
-            if reason and not in_use.holds(path):
-                plan.remove.append(Artifact("image", path, allocated_bytes(path), reason))
-            continue
-        if path.name.startswith(".") or path.name in current:
-            continue
-        art = Artifact("image", path, allocated_bytes(path), "not the current build of a template")
-        if path.name in used:
-            plan.keep.append((art, "named by a sandbox record (a wake or fork needs it)"))
-        elif in_use.holds(path):
-            plan.keep.append((art, in_use.uncertain or "in use by a running VM"))
-        else:
-            plan.remove.append(art)
-    _keep_bases(plan, base)
+    roots = [root for root in images.roots if root.is_dir()]
+    for root in roots:
+        for link in root.iterdir():  # also links of templates whose manifest is missing
+            if link.is_symlink():
+                current.add(os.readlink(link).rstrip("/").rsplit("/", 1)[-1])
+    for root in roots:
+        for path in sorted(root.iterdir()):
+            if not path.is_symlink() and path.is_dir():
+                _judge_image(plan, path, current, used, in_use)
+    _keep_bases(plan, roots)
     return plan
 
 
-def _keep_bases(plan: Plan, base: Path) -> None:
+def _judge_image(plan: Plan, path: Path, current: set[str], used: set[str], in_use: InUse) -> None:
+    if path.name.startswith(".build-"):
+        reason = _abandoned(path)
+        if reason and not in_use.holds(path):
+            plan.remove.append(Artifact("image", path, allocated_bytes(path), reason))
+        return
+    if path.name.startswith(".") or path.name in current:
+        return
+    art = Artifact("image", path, allocated_bytes(path), "not the current build of a template")
+    if path.name in used:
+        plan.keep.append((art, "named by a sandbox record (a wake or fork needs it)"))
+    elif in_use.holds(path):
+        plan.keep.append((art, in_use.uncertain or "in use by a running VM"))
+    else:
+        plan.remove.append(art)
+
+
+def _keep_bases(plan: Plan, roots: Iterable[Path]) -> None:
     """A template's layer boots its base's build: a base that a kept layer names is kept."""
     removed = {art.path for art in plan.remove}
     needed: dict[str, str] = {}
-    for path in base.iterdir():
+    for path in (path for root in roots for path in root.iterdir()):
         if path.is_symlink() or path in removed or not (path / "layer.erofs").is_file():
             continue
         try:

@@ -36,9 +36,9 @@ async def run_build(
 ) -> tuple[GuestImage, bool]:
     """Build ``spec`` into the image of ``rec``: the image, and whether it was built before (a
     cache hit). Raises ``BuildFailed`` naming the stage."""
-    image_dir = ctx.settings.image_dir
+    image_dir, built_dir = ctx.settings.image_dir, ctx.settings.built_image_dir
     name = image_name(rec.owner, rec.name)
-    final = image_dir / f"{name}-{build.key}"
+    final = built_dir / f"{name}-{build.key}"
     cached = (final / "manifest.json").is_file()
     if cached:
         await build.note(
@@ -55,7 +55,7 @@ async def run_build(
         if not cached:
             await asyncio.shield(asyncio.to_thread(shutil.rmtree, final, True))
         raise
-    await asyncio.to_thread(_point, image_dir / name, final)
+    await asyncio.to_thread(_point, built_dir / name, final)
     return image, cached
 
 
@@ -82,7 +82,7 @@ async def _layer(
     files: Path | None,
     final: Path,
 ) -> GuestImage:
-    scratch = ctx.settings.image_dir / f".build-{final.name}-{build.id}"
+    scratch = final.parent / f".build-{final.name}-{build.id}"
     scratch.mkdir(parents=True)
     try:
         pip_options, binds = build_pip_options()
@@ -111,7 +111,7 @@ async def _layer(
         (scratch / "out").rename(final)
     finally:
         await asyncio.shield(asyncio.to_thread(clean_work, scratch))
-    return GuestImage(image_name(rec.owner, rec.name), final, manifest)
+    return GuestImage(image_name(rec.owner, rec.name), final, manifest, ctx.settings.image_dir)
 
 
 def _manifest(

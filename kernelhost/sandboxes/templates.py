@@ -4,11 +4,12 @@ image and its snapshot off the request path, and removing one nobody uses.
 Three kinds, looked up in this order when a key names a template: its own (built through the
 API; other keys never see it), the operator's (spec files in ``template_dir``, built at start,
 visible to every key), the built-ins (``make image``). A template's image is
-``<image_dir>/<image>`` where ``image`` is the name for the operator's and ``name@<key id>`` for
-a key's own; sandboxes record that image name. A build runs the stages of ``builds.py`` and then
-makes the template's snapshot (its preloads imported); only then does the template's link move
-to the new build, so sandboxes keep starting from the last good build while a new one runs or
-after it fails.
+``<state_dir>/images/<image>`` (``Settings.built_image_dir``: the service's own state, beside
+its records; its base stays in the shared ``image_dir``) where ``image`` is the name for the
+operator's and ``name@<key id>`` for a key's own; sandboxes record that image name. A build
+runs the stages of ``builds.py`` and then makes the template's snapshot (its preloads
+imported); only then does the template's link move to the new build, so sandboxes keep starting
+from the last good build while a new one runs or after it fails.
 """
 
 from __future__ import annotations
@@ -67,7 +68,7 @@ class TemplateService:
         for rec in self.store.all():
             for row in self.store.builds(rec.owner, rec.name):
                 self.queue.restore(row)
-        for scratch in self.ctx.settings.image_dir.glob(".build-*-bld_*"):
+        for scratch in self.ctx.settings.built_image_dir.glob(".build-*-bld_*"):
             clean_work(scratch)  # a layer build that a killed service left (mounts included)
 
     # -- what a key sees -------------------------------------------------------------------------
@@ -274,9 +275,9 @@ class TemplateService:
         log.info("template.deleted", template=name, owner=owner or "operator")
 
     def _remove_files(self, image: str, rec: TemplateRecord) -> None:
-        image_dir = self.ctx.settings.image_dir
-        (image_dir / image).unlink(missing_ok=True)
-        for path in image_dir.glob(f"{image}-*"):
+        built_dir = self.ctx.settings.built_image_dir
+        (built_dir / image).unlink(missing_ok=True)
+        for path in built_dir.glob(f"{image}-*"):
             shutil.rmtree(path, ignore_errors=True)
         self.ctx.vms.snapshots.remove(image)
         for build in self.store.builds(rec.owner, rec.name):

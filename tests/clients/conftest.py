@@ -163,7 +163,7 @@ def _free_port() -> int:
 
 @pytest.fixture(scope="session")
 def jupyter_template(jupyter_service: Service) -> Iterator[str]:
-    from kernelhost import Template
+    from kernelhost import Sandbox, Template
 
     url, key = jupyter_service.url, jupyter_service.api_key
     spec = {"name": "notebook-kit", "pip": ["tomli-w==1.2.0"], "env": {"KIT_RUN": os.urandom(4).hex()}}
@@ -172,4 +172,7 @@ def jupyter_template(jupyter_service: Service) -> Iterator[str]:
     try:
         yield info.name
     finally:
+        for sbx in Sandbox.list(url=url, api_key=key):  # a kernel a failed test left running
+            if sbx.template == info.name:
+                Sandbox.connect(sbx.id, url=url, api_key=key).close()
         Template.delete(info.name, url=url, api_key=key)

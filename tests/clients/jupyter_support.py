@@ -6,6 +6,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
+import urllib.error
+import urllib.request
 import uuid
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -26,6 +29,24 @@ class JupyterLab:
 
     def headers(self) -> dict[str, str]:
         return {"Authorization": f"token {self.token}"}
+
+    def page_url(self, notebook: str) -> str:
+        """The notebook in a workspace of its own: JupyterLab restores the default workspace,
+        with every notebook an earlier test opened, and its cells and kernels with it."""
+        workspace = f"{Path(notebook).stem}-{os.urandom(3).hex()}"
+        return f"{self.url}/lab/workspaces/{workspace}/tree/{notebook}?token={self.token}"
+
+    def shut_down_kernels(self) -> None:
+        """End every kernel the server runs (as closing the notebooks' kernels does)."""
+        req = urllib.request.Request(f"{self.url}/api/kernels", headers=self.headers())
+        with urllib.request.urlopen(req, timeout=60) as r:
+            kernels = json.load(r)
+        for kernel in kernels:
+            req = urllib.request.Request(
+                f"{self.url}/api/kernels/{kernel['id']}", headers=self.headers(), method="DELETE"
+            )
+            with contextlib.suppress(urllib.error.HTTPError), urllib.request.urlopen(req, timeout=120):
+                pass
 
 
 @dataclass

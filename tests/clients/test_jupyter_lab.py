@@ -69,7 +69,7 @@ async def test_jupyterlab_runs_a_cell_in_a_vm(jupyter_lab: JupyterLab, jupyter_s
                     )
 
             page.on("websocket", watch)
-            await page.goto(f"{jupyter_lab.url}/lab/tree/vm.ipynb?token={jupyter_lab.token}")
+            await page.goto(jupyter_lab.page_url("vm.ipynb"))
             await asyncio.wait_for(kernel_ready.wait(), PATIENCE_MS / 1000)
             await page.locator(".jp-Cell .jp-InputArea-editor .cm-content").first.click()
             await page.keyboard.press("Shift+Enter")

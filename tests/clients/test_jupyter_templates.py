@@ -69,7 +69,7 @@ async def test_jupyterlab_lists_a_custom_template_and_runs_a_cell_in_it(
                     )
 
             page.on("websocket", watch)
-            await page.goto(f"{jupyter_lab.url}/lab/tree/kit.ipynb?token={jupyter_lab.token}")
+            await page.goto(jupyter_lab.page_url("kit.ipynb"))
             await asyncio.wait_for(kernel_ready.wait(), PATIENCE_MS / 1000)
             await page.locator(".jp-Cell .jp-InputArea-editor .cm-content").first.click()
             await page.keyboard.press("Shift+Enter")
@@ -79,6 +79,7 @@ async def test_jupyterlab_lists_a_custom_template_and_runs_a_cell_in_it(
                 await page.screenshot(path=str(shot))
         finally:
             await browser.close()
+            await asyncio.to_thread(jupyter_lab.shut_down_kernels)  # the template can then go
 
 
 def test_papermill_runs_a_notebook_on_a_custom_template(

@@ -137,6 +137,28 @@ def test_images_named_by_records_or_in_use_are_kept(tmp_path: Path) -> None:
     assert stale_images(ImageStore(images), [], uncertain).remove == []
 
 
+def test_a_built_templates_layer_keeps_its_base_in_the_shared_image_dir(tmp_path: Path) -> None:
+    images, built = tmp_path / "images", tmp_path / "state" / "images"
+    image(images, "python", "new", current=True)
+    base = image(images, "python", "old")  # no longer current, but a template's layer sits on it
+    layer = image(built, "kit@key_1", "k1", current=True)
+    (layer / "layer.erofs").write_bytes(b"l" * 4096)
+    (layer / "manifest.json").write_text(
+        json.dumps({"template": "kit@key_1", "key": "k1", "base": base.name})
+    )
+    stale_layer = image(built, "kit@key_1", "k0")
+    store = ImageStore(images, built)
+    assert store.get("kit@key_1").base_path == base and store.get("kit@key_1").layers == (
+        layer / "layer.erofs",
+    )
+    assert store.templates() == ["kit@key_1", "python"]
+    plan = stale_images(store, [], scan_in_use())
+    assert {a.path for a in plan.remove} == {stale_layer}
+    assert dict((a.path, why) for a, why in plan.keep) == {
+        base: "the base of the template layer kit@key_1-k1"
+    }
+
+
 def test_prune_command(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -59,16 +59,19 @@ def tpl_service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
         yield svc
 
 
-def _image_dir(svc: Service) -> Path:
-    return Path(svc.env.get("KERNELHOST_IMAGE_DIR", str(IMAGE_DIR)))
+def _image_dirs(svc: Service) -> list[Path]:
+    """The shared image dir (built-ins, distribution bases) and the service's own built dir."""
+    return [Path(svc.env.get("KERNELHOST_IMAGE_DIR", str(IMAGE_DIR))), svc.state_dir / "images"]
 
 
 def _leftovers(svc: Service, name: str) -> list[str]:
     """Build directories, images and mounts a template's failed build may have left."""
-    image_dir = _image_dir(svc)
-    found = [p.name for p in image_dir.glob(f".build-{name}@*")]
-    found += [p.name for p in image_dir.glob(f"{name}@*")]
-    found += [ln.split()[1] for ln in Path("/proc/mounts").read_text().splitlines() if str(image_dir) in ln]
+    found: list[str] = []
+    mounts = Path("/proc/mounts").read_text().splitlines()
+    for image_dir in _image_dirs(svc):
+        found += [p.name for p in image_dir.glob(f".build-{name}*")]
+        found += [p.name for p in image_dir.glob(f"{name}@*")]
+        found += [ln.split()[1] for ln in mounts if str(image_dir) in ln]
     hv = svc.hypervisor()
     try:
         found += [
