@@ -57,6 +57,7 @@ async def healthz(request: web.Request) -> web.Response:
             "accel": rt.accel,
             "accel_reason": rt.accel_reason,
             "templates": rt.manager.templates(),
+            "template_states": rt.manager.template_health(),
             "sandboxes": len(rt.manager.all()),
             "pool": {t: rt.manager.pool.ready(t) for t in rt.manager.templates()},
         }

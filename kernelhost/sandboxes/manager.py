@@ -151,6 +151,10 @@ class SandboxManager:
 
     # -- templates -------------------------------------------------------------------------------
 
+    def template_health(self) -> dict[str, object]:
+        """Templates by state for /healthz and doctor (names of keys' own templates withheld)."""
+        return self._templates.health()
+
     def template_list(self, owner: str) -> list[TemplateView]:
         """The templates ``owner`` may use: its own, the operator's, the built-ins."""
         return self._templates.visible(owner)

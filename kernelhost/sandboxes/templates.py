@@ -91,6 +91,15 @@ class TemplateService:
                 views[rec.name] = record_view(rec, self._image(rec), self.queue.builds.get(rec.build_id))
         return [views[n] for n in sorted(views)]
 
+    def health(self) -> dict[str, object]:
+        """Every key may see this: the built-ins' and operator's templates by name with their
+        state, the API keys' own only counted by state."""
+        keys: dict[str, int] = {}
+        for rec in self.store.all():
+            if rec.owner:
+                keys[rec.state] = keys.get(rec.state, 0) + 1
+        return {"states": {v.name: str(v.state) for v in self.visible("")}, "keys": keys}
+
     def view(self, owner: str, name: str) -> TemplateView:
         for view in self.visible(owner):
             if view.name == name:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import urllib.request
 import secrets
 import textwrap
 import time
@@ -232,6 +233,11 @@ async def test_the_operators_template_is_built_at_start_for_every_key(tpl_servic
         assert (await sbx.run_code("import tomli_w; tomli_w.dumps({'a': 1})")).text == "'a = 1\\n'"
     with pytest.raises(ConflictError, match="not this key's"):
         await AsyncTemplate.delete("shared-tools", url=tpl_service.url, api_key=tpl_service.api_key)
+    # /healthz (no key) names the operator's and the built-ins with their state
+    with urllib.request.urlopen(f"{tpl_service.url}/healthz", timeout=30) as r:
+        states = json.load(r)["template_states"]
+    assert states["states"]["shared-tools"] == "ready" and states["states"]["python"] == "ready", states
+    assert "kit" not in states["states"], states  # a key's own templates are only counted
 
 
 async def test_the_r_builtin_computes_and_plots(tpl_service: Service) -> None:
