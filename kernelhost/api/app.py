@@ -18,6 +18,7 @@ from ..sandboxes import BackendUnavailable, SandboxManager, Store
 from ..servicelock import ServiceLock
 from .auth import KeyRing
 from .console import setup_console
+from .e2b import setup_e2b
 from .errors import error_middleware
 from .gateway import setup_gateway
 from .mcp_http import setup_mcp
@@ -100,5 +101,6 @@ def init_app(settings: Settings, keys: KeyRing | None = None) -> web.Application
     setup_openapi(app)
     setup_mcp(app, settings)  # /mcp: the MCP server over streamable HTTP
     setup_gateway(app)  # /api/kernels, /api/kernelspecs: the Kernel Gateway API (Jupyter)
+    setup_e2b(app)  # /e2b: E2B's lifecycle, envd and code-interpreter APIs
     setup_console(app)  # /: the web console
     return app

@@ -228,6 +228,30 @@ class FileService:
             )
         return {"path": where, "entries": entries, "truncated": reply.get("truncated") is True}
 
+    async def stat_file(self, sbx: Sandbox, path: str) -> dict[str, Any]:
+        """``{path, type, size, mode, modified_at}`` of a path (symlinks followed)."""
+        self._path(path)
+        reply = await self._fs(sbx, Op.FS_STAT, path=path)
+        raw = reply.get("stat")
+        st: dict[str, Any] = raw if isinstance(raw, dict) else {}
+        size, mtime, mode = st.get("size"), st.get("mtime"), st.get("mode")
+        return {
+            "path": str(reply["path"]) if isinstance(reply.get("path"), str) else path,
+            "type": st.get("type") if st.get("type") in ("file", "dir", "symlink") else "other",
+            "size": size if isinstance(size, int) and not isinstance(size, bool) else 0,
+            "mode": mode if isinstance(mode, int) and not isinstance(mode, bool) else 0,
+            "modified_at": iso_time(float(mtime))
+            if isinstance(mtime, (int, float)) and not isinstance(mtime, bool) and 0 <= mtime < 1e11
+            else None,
+        }
+
+    async def move_file(self, sbx: Sandbox, src: str, dst: str) -> str:
+        """Move ``src`` to ``dst`` (a file there is replaced, a directory never); the new path."""
+        self._path(src, "source")
+        self._path(dst, "destination")
+        reply = await self._fs(sbx, Op.FS_RENAME, src=src, dst=dst)
+        return str(reply["path"]) if isinstance(reply.get("path"), str) else dst
+
     async def remove_file(self, sbx: Sandbox, path: str, recursive: bool = False) -> None:
         self._path(path)
         await self._fs(sbx, Op.FS_REMOVE, path=path, recursive=recursive)

@@ -71,7 +71,7 @@ class Lifecycle:
 
     # -- create --------------------------------------------------------------------------------
 
-    def _idle_timeout(self, idle_timeout: int | None) -> int:
+    def idle_timeout(self, idle_timeout: int | None) -> int:
         settings = self.ctx.settings
         idle = settings.default_idle_timeout if idle_timeout is None else idle_timeout
         if not 1 <= idle <= settings.max_idle_timeout:
@@ -124,7 +124,7 @@ class Lifecycle:
         spec = parse_network(network if network is not None else image.manifest.get("network"))
         shape = self.ctx.shape_for(image)
         with self.registry.reserve(owner, 1, shape.memory_mib):
-            idle = self._idle_timeout(idle_timeout)
+            idle = self.idle_timeout(idle_timeout)
             meta = self._metadata(metadata)
             rec = new_record(
                 owner=owner,

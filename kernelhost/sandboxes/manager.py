@@ -139,6 +139,11 @@ class SandboxManager:
         """The caller's sandbox; ``SandboxNotFound`` for an unknown one or another key's."""
         return self._ctx.registry.get(owner, sandbox_id)
 
+    def find(self, sandbox_id: str) -> Sandbox | None:
+        """Any key's sandbox by id: for interfaces that check a per-sandbox credential
+        themselves (the E2B surface's access tokens), never to answer a caller directly."""
+        return self._ctx.registry.find(sandbox_id)
+
     def owned(self, owner: str) -> list[Sandbox]:
         return self._ctx.registry.owned(owner)
 
@@ -215,6 +220,17 @@ class SandboxManager:
 
     async def hibernate(self, sbx: Sandbox) -> None:
         await self._hibernation.hibernate(sbx)
+
+    async def wake(self, sbx: Sandbox) -> None:
+        """Wake a hibernated sandbox now (any call would; this one does nothing else)."""
+        ensure_usable(sbx)
+        await self._hibernation.ensure_awake(sbx)
+
+    def set_idle_timeout(self, sbx: Sandbox, seconds: int) -> None:
+        """A new idle timeout, counted from now."""
+        idle = self._lifecycle.idle_timeout(seconds)
+        self._ctx.registry.update(sbx, idle_timeout_seconds=idle)
+        self._ctx.registry.touch(sbx)
 
     async def fork(self, owner: str, sandbox_id: str, n: int = 1) -> list[Sandbox]:
         return await self._forker.fork(owner, sandbox_id, n)

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import urllib.request
 import secrets
 import textwrap
 import time
@@ -22,6 +21,7 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import TypedDict
 
+import aiohttp
 import pytest
 
 from kernelhost import AsyncSandbox, AsyncTemplate, ConflictError, TemplateBuildError, TemplateInfo
@@ -234,8 +234,8 @@ async def test_the_operators_template_is_built_at_start_for_every_key(tpl_servic
     with pytest.raises(ConflictError, match="not this key's"):
         await AsyncTemplate.delete("shared-tools", url=tpl_service.url, api_key=tpl_service.api_key)
     # /healthz (no key) names the operator's and the built-ins with their state
-    with urllib.request.urlopen(f"{tpl_service.url}/healthz", timeout=30) as r:
-        states = json.load(r)["template_states"]
+    async with aiohttp.ClientSession() as http, http.get(f"{tpl_service.url}/healthz") as r:
+        states = (await r.json())["template_states"]
     assert states["states"]["shared-tools"] == "ready" and states["states"]["python"] == "ready", states
     assert "kit" not in states["states"], states  # a key's own templates are only counted
 

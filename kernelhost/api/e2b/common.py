@@ -1,0 +1,148 @@
+"""What every part of the E2B surface shares: who is calling, which sandbox a call is for, and
+errors in the two shapes E2B's SDKs parse.
+
+- Lifecycle calls (``/e2b/...``) carry the API key as ``X-API-KEY`` (E2B's header; a
+  ``Bearer`` key works too). Their errors are ``{"code": <int status>, "message": str}``.
+- In-sandbox calls (``/e2b/sandbox/...``: envd and the code interpreter) name the sandbox in
+  ``E2b-Sandbox-Id`` and carry the sandbox's access token, ``X-Access-Token``: an HMAC of the
+  sandbox id under the owner key's digest, returned at create and connect as
+  ``envdAccessToken``. It is recomputed, never stored, and is worthless for any other sandbox.
+  The code interpreter's context calls carry no token in E2B's SDKs; they are answered from the
+  sandbox id alone and can only list or restart that sandbox's kernel.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import hmac
+from collections.abc import Awaitable, Callable
+
+import structlog
+from aiohttp import web
+
+from ...sandboxes import Sandbox, SandboxError, SandboxNotFound
+from ..errors import status_for
+from ..state import KEY_ID, KEYS, RUNTIME, Runtime
+
+log = structlog.get_logger("kernelhost.api.e2b")
+
+PREFIX = "/e2b"
+SANDBOX_PREFIX = "/e2b/sandbox"
+#: the envd version the SDKs are told: every feature gate of theirs that we serve is open
+ENVD_VERSION = "0.6.4"
+ENVD_PORT, INTERPRETER_PORT = "49983", "49999"
+
+View = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+class E2BError(Exception):
+    """A lifecycle error as E2B's API words it."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+def lifecycle_error(status: int, message: str) -> web.Response:
+    # Should-Retry: false, or the SDK retries 429/502/503/504 on its own, with back-off
+    return web.json_response(
+        {"code": status, "message": message}, status=status, headers={"Should-Retry": "false"}
+    )
+
+
+def lifecycle_view(view: View) -> View:
+    """A lifecycle view whose errors are E2B's ``{code, message}``."""
+
+    @functools.wraps(view)
+    async def wrapped(request: web.Request) -> web.StreamResponse:
+        try:
+            return await view(request)
+        except E2BError as exc:
+            return lifecycle_error(exc.status, exc.message)
+        except SandboxError as exc:
+            return lifecycle_error(status_for(exc), exc.message)
+
+    return wrapped
+
+
+def runtime(request: web.Request) -> Runtime:
+    return request.app[RUNTIME]
+
+
+def access_token(request: web.Request, owner: str, sandbox_id: str) -> str:
+    digest = request.app[KEYS].digests.get(owner, "")
+    mac = hmac.new(digest.encode(), f"e2b-envd:{sandbox_id}".encode(), hashlib.sha256)
+    return "kh_" + mac.hexdigest()[:40]
+
+
+def api_key_id(request: web.Request) -> str | None:
+    """The caller's key id from ``X-API-KEY`` (or ``Authorization: Bearer``), or None."""
+    presented = request.headers.get("X-API-KEY", "").strip()
+    if not presented:
+        scheme, _, rest = request.headers.get("Authorization", "").partition(" ")
+        presented = rest.strip() if scheme.lower() == "bearer" else ""
+    return request.app[KEYS].identify(presented) if presented else None
+
+
+def sandbox_of(request: web.Request, *, token: bool = True) -> Sandbox:
+    """The sandbox an in-sandbox call names, checked against its access token (``token=False``:
+    the id alone, for the calls E2B's SDKs send without one)."""
+    sandbox_id = request.headers.get("E2b-Sandbox-Id", "")
+    sbx = runtime(request).manager.find(sandbox_id) if sandbox_id else None
+    if sbx is None:
+        raise SandboxNotFound(
+            f"no sandbox {sandbox_id!r}: send E2b-Sandbox-Id with an id create returned"
+            if sandbox_id
+            else "no E2b-Sandbox-Id header: set E2B_SANDBOX_URL to this service's /e2b/sandbox"
+        )
+    if token:
+        presented = request.headers.get("X-Access-Token", "")
+        want = access_token(request, sbx.record.owner, sbx.id)
+        if not hmac.compare_digest(presented.encode(), want.encode()):
+            raise Unauthorized(
+                f"the X-Access-Token of sandbox {sbx.id} is missing or wrong: use the "
+                "envdAccessToken create or connect returned"
+            )
+    request[KEY_ID] = sbx.record.owner
+    structlog.contextvars.bind_contextvars(sandbox_id=sbx.id, key_id=sbx.record.owner)
+    return sbx
+
+
+class Unauthorized(Exception):
+    """An in-sandbox call without the sandbox's token."""
+
+
+def identify(request: web.Request) -> web.Response | None:
+    """Who an ``/e2b`` request is (``request[KEY_ID]`` set), or the error response to send."""
+    if not request.path.startswith(SANDBOX_PREFIX + "/"):
+        kid = api_key_id(request)
+        if kid is None:
+            return lifecycle_error(401, "missing or invalid API key: set E2B_API_KEY to a kernelhost API key")
+        request[KEY_ID] = kid
+        structlog.contextvars.bind_contextvars(key_id=kid)
+        return None
+    tail = request.path[len(SANDBOX_PREFIX) :]
+    if tail == "/health":
+        return None
+    try:
+        sandbox_of(request, token=not tail.startswith("/contexts"))
+    except SandboxNotFound as exc:
+        return sandbox_error(request, 404, "not_found", exc.message)
+    except Unauthorized as exc:
+        return sandbox_error(request, 401, "unauthenticated", str(exc))
+    return None
+
+
+def is_rpc(request: web.Request) -> bool:
+    """A Connect call (``/e2b/sandbox/<package.Service>/<Method>``), not envd's HTTP."""
+    first = request.path[len(SANDBOX_PREFIX) + 1 :].split("/", 1)[0]
+    return "." in first
+
+
+def sandbox_error(request: web.Request, status: int, code: str, message: str) -> web.Response:
+    """An in-sandbox error: Connect's ``{code, message}`` for RPCs, envd's for its HTTP."""
+    if is_rpc(request):
+        return web.json_response({"code": code, "message": message}, status=status)
+    return web.json_response({"code": status, "message": message}, status=status)

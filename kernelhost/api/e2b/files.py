@@ -1,0 +1,233 @@
+"""envd's files (port 49983 of an E2B sandbox): ``/health``, ``GET``/``POST /files`` (download,
+multipart or octet-stream upload) and the ``filesystem.Filesystem`` Connect service (ListDir,
+Stat, MakeDir, Move, Remove), over the sandbox manager's file operations.
+
+Paths are the guest's: relative ones are under ``/home/user``. ``username`` is accepted and
+ignored: a kernelhost sandbox runs its code as one user.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+from aiohttp import BodyPartReader, web
+
+from ...sandboxes import (
+    End,
+    FileTooLarge,
+    InvalidRequest,
+    PathNotFound,
+    Sandbox,
+    SandboxDiskFull,
+    SandboxError,
+)
+from ..errors import status_for
+from .common import runtime, sandbox_of
+from .connect import UNARY_CONTENT_TYPE, ConnectError, parse_message
+
+CHUNK = 1 << 16
+KIND = {"file": "FILE_TYPE_FILE", "dir": "FILE_TYPE_DIRECTORY", "symlink": "FILE_TYPE_SYMLINK"}
+
+
+async def health(request: web.Request) -> web.Response:
+    return web.Response(status=204)
+
+
+def _http_error(exc: SandboxError) -> web.Response:
+    status = status_for(exc)
+    if isinstance(exc, SandboxDiskFull):
+        status = 507
+    return web.json_response({"code": status, "message": exc.message}, status=status)
+
+
+async def download(request: web.Request) -> web.StreamResponse:
+    sbx = sandbox_of(request)
+    path = request.query.get("path", "")
+    if not path:
+        return web.json_response({"code": 400, "message": "path is required (?path=...)"}, status=400)
+    try:
+        size, chunks = await runtime(request).manager.files.read_file(sbx, path)
+    except SandboxError as exc:
+        return _http_error(exc)
+    resp = web.StreamResponse(
+        headers={"Content-Type": "application/octet-stream", "Content-Length": str(size)}
+    )
+    await resp.prepare(request)
+    async for chunk in chunks:
+        await resp.write(chunk)
+    await resp.write_eof()
+    return resp
+
+
+async def _part_chunks(part: BodyPartReader) -> AsyncIterator[bytes]:
+    while chunk := await part.read_chunk(CHUNK):
+        yield chunk
+
+
+async def _body_chunks(request: web.Request) -> AsyncIterator[bytes]:
+    async for chunk in request.content.iter_chunked(CHUNK):
+        yield chunk
+
+
+async def upload(request: web.Request) -> web.Response:
+    sbx = sandbox_of(request)
+    files = runtime(request).manager.files
+    query_path = request.query.get("path")
+    written: list[dict[str, Any]] = []
+    try:
+        if request.content_type.startswith("multipart/"):
+            reader = await request.multipart()
+            async for part in reader:
+                if not isinstance(part, BodyPartReader) or part.name != "file":
+                    continue
+                path = query_path or part.filename
+                if not path:
+                    raise InvalidRequest("a file part names no path: send ?path= or the part's filename")
+                written.append(await files.write_file(sbx, path, _part_chunks(part)))
+        else:
+            if not query_path:
+                raise InvalidRequest("path is required (?path=...) for an octet-stream upload")
+            written.append(
+                await files.write_file(sbx, query_path, _body_chunks(request), request.content_length)
+            )
+    except SandboxError as exc:
+        return _http_error(exc)
+    if not written:
+        return web.json_response(
+            {"code": 400, "message": "no file part named 'file' in the upload"}, status=400
+        )
+    return web.json_response(
+        [{"name": w["path"].rsplit("/", 1)[-1], "type": "file", "path": w["path"]} for w in written]
+    )
+
+
+# -- the filesystem.Filesystem Connect service --------------------------------------------------
+
+
+def _entry(item: dict[str, Any]) -> dict[str, Any]:
+    entry: dict[str, Any] = {
+        "name": item["path"].rstrip("/").rsplit("/", 1)[-1] or "/",
+        "type": KIND.get(item.get("type", ""), "FILE_TYPE_UNSPECIFIED"),
+        "path": item["path"],
+        "size": str(item.get("size", 0)),
+    }
+    if item.get("mode"):
+        entry["mode"] = item["mode"]
+    if item.get("modified_at"):
+        entry["modifiedTime"] = item["modified_at"]
+    return entry
+
+
+def _path_field(message: dict[str, Any], field: str = "path") -> str:
+    value = message.get(field)
+    if not isinstance(value, str) or not value:
+        raise ConnectError("invalid_argument", f"{field} must be a non-empty path")
+    return value
+
+
+def _connect_error(exc: SandboxError) -> ConnectError:
+    if isinstance(exc, PathNotFound):
+        return ConnectError("not_found", exc.message)
+    if isinstance(exc, FileTooLarge | SandboxDiskFull):
+        return ConnectError("resource_exhausted", exc.message)
+    if isinstance(exc, InvalidRequest):
+        return ConnectError("invalid_argument", exc.message)
+    if exc.details.get("errno") == "EEXIST":
+        return ConnectError("already_exists", exc.message)
+    status = status_for(exc)
+    return ConnectError({404: "not_found", 409: "failed_precondition", 429: "resource_exhausted",
+                         503: "unavailable"}.get(status, "invalid_argument" if status == 400 else "internal"),
+                        exc.message)  # fmt: skip
+
+
+async def _list_dir(request: web.Request, sbx: Sandbox, message: dict[str, Any]) -> dict[str, Any]:
+    files = runtime(request).manager.files
+    depth = message.get("depth", 1)
+    if not isinstance(depth, int) or isinstance(depth, bool) or not 1 <= depth <= 16:
+        raise ConnectError("invalid_argument", f"depth={depth!r} must be 1 to 16")
+    entries: list[dict[str, Any]] = []
+    todo = [(_path_field(message), 1)]
+    while todo:
+        where, level = todo.pop(0)
+        listing = await files.list_files(sbx, where)
+        for item in listing["entries"]:
+            entries.append(_entry(item))
+            if item["type"] == "dir" and level < depth:
+                todo.append((item["path"], level + 1))
+    return {"entries": entries}
+
+
+async def _stat(request: web.Request, sbx: Sandbox, message: dict[str, Any]) -> dict[str, Any]:
+    return {"entry": _entry(await runtime(request).manager.files.stat_file(sbx, _path_field(message)))}
+
+
+async def _make_dir(request: web.Request, sbx: Sandbox, message: dict[str, Any]) -> dict[str, Any]:
+    path = _path_field(message)
+    quoted = shlex.quote(path)
+    # no guest op makes a directory: the shell does, in a subshell (its cwd stays)
+    code = f"( cd /home/user && if [ -e {quoted} ]; then exit 17; fi; mkdir -p -- {quoted} )"
+    manager = runtime(request).manager
+    events = await manager.execute(sbx, code, "bash")
+    exit_code = None
+    async for event in events:
+        if isinstance(event, End):
+            exit_code = event.exit_code
+    if exit_code == 17:
+        raise ConnectError("already_exists", f"{path!r} already exists")
+    if exit_code != 0:
+        raise ConnectError(
+            "invalid_argument", f"cannot make the directory {path!r} (mkdir exit code {exit_code})"
+        )
+    return {}
+
+
+async def _move(request: web.Request, sbx: Sandbox, message: dict[str, Any]) -> dict[str, Any]:
+    files = runtime(request).manager.files
+    dst = await files.move_file(sbx, _path_field(message, "source"), _path_field(message, "destination"))
+    return {"entry": _entry(await files.stat_file(sbx, dst))}
+
+
+async def _remove(request: web.Request, sbx: Sandbox, message: dict[str, Any]) -> dict[str, Any]:
+    await runtime(request).manager.files.remove_file(sbx, _path_field(message), recursive=True)
+    return {}
+
+
+Method = Callable[[web.Request, Sandbox, dict[str, Any]], Awaitable[dict[str, Any]]]
+METHODS: dict[str, Method] = {
+    "ListDir": _list_dir,
+    "Stat": _stat,
+    "MakeDir": _make_dir,
+    "Move": _move,
+    "Remove": _remove,
+}
+
+
+async def filesystem(request: web.Request) -> web.Response:
+    method = request.match_info["method"]
+    try:
+        handler = METHODS.get(method)
+        if handler is None:
+            raise ConnectError(
+                "unimplemented",
+                f"filesystem.{method} is not supported by kernelhost (watching a directory is not); "
+                f"supported: {', '.join(METHODS)}",
+            )
+        message = parse_message(await request.read())
+        sbx = sandbox_of(request)
+        try:
+            reply = await handler(request, sbx, message)
+        except SandboxError as exc:
+            raise _connect_error(exc) from None
+    except ConnectError as exc:
+        return web.json_response(exc.wire(), status=exc.status)
+    return web.json_response(reply, content_type=UNARY_CONTENT_TYPE)
+
+
+def add_routes(app: web.Application, prefix: str) -> None:
+    r = app.router
+    r.add_get(f"{prefix}/health", health)
+    r.add_get(f"{prefix}/files", download)
+    r.add_post(f"{prefix}/files", upload)
+    r.add_post(f"{prefix}/filesystem.Filesystem/{{method}}", filesystem)

@@ -1,0 +1,263 @@
+"""E2B's lifecycle API (``E2B_API_URL=<service>/e2b``) over the sandbox manager: create, get,
+list (v1 and v2, filtered and paginated), kill, timeout, connect and resume, pause.
+
+E2B's ``timeout`` is how long a sandbox lives without being told otherwise; here it is the
+sandbox's idle timeout (counted from the last call, reset by ``set_timeout``), after which it
+hibernates (E2B's pause: every variable and file kept) or is deleted, as the service's
+``idle_action`` says. What kernelhost does not have answers with the status and
+``{code, message}`` body that E2B's SDKs raise as a clear exception naming the feature.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import urllib.parse
+from typing import Any
+
+from aiohttp import web
+
+from ...sandboxes import Sandbox, SandboxState
+from ...sandboxes.sandbox import iso_time
+from ..state import KEY_ID
+from .common import ENVD_VERSION, E2BError, access_token, lifecycle_view, runtime
+from .envs import apply_env
+
+routes = web.RouteTableDef()
+
+#: E2B's default templates (the code interpreter's and the bare SDK's) are our python built-in
+TEMPLATE_ALIASES = {"code-interpreter-v1": "python", "code-interpreter": "python", "base": "python"}
+DEFAULT_TIMEOUT = 300  # E2B's, seconds
+MAX_PAGE = 1000
+
+
+def _describe(request: web.Request, sbx: Sandbox, *, secrets: bool = False) -> dict[str, Any]:
+    rec = sbx.record
+    template = rec.template.split("@", 1)[0]
+    out: dict[str, Any] = {
+        "sandboxID": sbx.id,
+        "templateID": template,
+        "alias": template,
+        "clientID": "kernelhost",
+        "envdVersion": ENVD_VERSION,
+        "domain": None,
+        "startedAt": iso_time(rec.created_at),
+        "endAt": iso_time(rec.last_active_at + rec.idle_timeout_seconds),
+        "cpuCount": rec.vcpus,
+        "memoryMB": rec.memory_mib,
+        "diskSizeMB": rec.memory_mib // 2,  # a sandbox's files live in half its VM memory
+        "state": "paused" if rec.state == SandboxState.HIBERNATED else "running",
+        "metadata": rec.metadata,
+    }
+    if secrets:
+        out["envdAccessToken"] = access_token(request, rec.owner, sbx.id)
+        out["trafficAccessToken"] = None
+    return out
+
+
+def _sandbox(request: web.Request) -> Sandbox:
+    return runtime(request).manager.get(request[KEY_ID], request.match_info["sandbox_id"])
+
+
+async def _body(request: web.Request) -> dict[str, Any]:
+    if not request.can_read_body:
+        return {}
+    try:
+        body = await request.json()
+    except ValueError:
+        raise E2BError(400, "the request body is not JSON") from None
+    if not isinstance(body, dict):
+        raise E2BError(400, "the request body must be a JSON object")
+    return body
+
+
+def _timeout(body: dict[str, Any], default: int | None) -> int | None:
+    value = body.get("timeout", default)
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise E2BError(400, f"timeout={value!r} must be a whole number of seconds, at least 1")
+    return value
+
+
+def _network(body: dict[str, Any]) -> dict[str, Any] | None:
+    """E2B's network options as our network modes: internet access is ``outbound``, an
+    ``allowOut`` list is ``allowlist``; without either, the template's default."""
+    net = body.get("network")
+    if isinstance(net, dict) and net.get("allowOut"):
+        allow = net["allowOut"]
+        if not isinstance(allow, list) or not all(isinstance(a, str) for a in allow):
+            raise E2BError(400, "network.allowOut must be a list of host[:port] strings")
+        return {"mode": "allowlist", "allow": allow}
+    access = body.get("allow_internet_access", body.get("allowInternetAccess"))
+    if access is None:
+        return None
+    if not isinstance(access, bool):
+        raise E2BError(400, f"allow_internet_access={access!r} must be true or false")
+    return {"mode": "outbound" if access else "none"}
+
+
+def _strings(body: dict[str, Any], field: str) -> dict[str, str]:
+    value = body.get(field) or {}
+    if not isinstance(value, dict) or not all(isinstance(v, str) for v in value.values()):
+        raise E2BError(400, f"{field} must be an object of strings")
+    return {str(k): v for k, v in value.items()}
+
+
+@lifecycle_view
+async def create(request: web.Request) -> web.Response:
+    body = await _body(request)
+    for unsupported in ("volumeMounts", "mcp", "autoResume"):
+        if body.get(unsupported):
+            raise E2BError(400, f"{unsupported} is not supported by kernelhost; create without it")
+    template = body.get("templateID") or "base"
+    if not isinstance(template, str):
+        raise E2BError(400, f"templateID={template!r} must be a template name")
+    template = TEMPLATE_ALIASES.get(template, template)
+    manager = runtime(request).manager
+    sbx = await manager.create(
+        request[KEY_ID],
+        template,
+        _timeout(body, DEFAULT_TIMEOUT),
+        _strings(body, "metadata"),
+        _network(body),
+    )
+    env = _strings(body, "envVars")
+    if env:
+        try:
+            await apply_env(manager, sbx, env)
+        except BaseException:
+            await asyncio.shield(manager.delete(sbx.record.owner, sbx.id))
+            raise
+    return web.json_response(_describe(request, sbx, secrets=True), status=201)
+
+
+@lifecycle_view
+async def get_sandbox(request: web.Request) -> web.Response:
+    return web.json_response(_describe(request, _sandbox(request)))
+
+
+def _filtered(request: web.Request) -> list[Sandbox]:
+    query = request.query
+    wanted: dict[str, str] = {}
+    if query.get("metadata"):
+        wanted = dict(urllib.parse.parse_qsl(query["metadata"], keep_blank_values=True))
+    states = {s for s in query.get("state", "").split(",") if s}
+    if states - {"running", "paused"}:
+        raise E2BError(400, f"state={query['state']!r}: use running, paused or both, comma-separated")
+    out = []
+    for sbx in sorted(runtime(request).manager.owned(request[KEY_ID]), key=lambda s: s.record.created_at):
+        rec = sbx.record
+        if rec.state not in (SandboxState.RUNNING, SandboxState.HIBERNATED, SandboxState.REPLACING):
+            continue
+        state = "paused" if rec.state == SandboxState.HIBERNATED else "running"
+        if states and state not in states:
+            continue
+        if any(rec.metadata.get(k) != v for k, v in wanted.items()):
+            continue
+        out.append(sbx)
+    return out
+
+
+@lifecycle_view
+async def list_v1(request: web.Request) -> web.Response:
+    return web.json_response([_describe(request, s) for s in _filtered(request)])
+
+
+@lifecycle_view
+async def list_v2(request: web.Request) -> web.Response:
+    found = _filtered(request)
+    try:
+        limit = int(request.query.get("limit", MAX_PAGE))
+        start = int(request.query.get("nextToken") or 0)
+    except ValueError:
+        raise E2BError(
+            400, "limit and nextToken must be whole numbers (nextToken: from x-next-token)"
+        ) from None
+    if not 1 <= limit <= MAX_PAGE or start < 0:
+        raise E2BError(400, f"limit must be 1 to {MAX_PAGE}")
+    if request.query.get("order") == "desc":
+        found.reverse()
+    page = found[start : start + limit]
+    headers = {"x-next-token": str(start + limit)} if start + limit < len(found) else {}
+    return web.json_response([_describe(request, s) for s in page], headers=headers)
+
+
+@lifecycle_view
+async def kill(request: web.Request) -> web.Response:
+    manager = runtime(request).manager
+    await asyncio.shield(manager.delete(request[KEY_ID], request.match_info["sandbox_id"]))
+    return web.Response(status=204)
+
+
+@lifecycle_view
+async def set_timeout(request: web.Request) -> web.Response:
+    sbx = _sandbox(request)
+    timeout = _timeout(await _body(request), None)
+    if timeout is None:
+        raise E2BError(400, "timeout is required (seconds)")
+    runtime(request).manager.set_idle_timeout(sbx, timeout)
+    return web.Response(status=204)
+
+
+@lifecycle_view
+async def pause(request: web.Request) -> web.Response:
+    sbx = _sandbox(request)
+    if sbx.record.state == SandboxState.HIBERNATED:
+        raise E2BError(409, f"sandbox {sbx.id} is already paused")
+    await runtime(request).manager.hibernate(sbx)
+    return web.Response(status=204)
+
+
+@lifecycle_view
+async def connect(request: web.Request) -> web.Response:
+    """Connect (and resume a paused sandbox): it runs again when this answers."""
+    sbx = _sandbox(request)
+    body = await _body(request)
+    manager = runtime(request).manager
+    was_paused = sbx.record.state == SandboxState.HIBERNATED
+    await manager.wake(sbx)
+    timeout = _timeout(body, None)
+    if timeout is not None:
+        manager.set_idle_timeout(sbx, timeout)
+    return web.json_response(_describe(request, sbx, secrets=True), status=201 if was_paused else 200)
+
+
+def unsupported(feature: str, status: int = 501) -> Any:
+    @lifecycle_view
+    async def view(request: web.Request) -> web.Response:
+        raise E2BError(status, f"{feature} is not supported by kernelhost's E2B surface")
+
+    return view
+
+
+def add_routes(app: web.Application, prefix: str) -> None:
+    r = app.router
+    r.add_post(f"{prefix}/v2/sandboxes", create)
+    r.add_post(f"{prefix}/sandboxes", create)
+    r.add_get(f"{prefix}/sandboxes", list_v1)
+    r.add_get(f"{prefix}/v2/sandboxes", list_v2)
+    r.add_get(f"{prefix}/sandboxes/{{sandbox_id}}", get_sandbox)
+    r.add_delete(f"{prefix}/sandboxes/{{sandbox_id}}", kill)
+    r.add_post(f"{prefix}/sandboxes/{{sandbox_id}}/timeout", set_timeout)
+    r.add_post(f"{prefix}/sandboxes/{{sandbox_id}}/refreshes", set_timeout)
+    r.add_post(f"{prefix}/sandboxes/{{sandbox_id}}/pause", pause)
+    r.add_post(f"{prefix}/sandboxes/{{sandbox_id}}/resume", connect)
+    r.add_post(f"{prefix}/sandboxes/{{sandbox_id}}/connect", connect)
+    r.add_post(f"{prefix}/v2/sandboxes/{{sandbox_id}}/connect", connect)
+    for path, feature in (
+        (
+            "/sandboxes/{sandbox_id}/metrics",
+            "per-sandbox metrics over time (GET /v1/sandboxes/{id} has the figures)",
+        ),
+        ("/sandboxes/metrics", "metrics of several sandboxes"),
+        ("/sandboxes/{sandbox_id}/snapshots", "snapshots (fork with POST /v1/sandboxes/{id}/fork)"),
+        ("/snapshots", "snapshots"),
+        ("/volumes", "volumes"),
+        ("/volumes/{tail:.*}", "volumes"),
+        ("/secrets", "secrets"),
+        ("/templates", "template builds through E2B's builder (use POST /v1/templates)"),
+        ("/templates/{tail:.*}", "template builds through E2B's builder (use POST /v1/templates)"),
+        ("/v2/templates", "template builds through E2B's builder (use POST /v1/templates)"),
+        ("/v3/templates", "template builds through E2B's builder (use POST /v1/templates)"),
+    ):
+        r.add_route("*", prefix + path, unsupported(feature))

@@ -1,0 +1,174 @@
+"""E2B's own SDKs (``e2b`` and ``e2b-code-interpreter`` from the package registry, unmodified)
+against the service's E2B surface, through real VMs: ``E2B_API_URL=<service>/e2b``,
+``E2B_SANDBOX_URL=<service>/e2b/sandbox`` and ``E2B_API_KEY=<key>`` are the whole
+configuration."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+from ...harness import Service
+from .conftest import SHOW_PNG
+
+pytestmark = [pytest.mark.clients, pytest.mark.timeout(600)]
+
+HERE = Path(__file__).resolve().parent
+
+
+def e2b_env(svc: Service, key: str | None = None) -> dict[str, str]:
+    return {
+        "E2B_API_URL": f"{svc.url}/e2b",
+        "E2B_SANDBOX_URL": f"{svc.url}/e2b/sandbox",
+        "E2B_API_KEY": key or svc.api_key,
+    }
+
+
+@pytest.fixture
+def e2b(agents_service: Service, monkeypatch: pytest.MonkeyPatch) -> Iterator[Service]:
+    """E2B's SDKs configured, as their users do, by the environment."""
+    for name, value in e2b_env(agents_service).items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("E2B_DEBUG", raising=False)
+    yield agents_service
+
+
+@pytest.fixture
+async def sandbox(e2b: Service) -> AsyncIterator[object]:
+    from e2b_code_interpreter import AsyncSandbox
+
+    sbx = await AsyncSandbox.create(metadata={"suite": "e2b"}, envs={"GREETING": "hi there"})
+    try:
+        yield sbx
+    finally:
+        await sbx.kill()
+
+
+def test_an_unmodified_e2b_program_runs(agents_service: Service) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("E2B_")}
+    done = subprocess.run(
+        [sys.executable, str(HERE / "e2b_program.py")],
+        env={**env, **e2b_env(agents_service)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    seen = json.loads(done.stdout.strip().splitlines()[-1])
+    assert seen["text"] == "42" and seen["stdout"] == ["hello\n"], seen
+    assert seen["read"] == "written by E2B code"
+    assert seen["command"] == "19\n/home/user\n" and seen["exit_code"] == 0, seen
+    assert seen["running"] is True
+    # the program's `with` block killed its sandbox
+    from kernelhost import Sandbox
+
+    assert seen["id"] not in [
+        s.id for s in Sandbox.list(url=agents_service.url, api_key=agents_service.api_key)
+    ]
+
+
+async def test_code_streams_rich_results_and_errors(sandbox: object) -> None:
+    from e2b_code_interpreter import AsyncSandbox
+
+    assert isinstance(sandbox, AsyncSandbox)
+    seen: list[str] = []
+    ex = await sandbox.run_code(
+        "import os, time\nfor i in range(3):\n    print('tick', i, flush=True)\nos.environ['GREETING']",
+        on_stdout=lambda m: seen.append(m.line),
+    )
+    assert ex.error is None and ex.text == "'hi there'", ex
+    assert "".join(seen) == "tick 0\ntick 1\ntick 2\n" and ex.execution_count is not None
+    shown = await sandbox.run_code(SHOW_PNG)
+    assert shown.results and base64.b64decode(shown.results[0].png or "")[:4] == b"\x89PNG", shown.results
+    failed = await sandbox.run_code("1/0")
+    assert failed.error is not None and failed.error.name == "ZeroDivisionError"
+    assert "ZeroDivisionError" in failed.error.traceback
+    per_call = await sandbox.run_code("import os; os.environ.get('ONLY_NOW')", envs={"ONLY_NOW": "yes"})
+    after = await sandbox.run_code("import os; os.environ.get('ONLY_NOW')")
+    assert (per_call.text, after.text) == ("'yes'", None), (per_call, after)
+    shell = await sandbox.run_code("echo $GREETING from bash", language="bash")
+    assert shell.logs.stdout == ["hi there from bash\n"], shell
+
+
+async def test_files_and_commands(sandbox: object) -> None:
+    from e2b import CommandExitException
+    from e2b_code_interpreter import AsyncSandbox
+
+    assert isinstance(sandbox, AsyncSandbox)
+    info = await sandbox.files.write("notes/a.txt", "alpha")
+    assert info.path == "/home/user/notes/a.txt", info
+    assert await sandbox.files.read("notes/a.txt") == "alpha"
+    assert await sandbox.files.make_dir("/home/user/made") is True
+    assert await sandbox.files.make_dir("/home/user/made") is False
+    names = {e.name for e in await sandbox.files.list("/home/user")}
+    assert {"notes", "made"} <= names, names
+    moved = await sandbox.files.rename("/home/user/notes/a.txt", "/home/user/made/b.txt")
+    assert moved.path == "/home/user/made/b.txt"
+    assert await sandbox.files.exists("/home/user/notes/a.txt") is False
+    await sandbox.files.remove("/home/user/made")
+    assert await sandbox.files.exists("/home/user/made") is False
+    out: list[str] = []
+    run = await sandbox.commands.run(
+        "pwd; echo $COLOR; echo oops >&2", cwd="/tmp", envs={"COLOR": "teal"}, on_stdout=out.append
+    )
+    assert (run.stdout, run.stderr, run.exit_code) == ("/tmp\nteal\n", "oops\n", 0), run
+    assert "".join(out) == "/tmp\nteal\n"
+    with pytest.raises(CommandExitException) as failed:
+        await sandbox.commands.run("echo partial; exit 3")
+    assert failed.value.exit_code == 3 and failed.value.stdout == "partial\n"
+    # a command's cd and exports end with it, as an E2B process's do
+    assert (await sandbox.commands.run("cd /; export X=1; pwd")).stdout == "/\n"
+    assert (await sandbox.commands.run("pwd; echo ${X:-unset}")).stdout == "/home/user\nunset\n"
+
+
+async def test_lifecycle_list_timeout_pause_and_connect(e2b: Service) -> None:
+    from e2b import SandboxQuery
+    from e2b.exceptions import SandboxException
+    from e2b_code_interpreter import AsyncSandbox
+
+    sbx = await AsyncSandbox.create(timeout=120, metadata={"run": "lifecycle"})
+    try:
+        listed = await AsyncSandbox.list(query=SandboxQuery(metadata={"run": "lifecycle"})).next_items()
+        assert [s.sandbox_id for s in listed] == [sbx.sandbox_id], listed
+        info = await sbx.get_info()
+        assert info.metadata == {"run": "lifecycle"} and info.template_id == "python", info
+        await sbx.set_timeout(900)
+        assert (await sbx.get_info()).end_at > info.end_at
+        await sbx.run_code("kept = [1, 2, 3]")
+        await sbx.pause()
+        paused = await AsyncSandbox.list(query=SandboxQuery(metadata={"run": "lifecycle"})).next_items()
+        assert [s.state.value for s in paused] == ["paused"], paused
+        again = await AsyncSandbox.connect(sbx.sandbox_id)
+        assert (await again.run_code("sum(kept)")).text == "6"
+        with pytest.raises(SandboxException, match="volume"):
+            await AsyncSandbox.create(volume_mounts={"/data": "vol"})
+    finally:
+        assert await sbx.kill() is True
+    assert await AsyncSandbox.kill(sbx.sandbox_id) is False
+
+
+async def test_another_key_and_a_forged_token_are_refused(e2b: Service, sandbox: object) -> None:
+    import aiohttp
+    from e2b.exceptions import SandboxNotFoundException
+    from e2b_code_interpreter import AsyncSandbox
+
+    assert isinstance(sandbox, AsyncSandbox)
+    with pytest.raises(SandboxNotFoundException):
+        await AsyncSandbox.connect(sandbox.sandbox_id, api_key=e2b.other_key)
+    headers = {"E2b-Sandbox-Id": sandbox.sandbox_id, "E2b-Sandbox-Port": "49983"}
+    async with aiohttp.ClientSession() as http:
+        for token in ("", "kh_" + "0" * 40):
+            async with http.get(
+                f"{e2b.url}/e2b/sandbox/files", params={"path": "/etc/hostname"},
+                headers={**headers, "X-Access-Token": token},
+            ) as r:  # fmt: skip
+                assert r.status == 401 and "envdAccessToken" in (await r.json())["message"]
+        async with http.post(f"{e2b.url}/e2b/v2/sandboxes", json={}, headers={"X-API-KEY": "wrong"}) as r:
+            assert r.status == 401 and (await r.json())["code"] == 401
