@@ -142,6 +142,7 @@ def _filtered(request: web.Request) -> list[Sandbox]:
     if query.get("metadata"):
         wanted = dict(urllib.parse.parse_qsl(query["metadata"], keep_blank_values=True))
     states = {s for s in query.get("state", "").split(",") if s}
+    template = query.get("template")
     if states - {"running", "paused"}:
         raise E2BError(400, f"state={query['state']!r}: use running, paused or both, comma-separated")
     out = []
@@ -153,6 +154,8 @@ def _filtered(request: web.Request) -> list[Sandbox]:
         if states and state not in states:
             continue
         if any(rec.metadata.get(k) != v for k, v in wanted.items()):
+            continue
+        if template and TEMPLATE_ALIASES.get(template, template) != rec.template.split("@", 1)[0]:
             continue
         out.append(sbx)
     return out
@@ -222,6 +225,22 @@ async def connect(request: web.Request) -> web.Response:
     return web.json_response(_describe(request, sbx, secrets=True), status=201 if was_paused else 200)
 
 
+@lifecycle_view
+async def fork(request: web.Request) -> web.Response:
+    """``count`` children from one freeze of the sandbox (ours: the fork), which runs on."""
+    body = await _body(request)
+    count = body.get("count", 1)
+    if not isinstance(count, int) or isinstance(count, bool) or count < 1:
+        raise E2BError(400, f"count={count!r} must be a whole number, at least 1")
+    timeout = _timeout(body, None)
+    manager = runtime(request).manager
+    children = await manager.fork(request[KEY_ID], request.match_info["sandbox_id"], count)
+    if timeout is not None:
+        for child in children:
+            manager.set_idle_timeout(child, timeout)
+    return web.json_response([{"sandbox": _describe(request, c, secrets=True)} for c in children], status=201)
+
+
 def unsupported(feature: str, status: int = 501) -> Any:
     @lifecycle_view
     async def view(request: web.Request) -> web.Response:
@@ -243,6 +262,7 @@ def add_routes(app: web.Application, prefix: str) -> None:
     r.add_post(f"{prefix}/sandboxes/{{sandbox_id}}/pause", pause)
     r.add_post(f"{prefix}/sandboxes/{{sandbox_id}}/resume", connect)
     r.add_post(f"{prefix}/sandboxes/{{sandbox_id}}/connect", connect)
+    r.add_post(f"{prefix}/sandboxes/{{sandbox_id}}/fork", fork)
     r.add_post(f"{prefix}/v2/sandboxes/{{sandbox_id}}/connect", connect)
     for path, feature in (
         (
@@ -250,7 +270,7 @@ def add_routes(app: web.Application, prefix: str) -> None:
             "per-sandbox metrics over time (GET /v1/sandboxes/{id} has the figures)",
         ),
         ("/sandboxes/metrics", "metrics of several sandboxes"),
-        ("/sandboxes/{sandbox_id}/snapshots", "snapshots (fork with POST /v1/sandboxes/{id}/fork)"),
+        ("/sandboxes/{sandbox_id}/snapshots", "snapshots (fork the sandbox instead: sandbox.fork())"),
         ("/snapshots", "snapshots"),
         ("/volumes", "volumes"),
         ("/volumes/{tail:.*}", "volumes"),

@@ -172,3 +172,40 @@ async def test_another_key_and_a_forged_token_are_refused(e2b: Service, sandbox:
                 assert r.status == 401 and "envdAccessToken" in (await r.json())["message"]
         async with http.post(f"{e2b.url}/e2b/v2/sandboxes", json={}, headers={"X-API-KEY": "wrong"}) as r:
             assert r.status == 401 and (await r.json())["code"] == 401
+
+
+async def test_datasci_results_a_timeout_and_a_background_command(e2b: Service) -> None:
+    from e2b_code_interpreter import AsyncSandbox
+
+    sbx = await AsyncSandbox.create(template="python-datasci")
+    try:
+        plot = await sbx.run_code(
+            "import matplotlib.pyplot as plt, pandas as pd\n"
+            "plt.plot([1, 2, 3], [1, 4, 9]); plt.show()\n"
+            "pd.DataFrame({'a': [1, 2], 'b': [3, 4]})"
+        )
+        assert plot.error is None, plot.error
+        assert any(r.png for r in plot.results), [r.formats() for r in plot.results]
+        assert "<table" in (plot.results[-1].html or ""), plot.results[-1].formats()
+        # the SDK's timeout ends the request; the service interrupts the code and the kernel lives on
+        with pytest.raises(Exception, match="(?i)timeout|timed out"):
+            await sbx.run_code("import time; kept = 7; time.sleep(60)", timeout=3)
+        assert (await sbx.run_code("kept * 6", request_timeout=120)).text == "42"
+        handle = await sbx.commands.run("echo started; sleep 120", background=True)
+        assert handle.pid > 0
+        assert [p.pid for p in await sbx.commands.list()] == [handle.pid]
+        assert await sbx.commands.kill(handle.pid) is True
+        with pytest.raises(Exception):  # noqa: B017  (killed: an exit code that is not 0)
+            await handle.wait()
+        children = await sbx.fork(count=2)
+        assert all(isinstance(c, AsyncSandbox) for c in children), children
+        try:
+            for child in children:
+                assert isinstance(child, AsyncSandbox)
+                assert (await child.run_code("kept")).text == "7"
+        finally:
+            for child in children:
+                if isinstance(child, AsyncSandbox):
+                    await child.kill()
+    finally:
+        await sbx.kill()

@@ -4,7 +4,8 @@
 ``ai``'s ``tool()``, ``@openai/agents``' ``tool()`` and ``@anthropic-ai/sdk``) and runs them with
 ``node --test``: ``ai``'s MockLanguageModelV4 through ``generateText``, ``@openai/agents`` with
 its ScriptedModel, and the Anthropic helper in the SDK's loop, all on real sandboxes. The
-dependencies come from the lockfile (``make js-deps`` runs ``npm ci``).
+dependencies come from the lockfile (``make js-deps`` runs ``npm ci``). ``test/e2b.test.ts``
+drives E2B's own ``@e2b/code-interpreter`` against the service's E2B surface.
 """
 
 from __future__ import annotations
@@ -36,6 +37,10 @@ def test_npm_package_against_the_service(agents_service: Service) -> None:
         **os.environ,
         "KERNELHOST_URL": agents_service.url,
         "KERNELHOST_API_KEY": agents_service.api_key,
+        # E2B's JS SDK (js/test/e2b.test.ts), configured as its users do
+        "E2B_API_URL": f"{agents_service.url}/e2b",
+        "E2B_SANDBOX_URL": f"{agents_service.url}/e2b/sandbox",
+        "E2B_API_KEY": agents_service.api_key,
         "NO_COLOR": "1",
     }
     proc = subprocess.run(
