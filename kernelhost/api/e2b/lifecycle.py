@@ -106,9 +106,11 @@ def _strings(body: dict[str, Any], field: str) -> dict[str, str]:
 @lifecycle_view
 async def create(request: web.Request) -> web.Response:
     body = await _body(request)
-    for unsupported in ("volumeMounts", "mcp", "autoResume"):
+    # autoPause and autoResume are what a kernelhost sandbox does when the service's
+    # idle_action is hibernate (the default): paused when idle, resumed by its next call
+    for unsupported, what in (("volumeMounts", "volume mounts"), ("mcp", "MCP servers in the sandbox")):
         if body.get(unsupported):
-            raise E2BError(400, f"{unsupported} is not supported by kernelhost; create without it")
+            raise E2BError(400, f"{what} ({unsupported}) are not supported by kernelhost; create without them")
     template = body.get("templateID") or "base"
     if not isinstance(template, str):
         raise E2BError(400, f"templateID={template!r} must be a template name")
