@@ -110,7 +110,7 @@ async def create(request: web.Request) -> web.Response:
     # idle_action is hibernate (the default): paused when idle, resumed by its next call
     for unsupported, what in (("volumeMounts", "volume mounts"), ("mcp", "MCP servers in the sandbox")):
         if body.get(unsupported):
-            raise E2BError(400, f"{what} ({unsupported}) are not supported by kernelhost; create without them")
+            raise E2BError(400, f"{what} ({unsupported}) are not supported by kernelhost; create without")
     template = body.get("templateID") or "base"
     if not isinstance(template, str):
         raise E2BError(400, f"templateID={template!r} must be a template name")
