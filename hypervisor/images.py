@@ -1,8 +1,7 @@
 """Built guest images: ``<root>/<template>`` links to ``<template>-<key>/`` (see guest-image/).
 
-Two roots: the image dir (the built-in images ``make image`` builds, and distribution bases, a
-cache shared by every service of the host) and the built dir (the templates one service built:
-its own state). A full image holds a kernel, an initramfs and a root (``rootfs.erofs``). A
+Up to two roots: the image dir (the built-in images ``make image`` builds, distribution bases)
+and a built dir for the templates a service builds (by default the image dir itself). A full image holds a kernel, an initramfs and a root (``rootfs.erofs``). A
 template's image is a layer (``layer.erofs``) over a full one of the image dir, which its
 manifest names (``base``: the directory of that build); its VMs boot the base's kernel and root
 with the layer stacked over it.
@@ -69,7 +68,9 @@ class ImageStore:
 
     @property
     def roots(self) -> tuple[Path, ...]:
-        return (self.image_dir,) if self.built_dir is None else (self.image_dir, self.built_dir)
+        if self.built_dir is None or self.built_dir == self.image_dir:
+            return (self.image_dir,)
+        return (self.image_dir, self.built_dir)
 
     def templates(self) -> list[str]:
         """Every image a template links to (not the hidden links of distribution bases)."""

@@ -121,8 +121,9 @@ class Settings:
 
     @property
     def built_image_dir(self) -> Path:
-        """The images of the templates this service built (the built-ins stay in image_dir)."""
-        return self.state_dir / "images"
+        """Where the images of the templates this service builds go: the image dir too, which
+        libvirt's QEMU user can read (a state dir of mode 0700 it could not; vm-facts.md)."""
+        return self.image_dir
 
     @property
     def hibernate_dir(self) -> Path:

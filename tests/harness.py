@@ -135,21 +135,36 @@ class Service:
             forks = ram_dir / "forks"
             leaked_dirs += [str(p) for p in forks.glob(self.prefix.rstrip("-"))]
             shutil.rmtree(forks / self.prefix.rstrip("-"), ignore_errors=True)
-            self._drop_template_snapshots(ram_dir / "templates")
+            self._drop_templates(ram_dir)
             hv.reconcile(set())
         finally:
             hv.close()
         return leaked, leaked_dirs
 
-    def _drop_template_snapshots(self, snapshots: Path) -> None:
-        """The snapshots (RAM) of the templates this service built: its state dir, where their
-        images are, is a test's temporary directory, so no later service starts from them."""
-        built = self.state_dir / "images"
-        for link in built.glob("*") if built.is_dir() else ():
-            if link.is_symlink():
-                for snap in snapshots.glob(f"{glob.escape(link.name)}-*"):
-                    if re.fullmatch(r"\d+m\d+c[a-z]+-[0-9a-f]+", snap.name[len(link.name) + 1 :]):
-                        shutil.rmtree(snap, ignore_errors=True)
+    def _drop_templates(self, ram_dir: Path) -> None:
+        """The images (in the shared image dir) and snapshots (RAM) of the templates this
+        service built: its keys' own (``name@<key id>``, unique to a test service's random keys)
+        and its operator's (named by the spec files of its template dir). They outlive a real
+        service by design; a test service's state is temporary, so no later one starts from them."""
+        from kernelhost.sandboxes import key_id
+
+        image_dir = Path(self.env.get("KERNELHOST_IMAGE_DIR", "/var/cache/kernelhost/images"))
+        names = [f"*@{key_id(k)}" for k in (self.api_key, self.other_key)]
+        template_dir = self.env.get("KERNELHOST_TEMPLATE_DIR")
+        if template_dir:
+            names += [glob.escape(spec.stem) for spec in Path(template_dir).glob("*.toml")]
+        for name in names:
+            found = [*image_dir.glob(name), *image_dir.glob(f"{name}-*"), *image_dir.glob(f".build-{name}-*")]
+            for path in found:  # template layers only: a built-in image is never touched
+                if path.name.startswith(".build-"):
+                    shutil.rmtree(path, ignore_errors=True)
+                elif path.is_symlink() and (not path.exists() or (path / "layer.erofs").exists()):
+                    path.unlink(missing_ok=True)
+                elif not path.is_symlink() and (path / "layer.erofs").exists():
+                    shutil.rmtree(path, ignore_errors=True)
+            for snap in (ram_dir / "templates").glob(f"{name}-*"):
+                if re.fullmatch(r".*-\d+m\d+c[a-z]+-[0-9a-f]+", snap.name):
+                    shutil.rmtree(snap, ignore_errors=True)
 
 
 def _free_port() -> int:

@@ -4,8 +4,8 @@ image and its snapshot off the request path, and removing one nobody uses.
 Three kinds, looked up in this order when a key names a template: its own (built through the
 API; other keys never see it), the operator's (spec files in ``template_dir``, built at start,
 visible to every key), the built-ins (``make image``). A template's image is
-``<state_dir>/images/<image>`` (``Settings.built_image_dir``: the service's own state, beside
-its records; its base stays in the shared ``image_dir``) where ``image`` is the name for the
+``<image_dir>/<image>`` (``Settings.built_image_dir``: QEMU must read it, beside its base)
+where ``image`` is the name for the
 operator's and ``name@<key id>`` for a key's own; sandboxes record that image name. A build
 runs the stages of ``builds.py`` and then makes the template's snapshot (its preloads
 imported); only then does the template's link move to the new build, so sandboxes keep starting
