@@ -1,10 +1,10 @@
 """Built guest images: ``<root>/<template>`` links to ``<template>-<key>/`` (see guest-image/).
 
 Up to two roots: the image dir (the built-in images ``make image`` builds, distribution bases)
-and a built dir for the templates a service builds (by default the image dir itself). A full image holds a kernel, an initramfs and a root (``rootfs.erofs``). A
-template's image is a layer (``layer.erofs``) over a full one of the image dir, which its
-manifest names (``base``: the directory of that build); its VMs boot the base's kernel and root
-with the layer stacked over it.
+and a built dir for the templates a service builds (by default the image dir itself). A full
+image holds a kernel, an initramfs and a root (``rootfs.erofs``). A template's image is a layer
+(``layer.erofs``) over a full one of the image dir, which its manifest names (``base``: the
+directory of that build); its VMs boot the base's kernel and root with the layer stacked over it.
 """
 
 from __future__ import annotations
