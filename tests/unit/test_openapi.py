@@ -16,9 +16,11 @@ from .offline import offline_settings
 pytestmark = pytest.mark.unit
 
 # Served but documented elsewhere: the Kernel Gateway API (docs/jupyter.md), MCP
-# (docs/integrations.md), Prometheus metrics, the web console (/, /console.*) and the document
-# itself.
-UNDOCUMENTED_PREFIXES = ("/api/", "/kernelspecs/", "/mcp", "/metrics", "/openapi.json", "/static", "/console")
+# (docs/integrations.md), E2B's APIs (docs/e2b.md), Prometheus metrics, the web console (/,
+# /console.*) and the document itself.
+UNDOCUMENTED_PREFIXES = (
+    "/api/", "/kernelspecs/", "/mcp", "/metrics", "/openapi.json", "/static", "/console", "/e2b/",
+)  # fmt: skip
 
 
 def _app_routes(tmp_path: Path) -> set[tuple[str, str]]:

@@ -162,6 +162,10 @@ async def test_another_key_and_a_forged_token_are_refused(e2b: Service, sandbox:
     assert isinstance(sandbox, AsyncSandbox)
     with pytest.raises(SandboxNotFoundException):
         await AsyncSandbox.connect(sandbox.sandbox_id, api_key=e2b.other_key)
+    theirs = await AsyncSandbox.list(api_key=e2b.other_key).next_items()
+    assert sandbox.sandbox_id not in [s.sandbox_id for s in theirs]
+    assert await AsyncSandbox.kill(sandbox.sandbox_id, api_key=e2b.other_key) is False
+    assert (await sandbox.run_code("1 + 1")).text == "2"  # still there, still its owner's
     headers = {"E2b-Sandbox-Id": sandbox.sandbox_id, "E2b-Sandbox-Port": "49983"}
     async with aiohttp.ClientSession() as http:
         for token in ("", "kh_" + "0" * 40):
