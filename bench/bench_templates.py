@@ -96,6 +96,9 @@ async def first_calls(svc: Any, template: str) -> tuple[float, float]:
 
 async def pool_hits(svc: Any, n: int, out: dict[str, Any]) -> None:
     times: dict[str, list[float]] = {}
+    for template in ("python", "bench-pip"):  # a template's pool fills once it is first used
+        async with AsyncSandbox(template=template, url=svc.url, api_key=svc.api_key) as sbx:
+            await sbx.run_code("1+1", timeout=300)
     for _ in range(n):
         for template in ("python", "bench-pip"):  # alternated: the machine's noise hits both
             created, first = await first_calls(svc, template)
