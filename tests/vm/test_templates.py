@@ -61,8 +61,8 @@ def tpl_service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
 
 
 def _image_dirs(svc: Service) -> list[Path]:
-    """The shared image dir (built-ins, distribution bases) and the service's own built dir."""
-    return [Path(svc.env.get("KERNELHOST_IMAGE_DIR", str(IMAGE_DIR))), svc.state_dir / "images"]
+    """Where a build could leave something: the image dir (templates' images are built there)."""
+    return [Path(svc.env.get("KERNELHOST_IMAGE_DIR", str(IMAGE_DIR)))]
 
 
 def _leftovers(svc: Service, name: str) -> list[str]:
