@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import json
 import os
+import signal
 import socket
 import sys
 from collections.abc import AsyncIterator
@@ -133,6 +134,15 @@ async def running_agent(root: Path) -> AsyncIterator[Running]:
         loop.set_exception_handler(previous)
     assert agent.tasks.failures == 0, "an agent task failed; its traceback is in the log above"
     assert not loop_errors, loop_errors
+
+
+@pytest.fixture(scope="session", autouse=True)
+def default_interrupts() -> None:
+    """In the guest, init starts the agent with SIGINT at its default; a test run started in the
+    background of a shell inherits it ignored, and so would every command the agent runs (a
+    SIGINT sent to one would do nothing). A Python handler is reset to the default at exec."""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(scope="module")
