@@ -201,8 +201,10 @@ async def test_fork_bomb_stays_inside_the_vm_and_the_timeout_recovers_it(
     # pids.max keeps the bomb small enough for SIGINT to end it; the ladder's later rungs are
     # there for a guest without that cgroup
     assert ended.recovery in ("interrupted", "killed", "kernel_restarted", "vm_replaced"), ended.recovery
-    if ended.recovery != "vm_replaced":  # a starved VM (a loaded host) may print nothing
-        assert "Resource temporarily unavailable" in ended.stderr  # it hit the cap
+    # what it printed is the cap refusing forks; a loaded host's slow guest may not reach the
+    # cap within the 20 s, or print nothing before it is stopped
+    if ended.stderr.strip():
+        assert "Resource temporarily unavailable" in ended.stderr, ended.stderr[-500:]
     after = await victim.run_code("echo alive; ps -e --no-headers | wc -l", language="bash", timeout=120)
     lines = after.stdout.split()
     assert lines[0] == "alive" and int(lines[1]) < 200, after.stdout
