@@ -10,6 +10,8 @@ import { after, before, describe, it } from 'node:test';
 
 import { CommandExitError, Sandbox } from '@e2b/code-interpreter';
 
+import { SHOW_PNG } from './helpers.js';
+
 let sbx: Sandbox;
 
 before(async () => {
@@ -60,5 +62,23 @@ describe('@e2b/code-interpreter on kernelhost', () => {
     await sbx.pause();
     const again = await Sandbox.connect(sbx.sandboxId);
     assert.equal((await again.runCode('x')).text, '41');
+  });
+
+  it('returns a PNG, stops a timed-out call, kills a background command and forks', async () => {
+    const shown = await sbx.runCode(SHOW_PNG);
+    assert.ok(shown.results.some((r) => Buffer.from(r.png ?? '', 'base64').subarray(0, 4).toString('latin1') === '\x89PNG'));
+    await assert.rejects(sbx.runCode('import time; y = 5; time.sleep(60)', { timeoutMs: 3000 }));
+    assert.equal((await sbx.runCode('y * 2', { requestTimeoutMs: 120_000 })).text, '10');
+    const handle = await sbx.commands.run('echo started; sleep 120', { background: true });
+    assert.ok(handle.pid > 0);
+    assert.equal(await sbx.commands.kill(handle.pid), true);
+    await assert.rejects(handle.wait());
+    const [child] = await sbx.fork({ count: 1 });
+    assert.ok(child instanceof Sandbox, String(child));
+    try {
+      assert.equal((await child.runCode('y')).text, '5');
+    } finally {
+      await child.kill();
+    }
   });
 });
