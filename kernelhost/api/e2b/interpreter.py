@@ -7,6 +7,7 @@ the kernel.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import shlex
@@ -15,11 +16,10 @@ from typing import Any
 
 from aiohttp import web
 
-from ...sandboxes import End, Error, ExecutionStatus, InvalidRequest, Result, Stream
+from ...sandboxes import End, Error, ExecutionStatus, InvalidRequest, Result, SandboxError, Stream
 from .common import runtime, sandbox_of
 from .envs import PYTHON_POP, bash_prefix, check_names, kernel_language, python_push, run_quietly
 
-routes = web.RouteTableDef()
 HOME = "/home/user"
 #: MIME types E2B's Result names as fields; others go to ``extra``
 MIME_FIELDS = {
@@ -132,17 +132,33 @@ async def execute(request: web.Request) -> web.StreamResponse:
         return _text_error(400, exc.message)
     resp = web.StreamResponse(headers={"Content-Type": "application/x-ndjson", "Cache-Control": "no-store"})
     await resp.prepare(request)
-    errored = False
-    async with contextlib.aclosing(events):
-        async for event in events:
-            errored = errored or isinstance(event, Error)
-            for line in lines_of(event, errored and not isinstance(event, Error)):
-                await resp.write(json.dumps(line, separators=(",", ":")).encode() + b"\n")
-    if env and language == "python":
-        with contextlib.suppress(InvalidRequest):
-            await run_quietly(manager, sbx, PYTHON_POP)
+    try:
+        await _stream(resp, events)
+    finally:
+        if env and language == "python":  # the variables were for this execution only
+            with contextlib.suppress(SandboxError):
+                await asyncio.shield(run_quietly(manager, sbx, PYTHON_POP))
     await resp.write_eof()
     return resp
+
+
+async def _stream(resp: web.StreamResponse, events: Any) -> None:
+    errored = False
+    try:
+        async with contextlib.aclosing(events):
+            async for event in events:
+                errored = errored or isinstance(event, Error)
+                for line in lines_of(event, errored):
+                    await resp.write(_line(line))
+    except SandboxError as exc:  # after the stream began (a wake refused, the VM lost): in-band
+        await resp.write(
+            _line({"type": "error", "name": type(exc).__name__, "value": exc.message, "traceback": ""})
+        )
+        await resp.write(_line({"type": "end_of_execution"}))
+
+
+def _line(line: dict[str, Any]) -> bytes:
+    return json.dumps(line, separators=(",", ":")).encode() + b"\n"
 
 
 def _context(language: str) -> dict[str, str]:

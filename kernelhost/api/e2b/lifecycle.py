@@ -22,8 +22,6 @@ from ..state import KEY_ID
 from .common import ENVD_VERSION, E2BError, access_token, lifecycle_view, runtime
 from .envs import apply_env
 
-routes = web.RouteTableDef()
-
 #: E2B's default templates (the code interpreter's and the bare SDK's) are our python built-in
 TEMPLATE_ALIASES = {"code-interpreter-v1": "python", "code-interpreter": "python", "base": "python"}
 DEFAULT_TIMEOUT = 300  # E2B's, seconds
