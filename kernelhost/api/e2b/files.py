@@ -8,6 +8,7 @@ ignored: a kernelhost sandbox runs its code as one user.
 
 from __future__ import annotations
 
+import contextlib
 import shlex
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -171,9 +172,10 @@ async def _make_dir(request: web.Request, sbx: Sandbox, message: dict[str, Any])
     manager = runtime(request).manager
     events = await manager.execute(sbx, code, "bash")
     exit_code = None
-    async for event in events:
-        if isinstance(event, End):
-            exit_code = event.exit_code
+    async with contextlib.aclosing(events):
+        async for event in events:
+            if isinstance(event, End):
+                exit_code = event.exit_code
     if exit_code == 17:
         raise ConnectError("already_exists", f"{path!r} already exists")
     if exit_code != 0:
