@@ -267,7 +267,7 @@ def add_routes(app: web.Application, prefix: str) -> None:
     for path, feature in (
         (
             "/sandboxes/{sandbox_id}/metrics",
-            "per-sandbox metrics over time (GET /v1/sandboxes/{id} has the figures)",
+            "per-sandbox metrics over time (kernelhost does not collect them)",
         ),
         ("/sandboxes/metrics", "metrics of several sandboxes"),
         ("/sandboxes/{sandbox_id}/snapshots", "snapshots (fork the sandbox instead: sandbox.fork())"),
