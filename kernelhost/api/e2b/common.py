@@ -17,6 +17,7 @@ import functools
 import hashlib
 import hmac
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import structlog
 from aiohttp import web
@@ -32,6 +33,9 @@ SANDBOX_PREFIX = "/e2b/sandbox"
 #: the envd version the SDKs are told: every feature gate of theirs that we serve is open
 ENVD_VERSION = "0.6.4"
 ENVD_PORT, INTERPRETER_PORT = "49983", "49999"
+
+#: the sandbox ``identify`` found for an in-sandbox call (its views read it, never look it up again)
+SANDBOX: Any = web.RequestKey("e2b_sandbox", Sandbox) if hasattr(web, "RequestKey") else "e2b_sandbox"
 
 View = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -86,7 +90,7 @@ def api_key_id(request: web.Request) -> str | None:
     return request.app[KEYS].identify(presented) if presented else None
 
 
-def sandbox_of(request: web.Request, *, token: bool = True) -> Sandbox:
+def _check_sandbox(request: web.Request, *, token: bool) -> Sandbox:
     """The sandbox an in-sandbox call names, checked against its access token (``token=False``:
     the id alone, for the calls E2B's SDKs send without one)."""
     sandbox_id = request.headers.get("E2b-Sandbox-Id", "")
@@ -106,7 +110,16 @@ def sandbox_of(request: web.Request, *, token: bool = True) -> Sandbox:
                 "envdAccessToken create or connect returned"
             )
     request[KEY_ID] = sbx.record.owner
+    request[SANDBOX] = sbx
     structlog.contextvars.bind_contextvars(sandbox_id=sbx.id, key_id=sbx.record.owner)
+    return sbx
+
+
+def sandbox_of(request: web.Request) -> Sandbox:
+    """The sandbox of an in-sandbox call, as ``identify`` found and checked it."""
+    sbx: Sandbox | None = request.get(SANDBOX)
+    if sbx is None:
+        raise SandboxNotFound("no E2b-Sandbox-Id header: set E2B_SANDBOX_URL to this service's /e2b/sandbox")
     return sbx
 
 
@@ -127,7 +140,7 @@ def identify(request: web.Request) -> web.Response | None:
     if tail == "/health":
         return None
     try:
-        sandbox_of(request, token=not tail.startswith("/contexts"))
+        _check_sandbox(request, token=not tail.startswith("/contexts"))
     except SandboxNotFound as exc:
         return sandbox_error(request, 404, "not_found", exc.message)
     except Unauthorized as exc:

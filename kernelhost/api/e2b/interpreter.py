@@ -166,7 +166,7 @@ def _context(language: str) -> dict[str, str]:
 
 
 async def create_context(request: web.Request) -> web.Response:
-    sbx = sandbox_of(request, token=False)
+    sbx = sandbox_of(request)
     try:
         body = await request.json() if request.can_read_body else {}
     except ValueError:
@@ -187,13 +187,13 @@ async def create_context(request: web.Request) -> web.Response:
 
 
 async def list_contexts(request: web.Request) -> web.Response:
-    sbx = sandbox_of(request, token=False)
+    sbx = sandbox_of(request)
     kernel = kernel_language(runtime(request).manager, sbx)
     return web.json_response([_context(kernel), _context("bash")])
 
 
 async def restart_context(request: web.Request) -> web.Response:
-    sbx = sandbox_of(request, token=False)
+    sbx = sandbox_of(request)
     if request.match_info["context_id"] == "bash":
         return _text_error(400, "the bash context has no kernel to restart")
     await runtime(request).manager.restart(sbx)
@@ -201,7 +201,7 @@ async def restart_context(request: web.Request) -> web.Response:
 
 
 async def remove_context(request: web.Request) -> web.Response:
-    sandbox_of(request, token=False)
+    sandbox_of(request)
     return _text_error(
         400, "a kernelhost sandbox's contexts are its kernel and shell; they cannot be removed"
     )

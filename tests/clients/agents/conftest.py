@@ -14,12 +14,16 @@ kept as ``results/agents-service.log``.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from kernelhost import AsyncSandbox, Sandbox
 
 from ...harness import Service, running_service
+
+if TYPE_CHECKING:
+    from agents.testing import ScriptedModel
 
 #: Python that displays a 4x4 red PNG without matplotlib (the minimal template has none).
 SHOW_PNG = "\n".join(
@@ -62,3 +66,34 @@ def agents_sync_sandbox(agents_service: Service) -> Iterator[Sandbox]:
         url=agents_service.url, api_key=agents_service.api_key, metadata={"test": "agents-sync"}
     ) as sbx:
         yield sbx
+
+
+# == E2B's SDKs (test_e2b.py, test_e2b_openai_agents.py) ==================================
+
+
+def e2b_env(svc: Service, key: str | None = None) -> dict[str, str]:
+    return {
+        "E2B_API_URL": f"{svc.url}/e2b",
+        "E2B_SANDBOX_URL": f"{svc.url}/e2b/sandbox",
+        "E2B_API_KEY": key or svc.api_key,
+    }
+
+
+@pytest.fixture
+def e2b(agents_service: Service, monkeypatch: pytest.MonkeyPatch) -> Iterator[Service]:
+    """E2B's SDKs configured, as their users do, by the environment."""
+    for name, value in e2b_env(agents_service).items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("E2B_DEBUG", raising=False)
+    yield agents_service
+
+
+def outputs_seen_by(model: ScriptedModel, index: int) -> dict[str, Any]:
+    """The tool outputs in the input of the model's call ``index``, by call id."""
+    items = model.calls[index].input
+    assert isinstance(items, list)
+    return {
+        item["call_id"]: item["output"]
+        for item in items
+        if isinstance(item, dict) and item.get("type") == "function_call_output"
+    }

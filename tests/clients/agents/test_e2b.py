@@ -10,34 +10,17 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
 from ...harness import Service
-from .conftest import SHOW_PNG
+from .conftest import SHOW_PNG, e2b_env
 
 pytestmark = [pytest.mark.clients, pytest.mark.timeout(600)]
 
 HERE = Path(__file__).resolve().parent
-
-
-def e2b_env(svc: Service, key: str | None = None) -> dict[str, str]:
-    return {
-        "E2B_API_URL": f"{svc.url}/e2b",
-        "E2B_SANDBOX_URL": f"{svc.url}/e2b/sandbox",
-        "E2B_API_KEY": key or svc.api_key,
-    }
-
-
-@pytest.fixture
-def e2b(agents_service: Service, monkeypatch: pytest.MonkeyPatch) -> Iterator[Service]:
-    """E2B's SDKs configured, as their users do, by the environment."""
-    for name, value in e2b_env(agents_service).items():
-        monkeypatch.setenv(name, value)
-    monkeypatch.delenv("E2B_DEBUG", raising=False)
-    yield agents_service
 
 
 @pytest.fixture

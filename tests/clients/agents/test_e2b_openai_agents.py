@@ -11,7 +11,6 @@ it when the run ends.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -23,38 +22,19 @@ from agents.testing import ModelCall, ModelStep, ScriptedModel, assistant_messag
 from kernelhost import AsyncSandbox
 
 from ...harness import Service
-from .test_e2b import e2b_env
+from .conftest import outputs_seen_by
 
 pytestmark = [pytest.mark.clients, pytest.mark.timeout(600)]
 
 set_tracing_disabled(True)
 
 
-@pytest.fixture
-def e2b_vars(agents_service: Service, monkeypatch: pytest.MonkeyPatch) -> Iterator[Service]:
-    for name, value in e2b_env(agents_service).items():
-        monkeypatch.setenv(name, value)
-    monkeypatch.delenv("E2B_DEBUG", raising=False)
-    yield agents_service
-
-
 def exec_command(cmd: str, call_id: str) -> Any:
     return function_call("exec_command", {"cmd": cmd}, call_id=call_id)
 
 
-def outputs_seen_by(model: ScriptedModel, index: int) -> dict[str, Any]:
-    """The tool outputs in the input of the model's call ``index``, by call id."""
-    items = model.calls[index].input
-    assert isinstance(items, list)
-    return {
-        item["call_id"]: item["output"]
-        for item in items
-        if isinstance(item, dict) and item.get("type") == "function_call_output"
-    }
-
-
-async def test_the_agents_sdk_e2b_client_runs_shell_commands_in_a_vm(e2b_vars: Service) -> None:
-    svc = e2b_vars
+async def test_the_agents_sdk_e2b_client_runs_shell_commands_in_a_vm(e2b: Service) -> None:
+    svc = e2b
     tag = uuid.uuid4().hex
     during: list[str] = []
 

@@ -20,7 +20,7 @@ from kernelhost.integrations.openai_agents import PARAMETERS, code_interpreter_t
 from kernelhost.integrations.output import OutputBudget
 
 from ...harness import Service
-from .conftest import SHOW_PNG
+from .conftest import SHOW_PNG, outputs_seen_by
 
 pytestmark = pytest.mark.clients
 
@@ -29,17 +29,6 @@ set_tracing_disabled(True)
 
 def call(code: str, call_id: str, language: str = "python") -> Any:
     return function_call("run_code", {"code": code, "language": language}, call_id=call_id)
-
-
-def outputs_seen_by(model: ScriptedModel, index: int) -> dict[str, Any]:
-    """The tool outputs in the input of the model's call ``index``, by call id."""
-    items = model.calls[index].input
-    assert isinstance(items, list)
-    return {
-        item["call_id"]: item["output"]
-        for item in items
-        if isinstance(item, dict) and item.get("type") == "function_call_output"
-    }
 
 
 async def test_runner_keeps_state_across_calls_in_a_sandbox_the_tool_creates(agents_service: Service) -> None:
