@@ -13,9 +13,12 @@ import uuid
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
+
+if TYPE_CHECKING:
+    from playwright.async_api import Page, WebSocket
 
 
 @dataclass
@@ -47,6 +50,33 @@ class JupyterLab:
             )
             with contextlib.suppress(urllib.error.HTTPError), urllib.request.urlopen(req, timeout=120):
                 pass
+
+
+async def run_first_cell(
+    page: Page, lab: JupyterLab, notebook: str, expect: str, shot: Path, timeout: float
+) -> None:
+    """Open ``notebook`` in its own workspace, run its first cell once its kernel is up, wait for
+    an output with ``expect``, and keep a screenshot of the page either way. The kernel is up
+    once its WebSocket brought a kernel_info_reply (the page shows "idle" before the kernel
+    exists, and a cell run then goes nowhere)."""
+    kernel_ready = asyncio.Event()
+
+    def watch(ws: WebSocket) -> None:
+        if "/channels" in ws.url:
+            ws.on(
+                "framereceived",
+                lambda payload: kernel_ready.set() if "kernel_info_reply" in str(payload) else None,
+            )
+
+    page.on("websocket", watch)
+    await page.goto(lab.page_url(notebook))
+    await asyncio.wait_for(kernel_ready.wait(), timeout)
+    await page.locator(".jp-Cell .jp-InputArea-editor .cm-content").first.click()
+    await page.keyboard.press("Shift+Enter")
+    try:
+        await page.locator(".jp-OutputArea-output", has_text=expect).wait_for()
+    finally:
+        await page.screenshot(path=str(shot))
 
 
 @dataclass

@@ -4,7 +4,6 @@ The screenshot is kept as results/jupyterlab.png."""
 
 from __future__ import annotations
 
-import asyncio
 import shutil
 from collections.abc import Callable
 
@@ -15,7 +14,7 @@ from nbformat import v4
 
 from ..harness import Service
 from .conftest import RESULTS
-from .jupyter_support import JupyterLab
+from .jupyter_support import JupyterLab, run_first_cell
 
 pytestmark = [pytest.mark.clients, pytest.mark.timeout(600)]
 
@@ -39,7 +38,7 @@ PATIENCE_MS = 180_000  # JupyterLab's first load on a busy 2-core machine, and a
 
 
 async def test_jupyterlab_runs_a_cell_in_a_vm(jupyter_lab: JupyterLab, jupyter_service: Service) -> None:
-    from playwright.async_api import WebSocket, async_playwright
+    from playwright.async_api import async_playwright
 
     nb = new_notebook(cells=[new_code_cell("import os\nprint('hello from', os.getcwd(), 6 * 7)")])
     nb.metadata["kernelspec"] = {
@@ -57,27 +56,9 @@ async def test_jupyterlab_runs_a_cell_in_a_vm(jupyter_lab: JupyterLab, jupyter_s
         try:
             page = await browser.new_page(viewport={"width": 1280, "height": 800})
             page.set_default_timeout(PATIENCE_MS)
-            # the notebook's kernel is up once its WebSocket brought a kernel_info_reply (the
-            # page shows "idle" before the kernel exists, and a cell run then goes nowhere)
-            kernel_ready = asyncio.Event()
-
-            def watch(ws: WebSocket) -> None:
-                if "/channels" in ws.url:
-                    ws.on(
-                        "framereceived",
-                        lambda payload: kernel_ready.set() if "kernel_info_reply" in str(payload) else None,
-                    )
-
-            page.on("websocket", watch)
-            await page.goto(jupyter_lab.page_url("vm.ipynb"))
-            await asyncio.wait_for(kernel_ready.wait(), PATIENCE_MS / 1000)
-            await page.locator(".jp-Cell .jp-InputArea-editor .cm-content").first.click()
-            await page.keyboard.press("Shift+Enter")
-            output = page.locator(".jp-OutputArea-output", has_text="hello from /home/user 42")
-            try:
-                await output.wait_for()
-            finally:
-                await page.screenshot(path=str(shot))
+            await run_first_cell(
+                page, jupyter_lab, "vm.ipynb", "hello from /home/user 42", shot, PATIENCE_MS / 1000
+            )
             # the kernel that ran the cell is a sandbox on the service, JupyterLab attached
             async with (
                 aiohttp.ClientSession(headers={"Authorization": f"token {jupyter_service.api_key}"}) as http,

@@ -17,7 +17,7 @@ import pytest
 from nbformat import v4
 
 from .conftest import RESULTS
-from .jupyter_support import JupyterLab
+from .jupyter_support import JupyterLab, run_first_cell
 from .test_jupyter_lab import CHROMIUM, FLAGS, PATIENCE_MS
 
 pytestmark = [pytest.mark.clients, pytest.mark.timeout(900)]
@@ -41,7 +41,7 @@ def _kernelspecs(lab: JupyterLab) -> dict[str, object]:
 async def test_jupyterlab_lists_a_custom_template_and_runs_a_cell_in_it(
     jupyter_lab: JupyterLab, jupyter_template: str
 ) -> None:
-    from playwright.async_api import WebSocket, async_playwright
+    from playwright.async_api import async_playwright
 
     specs = await asyncio.to_thread(_kernelspecs, jupyter_lab)
     assert jupyter_template in specs, list(specs)
@@ -59,24 +59,9 @@ async def test_jupyterlab_lists_a_custom_template_and_runs_a_cell_in_it(
         try:
             page = await browser.new_page(viewport={"width": 1280, "height": 800})
             page.set_default_timeout(PATIENCE_MS)
-            kernel_ready = asyncio.Event()
-
-            def watch(ws: WebSocket) -> None:
-                if "/channels" in ws.url:
-                    ws.on(
-                        "framereceived",
-                        lambda payload: kernel_ready.set() if "kernel_info_reply" in str(payload) else None,
-                    )
-
-            page.on("websocket", watch)
-            await page.goto(jupyter_lab.page_url("kit.ipynb"))
-            await asyncio.wait_for(kernel_ready.wait(), PATIENCE_MS / 1000)
-            await page.locator(".jp-Cell .jp-InputArea-editor .cm-content").first.click()
-            await page.keyboard.press("Shift+Enter")
-            try:
-                await page.locator(".jp-OutputArea-output", has_text="kit says a = 42 /home/user").wait_for()
-            finally:
-                await page.screenshot(path=str(shot))
+            await run_first_cell(
+                page, jupyter_lab, "kit.ipynb", "kit says a = 42 /home/user", shot, PATIENCE_MS / 1000
+            )
         finally:
             await browser.close()
             await asyncio.to_thread(jupyter_lab.shut_down_kernels)  # the template can then go
