@@ -4,7 +4,7 @@ Knows nothing of Jupyter or HTTP; raises the errors of ``hypervisor.errors``.
 """
 
 from .accel import choose_accel, probe_kvm
-from .domain import CHANNEL_NAME, DomainSpec, device_model
+from .domain import CHANNEL_NAME, MEM_ID, DomainSpec, device_model
 from .errors import (
     DomainNotFound,
     DomainStartFailed,
@@ -14,10 +14,13 @@ from .errors import (
 )
 from .host import DomainInfo, Hypervisor
 from .images import GuestImage, ImageStore
+from .ramdiff import DiffStats, StreamNotUnderstood, diff_stream
 from .snapshot import MigrationFailed
 
 __all__ = [
     "CHANNEL_NAME",
+    "MEM_ID",
+    "DiffStats",
     "DomainInfo",
     "DomainNotFound",
     "DomainSpec",
@@ -29,7 +32,9 @@ __all__ = [
     "ImageStore",
     "LibvirtUnavailable",
     "MigrationFailed",
+    "StreamNotUnderstood",
     "choose_accel",
     "device_model",
+    "diff_stream",
     "probe_kvm",
 ]

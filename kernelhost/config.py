@@ -92,6 +92,10 @@ class Settings:
     max_sandboxes_per_key: int = 100  # live and hibernated sandboxes one API key may hold
     max_memory_mib_per_key: int = 32768  # sum of running sandboxes' VM memory per API key
     max_hibernated_mib_per_key: int = 65536  # disk one API key's hibernated sandboxes may take
+    # docs/checkpoints.md: compressed checkpoint files one key's sandboxes may keep on disk, and
+    # the checkpoints (taken by hand) one sandbox may keep
+    max_checkpoint_bytes_per_key: int = 8 * 1024**3
+    max_checkpoints_per_sandbox: int = 32
     max_metadata_bytes: int = 16384  # one sandbox's metadata, as JSON
     max_requests_per_key: int = 64  # requests one API key has open at once (streams included)
     max_connections: int = 1024  # client connections the service holds at once
@@ -128,6 +132,10 @@ class Settings:
     @property
     def hibernate_dir(self) -> Path:
         return self.state_dir / "hibernated"
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        return self.state_dir / "checkpoints"
 
     @property
     def dev_key_file(self) -> Path:

@@ -8,9 +8,10 @@ export type SandboxState = (typeof SANDBOX_STATES)[number];
 
 /**
  * How an execution ended: `ok`, `error` (the code raised, or a bash command exited non-zero),
- * `timeout`, `interrupted`, `restarted` (a restart request ended it) or `kernel_died`.
+ * `timeout`, `interrupted`, `restarted` (a restart request ended it), `restored` (the sandbox was
+ * rewound to a checkpoint meanwhile) or `kernel_died`.
  */
-export const EXECUTION_STATUSES = ['ok', 'error', 'timeout', 'interrupted', 'restarted', 'kernel_died'] as const;
+export const EXECUTION_STATUSES = ['ok', 'error', 'timeout', 'interrupted', 'restarted', 'restored', 'kernel_died'] as const;
 export type ExecutionStatus = (typeof EXECUTION_STATUSES)[number];
 
 /**

@@ -140,6 +140,8 @@ const STATUS_NOTES: Record<string, string> = {
     '[the kernel died (out of memory or a crash) and was restarted: every variable and import is gone]',
   restarted: '[the kernel was restarted while this ran: every variable and import is gone]',
   interrupted: '[interrupted before it finished]',
+  restored:
+    '[the sandbox was rewound to a checkpoint while this ran: its variables and files are as they were at that checkpoint]',
 };
 /** The error a bash command gets for a non-zero exit; the exit code note says it already. */
 const COMMAND_FAILED = 'CommandFailed';

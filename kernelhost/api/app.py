@@ -17,6 +17,7 @@ from ..metrics import StateCollector
 from ..sandboxes import BackendUnavailable, SandboxManager, Store
 from ..servicelock import ServiceLock
 from .auth import KeyRing
+from .checkpoints import checkpoint_routes
 from .console import setup_console
 from .e2b import setup_e2b
 from .errors import error_middleware
@@ -97,6 +98,7 @@ def init_app(settings: Settings, keys: KeyRing | None = None) -> web.Application
     app[KEYS] = keys or KeyRing.from_settings(settings)
     app.cleanup_ctx.append(_resources)
     app.add_routes(routes)
+    app.add_routes(checkpoint_routes)
     app.add_routes(template_routes)
     setup_openapi(app)
     setup_mcp(app, settings)  # /mcp: the MCP server over streamable HTTP

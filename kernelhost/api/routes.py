@@ -80,7 +80,11 @@ async def create_sandbox(request: web.Request) -> web.Response:
     if not all(isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()):
         raise InvalidRequest("field 'metadata' must map strings to strings", field="metadata")
     network = body.get("network")  # "none" | "allowlist" | "outbound" | {"mode", "allow"}
-    sbx = await _runtime(request).manager.create(request[KEY_ID], template, idle, metadata, network)
+    auto = body.get("auto_checkpoint")  # true | false | how many calls undo reaches
+    checkpoint = _field(body, "checkpoint", str)  # a new sandbox holding a checkpoint's state
+    sbx = await _runtime(request).manager.create(
+        request[KEY_ID], template, idle, metadata, network, auto_checkpoint=auto, checkpoint=checkpoint
+    )
     return web.json_response(sbx.to_dict(), status=201)
 
 

@@ -10,6 +10,7 @@ It speaks HTTP only and imports nothing of the server::
 ``AsyncSandbox`` is the asyncio original; ``Sandbox`` is derived from it.
 """
 
+from kernelhost.client._checkpoints import Checkpoint
 from kernelhost.client._exceptions import (
     APIError,
     AuthenticationError,
@@ -45,6 +46,7 @@ __all__ = [
     "AsyncTemplate",
     "AuthenticationError",
     "BuildInfo",
+    "Checkpoint",
     "ConflictError",
     "Execution",
     "ExecutionError",

@@ -44,6 +44,7 @@ class ExecutionStatus(enum.StrEnum):
     TIMEOUT = "timeout"
     INTERRUPTED = "interrupted"
     RESTARTED = "restarted"
+    RESTORED = "restored"  # the sandbox was rewound to a checkpoint while the call ran
     KERNEL_DIED = "kernel_died"
 
 

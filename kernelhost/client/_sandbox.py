@@ -15,6 +15,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any
 from urllib.parse import quote
 
+from kernelhost.client._checkpoints import Checkpoint, CheckpointMethods, checkpoint_id
 from kernelhost.client._exceptions import (
     KernelHostError,
     NotFoundError,
@@ -72,7 +73,7 @@ def _sandbox_path(sandbox_id: str, action: str = "") -> str:
     return f"{path}/{action}" if action else path
 
 
-class AsyncSandbox:
+class AsyncSandbox(CheckpointMethods):
     """A sandbox: a VM on a kernelhost server running a Jupyter kernel that keeps its state.
 
     Create one and close it when done::
@@ -101,6 +102,8 @@ class AsyncSandbox:
         api_key: str | None = None,
         timeout: float = CREATE_TIMEOUT,
         network: str | Mapping[str, Any] | None = None,
+        auto_checkpoint: bool | int = False,
+        checkpoint: Checkpoint | str | None = None,
     ) -> None:
         if network is not None and not isinstance(network, (str, Mapping)):
             raise TypeError(
@@ -116,6 +119,8 @@ class AsyncSandbox:
         self._idle_timeout_seconds = idle_timeout_seconds
         self._metadata = dict(metadata or {})
         self._network = network if isinstance(network, str) or network is None else dict(network)
+        self._auto_checkpoint = auto_checkpoint
+        self._checkpoint = checkpoint_id(checkpoint) if checkpoint is not None else None
         self._create_timeout = timeout
         self._http = HTTPClient(resolve_config(url, api_key))
         self._state = _State.UNOPENED
@@ -133,6 +138,8 @@ class AsyncSandbox:
         api_key: str | None = None,
         timeout: float = CREATE_TIMEOUT,
         network: str | Mapping[str, Any] | None = None,
+        auto_checkpoint: bool | int = False,
+        checkpoint: Checkpoint | str | None = None,
     ) -> AsyncSandbox:
         """Create a sandbox on the server and return a handle to it.
 
@@ -141,7 +148,10 @@ class AsyncSandbox:
         is stored with the sandbox. ``timeout`` bounds the whole creation, boot included.
         ``network``: ``"none"`` (the default), ``"allowlist"`` (the server's package indexes and
         listed hosts only), ``"outbound"``, or ``{"mode": "allowlist", "allow": ["host:port"]}``
-        (docs/network.md).
+        (docs/network.md). ``auto_checkpoint``: keep the state before each ``run_code`` call so
+        that ``undo()`` can rewind it (True: the last 5 calls; an int: that many).
+        ``checkpoint``: start the sandbox holding a checkpoint's state instead of a fresh
+        template (a branch; ``template`` is then the checkpoint's).
         """
         sbx = cls(
             template=template,
@@ -151,6 +161,8 @@ class AsyncSandbox:
             api_key=api_key,
             timeout=timeout,
             network=network,
+            auto_checkpoint=auto_checkpoint,
+            checkpoint=checkpoint,
         )
         await sbx._open()
         return sbx
@@ -183,6 +195,10 @@ class AsyncSandbox:
             body["idle_timeout_seconds"] = self._idle_timeout_seconds
         if self._network is not None:
             body["network"] = self._network
+        if self._auto_checkpoint:
+            body["auto_checkpoint"] = self._auto_checkpoint
+        if self._checkpoint is not None:
+            body["checkpoint"] = self._checkpoint
         try:
             created = await self._http.request(
                 "POST", "/v1/sandboxes", json_body=body, timeout=self._create_timeout
@@ -419,6 +435,8 @@ class AsyncSandbox:
             child._idle_timeout_seconds = self._idle_timeout_seconds
             child._metadata = dict(self._metadata)
             child._network = self._network
+            child._auto_checkpoint = False
+            child._checkpoint = None
             child._create_timeout = self._create_timeout
             child._http = HTTPClient(self._http.config)  # its session opens on first use
             child._info = SandboxInfo.from_wire(item)

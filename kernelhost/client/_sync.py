@@ -24,6 +24,7 @@ from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 
+from kernelhost.client._checkpoints import Checkpoint
 from kernelhost.client._exceptions import KernelHostError
 from kernelhost.client._files import AsyncFiles
 from kernelhost.client._models import SandboxInfo
@@ -197,6 +198,8 @@ class Sandbox:
         api_key: str | None = None,
         timeout: float = CREATE_TIMEOUT,
         network: str | Mapping[str, Any] | None = None,
+        auto_checkpoint: bool | int = False,
+        checkpoint: Checkpoint | str | None = None,
     ) -> None:
         # Configuration errors (no API key, bad URL) surface here, before a thread exists.
         sbx = AsyncSandbox(
@@ -207,6 +210,8 @@ class Sandbox:
             api_key=api_key,
             timeout=timeout,
             network=network,
+            auto_checkpoint=auto_checkpoint,
+            checkpoint=checkpoint,
         )
         loop_thread = _LoopThread()
         try:
@@ -258,6 +263,11 @@ class Sandbox:
     run_code = _sync_method(AsyncSandbox.run_code)
     interrupt = _sync_method(AsyncSandbox.interrupt)
     restart = _sync_method(AsyncSandbox.restart)
+    checkpoint = _sync_method(AsyncSandbox.checkpoint)
+    checkpoints = _sync_method(AsyncSandbox.checkpoints)
+    delete_checkpoint = _sync_method(AsyncSandbox.delete_checkpoint)
+    restore = _sync_method(AsyncSandbox.restore)
+    undo = _sync_method(AsyncSandbox.undo)
 
     @_doc_from(AsyncSandbox.fork)
     def fork(self, n: int = 1, timeout: float = CREATE_TIMEOUT) -> builtins.list[Sandbox]:

@@ -188,6 +188,8 @@ _STATUS_NOTES = {
     "every variable and import is gone]",
     ExecutionStatus.RESTARTED: "[the kernel was restarted while this ran: every variable and import is gone]",
     ExecutionStatus.INTERRUPTED: "[interrupted before it finished]",
+    ExecutionStatus.RESTORED: "[the sandbox was rewound to a checkpoint while this ran: its variables "
+    "and files are as they were at that checkpoint]",
 }
 #: The error a bash command gets for a non-zero exit; the exit code note says it already.
 _COMMAND_FAILED = "CommandFailed"

@@ -10,6 +10,9 @@ its tool). ``kernelhost/api/errors.py`` maps each error to an HTTP status in one
     ├── SandboxNotFound         absent, or owned by another key
     ├── TemplateNotFound        no such template for this key (another key's is absent too)
     ├── TemplateConflict        in use, being built, not built yet, or not this key's
+    ├── CheckpointNotFound      no such checkpoint of this key's sandbox
+    ├── CheckpointUnusable      a checkpoint whose base snapshot is gone
+    ├── SandboxBusy             a call runs that the operation must not cut short
     ├── SandboxNotRunning       dead or being deleted
     ├── CapacityExceeded        a limit was reached, names the setting
     ├── BootFailed              the VM did not reach a ready kernel
@@ -35,6 +38,7 @@ class Remedy(enum.StrEnum):
     LIST_SANDBOXES = "list_sandboxes"  # look up the sandboxes this key holds
     LIST_DIRECTORY = "list_directory"  # the path is a directory: list it instead
     LIST_TEMPLATES = "list_templates"  # look up the templates this key may use
+    LIST_CHECKPOINTS = "list_checkpoints"  # look up the sandbox's checkpoints
 
 
 class SandboxError(Exception):
@@ -82,6 +86,24 @@ class TemplateNotFound(SandboxError):
 
 class TemplateConflict(SandboxError):
     code = "template_conflict"
+
+
+class CheckpointNotFound(SandboxError):
+    code = "checkpoint_not_found"
+    remedy = Remedy.LIST_CHECKPOINTS
+
+    def __init__(self, checkpoint_id: str, why: str = "") -> None:
+        super().__init__(
+            why or f"no checkpoint {checkpoint_id!r} for this API key", checkpoint_id=checkpoint_id
+        )
+
+
+class CheckpointUnusable(SandboxError):
+    code = "checkpoint_unusable"
+
+
+class SandboxBusy(SandboxError):
+    code = "sandbox_busy"
 
 
 class SandboxNotRunning(SandboxError):

@@ -68,6 +68,8 @@ class Lifecycle:
         self.ctx = ctx
         self.registry = ctx.registry
         self.resolve = resolve
+        #: called with each sandbox ``remove`` took out (its checkpoints go with it)
+        self.on_remove: list[Callable[[Sandbox], None]] = []
 
     # -- create --------------------------------------------------------------------------------
 
@@ -81,7 +83,7 @@ class Lifecycle:
             )
         return idle
 
-    def _metadata(self, metadata: dict[str, str] | None) -> dict[str, str]:
+    def check_metadata(self, metadata: dict[str, str] | None) -> dict[str, str]:
         """Checked against ``max_metadata_bytes``: it is kept in every record, copied into every
         fork child and sent with every listing."""
         data = dict(metadata or {})
@@ -117,6 +119,7 @@ class Lifecycle:
         idle_timeout: int | None = None,
         metadata: dict[str, str] | None = None,
         network: Any = None,
+        auto_checkpoint: int = 0,
     ) -> Sandbox:
         t0 = time.monotonic()
         name, image = self._image(owner, template)
@@ -125,7 +128,7 @@ class Lifecycle:
         shape = self.ctx.shape_for(image)
         with self.registry.reserve(owner, 1, shape.memory_mib):
             idle = self.idle_timeout(idle_timeout)
-            meta = self._metadata(metadata)
+            meta = self.check_metadata(metadata)
             rec = new_record(
                 owner=owner,
                 template=name,
@@ -136,6 +139,7 @@ class Lifecycle:
                 metadata=meta,
                 network=spec.to_dict(),
             )
+            rec.auto_checkpoint = auto_checkpoint
             sbx = Sandbox(rec)
             vms = self.ctx.vms
             clone = vms.pool.take(name) if vms.use_snapshots else None
@@ -277,6 +281,8 @@ class Lifecycle:
         await self.destroy_vm(sbx)
         self.registry.forget(sbx.id)
         self.ctx.hibernation_file(sbx.record).unlink(missing_ok=True)
+        for hook in self.on_remove:
+            hook(sbx)
         log.info("sandbox.removed", sandbox_id=sbx.id, reason=reason)
 
     # -- service start ---------------------------------------------------------------------------

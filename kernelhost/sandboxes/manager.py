@@ -6,7 +6,8 @@ input and running executions; each capability lives in its own module (docs/arch
 - ``lifecycle``: create, bind to a channel, lose, remove, reconcile at start;
 - ``hibernation``: hibernate, wake, and the idle reaper;
 - ``recovery``: interrupt, restart, VM replacement;
-- ``fork``; ``files``; ``network``; ``session`` (co-attached Jupyter clients);
+- ``fork``; ``checkpoints`` (checkpoint, restore, undo, branch); ``files``; ``network``;
+  ``session`` (co-attached Jupyter clients);
 - ``execution``: one call on the kernel or in bash, and the timeout ladder.
 """
 
@@ -27,6 +28,8 @@ from ..config import Settings
 from ..metrics import Metrics
 from ..tasks import TaskSet
 from ..templates.builds import Build
+from .checkpoint_store import CheckpointRecord, CheckpointStore
+from .checkpoints import Checkpoints
 from .context import Context
 from .errors import InvalidRequest
 from .execution import LANGUAGES, Cell, CellPolicy, End, Event, OutputLimits, RunningCall, run_cell
@@ -82,6 +85,9 @@ class SandboxManager:
         self._reaper = Reaper(ctx, self._lifecycle, self._hibernation)
         self._recovery = Recoverer(ctx, self._lifecycle, self._hibernation)
         self._forker = Forker(ctx, self._lifecycle, self._hibernation)
+        self._checkpoints = Checkpoints(
+            ctx, self._lifecycle, CheckpointStore(store.db), self._recovery.drop_vm
+        )
         self.files = FileService(settings, self._hibernation.settle)
         self.sessions = Sessions(
             registry, self._hibernation.ensure_awake, send_timeout=settings.agent_timeout
@@ -100,6 +106,7 @@ class SandboxManager:
         """Reattach to running VMs, destroy strays, start the reaper and the warm pools."""
         await self._ctx.vms.prepare()
         await self._lifecycle.reconcile()
+        self._checkpoints.start()
         await asyncio.to_thread(self._templates.start)
         tasks = self._ctx.tasks
         self._background = [
@@ -212,8 +219,20 @@ class SandboxManager:
         idle_timeout: int | None = None,
         metadata: dict[str, str] | None = None,
         network: Any = None,
+        auto_checkpoint: object = None,
+        checkpoint: str | None = None,
     ) -> Sandbox:
-        return await self._lifecycle.create(owner, template, idle_timeout, metadata, network)
+        """A new sandbox of ``template``, or (``checkpoint``) holding a checkpoint's state.
+        ``auto_checkpoint``: true, or how many calls ``undo`` reaches."""
+        keep = Checkpoints.keep_of(auto_checkpoint)
+        if checkpoint is None:
+            return await self._lifecycle.create(owner, template, idle_timeout, metadata, network, keep)
+        idle = self._lifecycle.idle_timeout(idle_timeout)
+        meta = self._lifecycle.check_metadata(metadata)
+        sbx = await self._checkpoints.branch(owner, checkpoint, idle, meta)
+        if keep:
+            self._ctx.registry.update(sbx, auto_checkpoint=keep)
+        return sbx
 
     async def delete(self, owner: str, sandbox_id: str) -> None:
         await self._lifecycle.delete(owner, sandbox_id)
@@ -234,6 +253,26 @@ class SandboxManager:
 
     async def fork(self, owner: str, sandbox_id: str, n: int = 1) -> list[Sandbox]:
         return await self._forker.fork(owner, sandbox_id, n)
+
+    # -- checkpoints -----------------------------------------------------------------------------
+
+    async def checkpoint(self, sbx: Sandbox, label: str | None = None) -> CheckpointRecord:
+        return await self._checkpoints.checkpoint(sbx, label)
+
+    def checkpoints(self, sbx: Sandbox) -> list[CheckpointRecord]:
+        return self._checkpoints.of(sbx)
+
+    def get_checkpoint(self, owner: str, checkpoint_id: str) -> CheckpointRecord:
+        return self._checkpoints.get(owner, checkpoint_id)
+
+    async def delete_checkpoint(self, sbx: Sandbox, checkpoint_id: str) -> None:
+        await self._checkpoints.delete(sbx, checkpoint_id)
+
+    async def restore(self, sbx: Sandbox, checkpoint_id: str) -> CheckpointRecord:
+        return await self._checkpoints.restore(sbx, checkpoint_id)
+
+    async def undo(self, sbx: Sandbox, n: int = 1) -> CheckpointRecord:
+        return await self._checkpoints.undo(sbx, n)
 
     async def interrupt(self, sbx: Sandbox) -> bool:
         return await self._recovery.interrupt(sbx)
@@ -282,9 +321,11 @@ class SandboxManager:
             await wait_replacement(sbx)
             ensure_usable(sbx)
             await self._hibernation.ensure_awake(sbx)
+            await self._checkpoints.before_call(sbx)
             agent = sbx.agent
             assert agent is not None
             sbx.call = RunningCall(cell.language)
+            registry.update(sbx, calls=sbx.record.calls + 1)
             registry.touch(sbx)
             t0 = time.monotonic()
             try:
@@ -306,3 +347,4 @@ class SandboxManager:
             finally:
                 sbx.call = None
                 registry.touch(sbx)
+                self._checkpoints.after_call(sbx)

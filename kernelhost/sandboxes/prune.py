@@ -15,7 +15,9 @@ memory, in tmpfs, so in RAM). What is safe to remove, from how they are used:
   current: another service on this host may run with that shape.
   A stale snapshot whose RAM file a running VM still maps (a clone started from it) is kept:
   unlinking it would be safe for that VM but would free nothing until it exits, and the bytes
-  reported freed would be false; the next prune after those clones end removes it.
+  reported freed would be false; the next prune after those clones end removes it. So is one
+  with a file in ``pins/``: a checkpoint's pages were diffed against its RAM, and restoring the
+  checkpoint maps it again (``checkpoint_files.py``).
 - An image build is needed by every VM started from it (QEMU keeps its root file open) and by
   every sandbox record that names it: a wake or a fork of that sandbox starts a VM from exactly
   that build. It is stale when it is no template's current build, no record of this service names
@@ -164,7 +166,10 @@ def stale_snapshots(
         if not reason:
             continue
         art = Artifact("snapshot", path, allocated_bytes(path), reason)
-        if in_use.holds(path):
+        pins = path / "pins"
+        if pins.is_dir() and any(pins.iterdir()):
+            plan.keep.append((art, "checkpoints were taken over it (pins/)"))
+        elif in_use.holds(path):
             plan.keep.append((art, in_use.uncertain or "mapped by a running VM (a clone of it)"))
         else:
             plan.remove.append(art)

@@ -111,7 +111,7 @@ class Recoverer:
                 return False
             log.warning("sandbox.replacing_vm", sandbox_id=sbx.id, domain=sbx.record.domain, reason=reason)
             t0 = time.monotonic()
-            await self._drop_old_vm(sbx)
+            await self.drop_vm(sbx)
             if not self.registry.holds(sbx):
                 return False
             await self._launch_new_vm(sbx, reason)
@@ -129,7 +129,9 @@ class Recoverer:
             )
             return True
 
-    async def _drop_old_vm(self, sbx: Sandbox) -> None:
+    async def drop_vm(self, sbx: Sandbox) -> None:
+        """Close the sandbox's channel and destroy its VM (or its hibernated state); the
+        caller holds ``sbx.vm_lock`` and gives it another VM."""
         old_agent, sbx.agent = sbx.agent, None
         if old_agent is not None:
             await old_agent.close()

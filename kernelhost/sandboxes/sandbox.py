@@ -83,6 +83,8 @@ class Sandbox:
     replacement: asyncio.Task[bool] | None = None  # a VM replacement in progress
     net: Tunnels | None = None  # the host side of the guest's network tunnels
     kernel: KernelSession | None = None  # the Jupyter clients attached to it (co-attach)
+    #: auto_checkpoint: the state changed since the last automatic checkpoint
+    checkpoint_stale: bool = True
 
     @property
     def id(self) -> str:
@@ -120,6 +122,7 @@ class Sandbox:
             "vcpus": r.vcpus,
             "metadata": r.metadata,
             "network": NetworkSpec.from_dict(r.network).to_dict(),
+            "auto_checkpoint": r.auto_checkpoint,
             **({"detail": r.detail} if r.detail else {}),
         }
 

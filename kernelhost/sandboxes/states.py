@@ -21,6 +21,7 @@ class ExecutionStatus(enum.StrEnum):
     TIMEOUT = "timeout"  # it hit its deadline; ``Recovery`` says what stopped it
     INTERRUPTED = "interrupted"  # an interrupt request stopped it
     RESTARTED = "restarted"  # a restart request ended it
+    RESTORED = "restored"  # the sandbox was rewound to a checkpoint (or a call undone) meanwhile
     KERNEL_DIED = "kernel_died"  # the kernel process, or the whole VM, was lost
 
 

@@ -32,7 +32,9 @@ CREATE TABLE IF NOT EXISTS sandboxes (
     image_key TEXT NOT NULL,
     metadata TEXT NOT NULL DEFAULT '{}',
     detail TEXT NOT NULL DEFAULT '',
-    network TEXT NOT NULL DEFAULT '{"mode": "none", "allow": []}'
+    network TEXT NOT NULL DEFAULT '{"mode": "none", "allow": []}',
+    auto_checkpoint INTEGER NOT NULL DEFAULT 0,
+    calls INTEGER NOT NULL DEFAULT 0
 );
 CREATE INDEX IF NOT EXISTS sandboxes_owner ON sandboxes(owner);
 """
@@ -40,6 +42,8 @@ CREATE INDEX IF NOT EXISTS sandboxes_owner ON sandboxes(owner);
 # at start (its sandboxes get the default: network mode "none", what they had).
 MIGRATIONS = {
     "network": """TEXT NOT NULL DEFAULT '{"mode": "none", "allow": []}'""",
+    "auto_checkpoint": "INTEGER NOT NULL DEFAULT 0",
+    "calls": "INTEGER NOT NULL DEFAULT 0",
 }
 JSON_FIELDS = ("metadata", "network")
 
@@ -70,6 +74,8 @@ class SandboxRecord:
     metadata: dict[str, str] = field(default_factory=dict)
     detail: str = ""
     network: dict[str, Any] = field(default_factory=lambda: {"mode": "none", "allow": []})
+    auto_checkpoint: int = 0  # checkpoints kept before calls (undo); 0: none are taken
+    calls: int = 0  # executions started (what undo counts back from)
 
 
 class Store:

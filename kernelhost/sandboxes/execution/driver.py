@@ -192,6 +192,13 @@ class _Driver:
                 "the sandbox was restarted by a restart request "
                 "while this call ran; variables, imports and the shell's state are lost",
             )
+        if m.msg_type == "restored":
+            self.status = ExecutionStatus.RESTORED
+            return Error(
+                "SandboxRestored",
+                f"the sandbox was rewound to checkpoint {m.content.get('checkpoint')} while this "
+                "call ran; its variables and files are as they were then",
+            )
         return None
 
     def _as_timeout(self, event: Event) -> Event:

@@ -1,0 +1,190 @@
+"""The VM side of checkpoints: freeze a running VM's whole state, keep of it only what differs
+from its template snapshot, compressed; and start a VM from such a file.
+
+A checkpoint is taken in two steps. ``freeze`` pauses the VM just long enough for QEMU to save
+its whole state (RAM included) to a file on tmpfs, and resumes it. ``store`` then, off the
+sandbox's path, drops every RAM page that equals the template snapshot's page at that offset
+(``hypervisor.diff_stream``) and compresses the rest (zstd) into the checkpoint's file on disk.
+``launch`` loads that file into a new VM whose RAM maps the same snapshot privately, like any
+clone: the pages the file no longer carries are already there.
+
+The snapshot a checkpoint was diffed against is its ``base``: that snapshot's directory and
+build time. A pin file in the snapshot (``pins/<checkpoint id>``) keeps pruning from removing it
+while the checkpoint exists; a base rebuilt since (the host restarted and its tmpfs was emptied)
+makes the checkpoint unusable, which ``launch`` says rather than loading a wrong RAM.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import mmap
+import os
+import shutil
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import structlog
+import zstandard
+
+from hypervisor import MEM_ID, GuestImage, HypervisorError, diff_stream
+
+from .errors import CheckpointUnusable
+from .snapshots import Snapshot
+from .vms import Launched, VmFactory, VmTimings
+
+log = structlog.get_logger("kernelhost.checkpoints")
+
+STORE_CONCURRENCY = 2  # checkpoints diffed and compressed at once (each reads a whole VM state)
+ZSTD_LEVEL = 1
+
+
+class CheckpointFiles:
+    def __init__(self, vms: VmFactory, checkpoint_dir: Path) -> None:
+        self.vms = vms
+        self.dir = checkpoint_dir
+        self.tmp = vms.ram_dir / "checkpoints" / vms.hv.prefix.rstrip("-")
+        self._slots = asyncio.Semaphore(STORE_CONCURRENCY)
+
+    def prepare(self) -> None:
+        """Create the directories; remove what a killed predecessor left half written."""
+        shutil.rmtree(self.tmp, ignore_errors=True)
+        self.tmp.mkdir(parents=True, exist_ok=True)
+        self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        for part in self.dir.glob("*/*.part"):
+            part.unlink(missing_ok=True)
+
+    def path_for(self, sandbox_id: str, checkpoint_id: str) -> Path:
+        return self.dir / sandbox_id / f"{checkpoint_id}.zst"
+
+    # -- taking --------------------------------------------------------------------------------
+
+    async def freeze(self, domain: str) -> Path:
+        """The running VM's whole state, in a file on tmpfs; the VM runs on once it is saved."""
+        path = self.tmp / f"{domain}-{uuid.uuid4().hex[:8]}.state"
+        try:
+            await asyncio.to_thread(self.vms.hv.freeze, domain, path, ignore_shared=False, resume=True)
+        except BaseException:
+            path.unlink(missing_ok=True)
+            raise
+        return path
+
+    async def store(
+        self, full: Path, dest: Path, image: GuestImage, checkpoint_id: str
+    ) -> tuple[int, dict[str, Any]]:
+        """Write the checkpoint file ``dest`` from the whole state ``full``; its size and base."""
+        snap = self.vms.snapshots.current(image) if self.vms.use_snapshots else None
+        base = _base_of(snap) if snap is not None else {}
+        async with self._slots:
+            t0 = time.monotonic()
+            size = await asyncio.to_thread(_write, full, dest, snap.ram if snap is not None else None)
+        if snap is not None:
+            _pin(snap.path, checkpoint_id)
+        log.info(
+            "checkpoint.stored",
+            checkpoint_id=checkpoint_id,
+            bytes=size,
+            state_bytes=full.stat().st_size,
+            ms=round((time.monotonic() - t0) * 1000),
+        )
+        return size, base
+
+    def remove(self, path: Path, checkpoint_id: str, base: dict[str, Any]) -> None:
+        """Delete a checkpoint's file and its pin on the base (idempotent)."""
+        path.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            path.parent.rmdir()  # the sandbox's directory, once empty
+        if base.get("path"):
+            (Path(base["path"]) / "pins" / checkpoint_id).unlink(missing_ok=True)
+
+    # -- loading -------------------------------------------------------------------------------
+
+    def _snapshot(self, image: GuestImage, base: dict[str, Any]) -> Snapshot | None:
+        if not base:
+            return None
+        path = Path(base["path"])
+        try:
+            meta = json.loads((path / "meta.json").read_text())
+        except (OSError, ValueError):
+            meta = {}
+        if meta.get("built_at") != base.get("built_at") or not (path / "ram").is_file():
+            raise CheckpointUnusable(
+                f"the template snapshot this checkpoint was taken over ({path.name}) is gone or was "
+                "rebuilt since (the host restarted?), so its memory cannot be put back; take a new "
+                "checkpoint",
+                base=path.name,
+            )
+        return Snapshot(image.template, str(meta.get("key", "")), path, image.key)
+
+    async def launch(
+        self, domain: str, image: GuestImage, path: Path, base: dict[str, Any], meta: dict[str, str]
+    ) -> Launched:
+        """Start ``domain`` from the checkpoint file ``path``; on failure nothing of it is left."""
+        snap = self._snapshot(image, base)
+        if not path.is_file():
+            raise CheckpointUnusable(f"the file of this checkpoint is missing ({path.name})", file=str(path))
+        vms = self.vms
+        t0 = time.monotonic()
+        state = self.tmp / f"{domain}-load.state"
+        try:
+            await asyncio.to_thread(_unpack, path, state)
+            spec = vms._spec(domain, image, meta, mem_path=snap.ram if snap else None, incoming=True)
+            await asyncio.to_thread(vms.hv.start_from_state, spec, state, ignore_shared=False)
+            t1 = time.monotonic()
+            agent = await vms.connect_agent(spec.channel_socket, vms.timeouts.attach)
+            t2 = time.monotonic()
+            try:
+                await vms.hygiene(agent)
+            except BaseException:
+                await agent.close()
+                raise
+        except BaseException:
+            await vms.destroy_tracked(domain)
+            raise
+        finally:
+            state.unlink(missing_ok=True)
+        return Launched(agent, VmTimings("checkpoint", t1 - t0, t2 - t1, time.monotonic() - t2))
+
+
+def _base_of(snap: Snapshot) -> dict[str, Any]:
+    try:
+        built_at = json.loads((snap.path / "meta.json").read_text()).get("built_at")
+    except (OSError, ValueError) as exc:
+        raise HypervisorError(f"the template snapshot {snap.path.name} cannot be read: {exc}") from exc
+    return {"path": str(snap.path), "built_at": built_at}
+
+
+def _pin(snapshot_dir: Path, checkpoint_id: str) -> None:
+    pins = snapshot_dir / "pins"
+    pins.mkdir(exist_ok=True)
+    (pins / checkpoint_id).touch()
+
+
+def _write(full: Path, dest: Path, base_ram: Path | None) -> int:
+    dest.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    part = dest.with_suffix(".part")
+    try:
+        with contextlib.ExitStack() as stack:
+            src = stack.enter_context(full.open("rb"))
+            data = stack.enter_context(mmap.mmap(src.fileno(), 0, prot=mmap.PROT_READ))
+            base = None
+            if base_ram is not None:
+                bf = stack.enter_context(base_ram.open("rb"))
+                base = stack.enter_context(mmap.mmap(bf.fileno(), 0, prot=mmap.PROT_READ))
+            out = stack.enter_context(part.open("wb"))
+            compressor = zstandard.ZstdCompressor(level=ZSTD_LEVEL, threads=2)
+            writer = stack.enter_context(compressor.stream_writer(out, closefd=False))
+            diff_stream(data, writer.write, main_block=MEM_ID, base=base)
+        os.replace(part, dest)
+    except BaseException:
+        part.unlink(missing_ok=True)
+        raise
+    return dest.stat().st_size
+
+
+def _unpack(path: Path, state: Path) -> None:
+    with path.open("rb") as src, state.open("wb") as out:
+        zstandard.ZstdDecompressor().copy_stream(src, out, write_size=1 << 20)

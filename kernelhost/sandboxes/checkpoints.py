@@ -1,0 +1,463 @@
+"""Checkpoints: a sandbox's whole state (kernel memory, the writable files, the shell) kept on
+disk, to rewind the same sandbox to (``restore``), to start a new one from (``branch``), or, with
+``auto_checkpoint``, to undo the last calls.
+
+Taking one holds the sandbox's execution lock only while its VM is paused and saved
+(``CheckpointFiles.freeze``); the diff against the template snapshot and the compression run
+afterwards, as an owned task, while the sandbox answers again. A restore replaces the sandbox's
+VM with one loaded from the file (same id, owner, network mode; fresh clock and random seeds);
+a call running at that moment ends with status ``restored``. Automatic checkpoints are taken
+right after each call, in the background, as the state "before the next call" (a call that
+comes before it is written takes it first, synchronously); the newest ``keep`` + 1 are kept.
+
+Budgets: ``max_checkpoint_bytes_per_key`` (the compressed files of a key's sandboxes) and
+``max_checkpoints_per_sandbox`` (those taken by hand); either answers ``CapacityExceeded``
+naming it, and nothing of the sandbox or its other checkpoints is lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import structlog
+
+from hypervisor import GuestImage, HypervisorError, ImageNotFound, StreamNotUnderstood
+
+from ..channel import ChannelError
+from ..ratelimit import TokenBucket
+from .checkpoint_files import CheckpointFiles
+from .checkpoint_store import CheckpointRecord, CheckpointStore, new_checkpoint_id
+from .context import Context
+from .errors import (
+    BootFailed,
+    CapacityExceeded,
+    CheckpointNotFound,
+    CheckpointUnusable,
+    InvalidRequest,
+    Remedy,
+    SandboxBusy,
+    SandboxError,
+    SandboxNotFound,
+)
+from .lifecycle import Lifecycle
+from .registry import new_record
+from .sandbox import Sandbox, ensure_usable, wait_replacement
+from .states import SandboxState
+
+log = structlog.get_logger("kernelhost.checkpoints")
+
+MAX_LABEL = 200
+DEFAULT_KEEP = 5
+MAX_KEEP = 50
+
+
+@dataclass
+class Frozen:
+    """A sandbox's whole state, saved and waiting to be diffed into a checkpoint."""
+
+    path: Path
+    owned: bool  # a file of our own (removed after), not the hibernation file's link
+    image: GuestImage
+
+
+DropVm = Callable[[Sandbox], Awaitable[None]]
+
+
+class Checkpoints:
+    def __init__(self, ctx: Context, lifecycle: Lifecycle, store: CheckpointStore, drop_vm: DropVm) -> None:
+        self.ctx = ctx
+        self.lifecycle = lifecycle
+        self.registry = ctx.registry
+        self.store = store
+        self.drop_vm = drop_vm
+        self.files = CheckpointFiles(ctx.vms, ctx.settings.checkpoint_dir)
+        self._writing: dict[str, set[asyncio.Task[CheckpointRecord]]] = {}
+        self._warned = TokenBucket(1 / 60, 5.0)  # failed automatic checkpoints logged
+        lifecycle.on_remove.append(self.drop_all)
+
+    def start(self) -> None:
+        """At service start, after reconcile: files and records no live sandbox owns go."""
+        self.files.prepare()
+        live = {s.id for s in self.registry}
+        for cp in self.store.all():
+            if cp.sandbox_id not in live:
+                self._delete(cp)
+        known = {Path(cp.path) for cp in self.store.all()}
+        for path in self.files.dir.glob("*/*.zst"):
+            if path not in known:
+                path.unlink(missing_ok=True)
+
+    # -- options ---------------------------------------------------------------------------------
+
+    @staticmethod
+    def keep_of(auto_checkpoint: object) -> int:
+        """The create option ``auto_checkpoint`` (false, true, or how many calls undo reaches)."""
+        if auto_checkpoint is None or auto_checkpoint is False:
+            return 0
+        if auto_checkpoint is True:
+            return DEFAULT_KEEP
+        if isinstance(auto_checkpoint, int) and 1 <= auto_checkpoint <= MAX_KEEP:
+            return auto_checkpoint
+        raise InvalidRequest(
+            f"auto_checkpoint={auto_checkpoint!r} is not valid; use true (undo reaches the last "
+            f"{DEFAULT_KEEP} calls), false, or the number of calls undo reaches (1 to {MAX_KEEP})",
+            field="auto_checkpoint",
+        )
+
+    # -- lookups ---------------------------------------------------------------------------------
+
+    def get(self, owner: str, checkpoint_id: str) -> CheckpointRecord:
+        cp = self.store.get(checkpoint_id) if isinstance(checkpoint_id, str) else None
+        if cp is None or cp.owner != owner:
+            raise CheckpointNotFound(str(checkpoint_id))
+        return cp
+
+    def of(self, sbx: Sandbox) -> list[CheckpointRecord]:
+        return self.store.of_sandbox(sbx.id)
+
+    # -- taking ----------------------------------------------------------------------------------
+
+    async def checkpoint(self, sbx: Sandbox, label: str | None = None) -> CheckpointRecord:
+        """Freeze the sandbox's whole state into a new checkpoint; it runs on once it is saved."""
+        label = self._label(label)
+        manual = [c for c in self.of(sbx) if not c.auto]
+        limit = self.ctx.settings.max_checkpoints_per_sandbox
+        if len(manual) >= limit:
+            raise CapacityExceeded(
+                f"sandbox {sbx.id} keeps {len(manual)} checkpoints, the limit "
+                f"(max_checkpoints_per_sandbox); delete some first",
+                limit="max_checkpoints_per_sandbox",
+                value=limit,
+            )
+        self._check_budget(sbx.record.owner, 0)
+        async with sbx.lock.hold("checkpoint"):
+            frozen = await self._freeze(sbx)
+        return await self._write(sbx, frozen, label=label)
+
+    def _label(self, label: object) -> str:
+        if label is None:
+            return ""
+        if not isinstance(label, str) or len(label) > MAX_LABEL:
+            raise InvalidRequest(
+                f"label={str(label)[:40]!r} must be a string of at most {MAX_LABEL} characters",
+                field="label",
+            )
+        return label
+
+    def _check_budget(self, owner: str, adding: int) -> None:
+        used = self.store.bytes_of(owner)
+        limit = self.ctx.settings.max_checkpoint_bytes_per_key
+        if used + adding > limit or used >= limit:
+            more = f"; this one takes {adding} bytes more" if adding else ""
+            raise CapacityExceeded(
+                f"this API key's checkpoints take {used} bytes of disk{more}, over the limit of "
+                f"{limit} bytes (max_checkpoint_bytes_per_key); delete checkpoints, or raise the setting",
+                limit="max_checkpoint_bytes_per_key",
+                value=limit,
+            )
+
+    async def _freeze(self, sbx: Sandbox) -> Frozen:
+        """The caller holds ``sbx.lock``: the saved state is the kernel between calls."""
+        await wait_replacement(sbx)
+        ensure_usable(sbx)
+        async with sbx.vm_lock:
+            if not self.registry.holds(sbx):
+                raise SandboxNotFound(sbx.id)
+            rec = sbx.record
+            image = self.ctx.image_of(rec)
+            try:
+                if rec.state == SandboxState.HIBERNATED:  # its saved state is already on disk
+                    hib = self.ctx.hibernation_file(rec)
+                    link = hib.with_name(f"{hib.name}.cp-{new_checkpoint_id()}")
+                    link.hardlink_to(hib)  # a wake's unlink leaves this name
+                    return Frozen(link, True, image)
+                return Frozen(await self.files.freeze(rec.domain), True, image)
+            except (HypervisorError, OSError) as exc:
+                raise BootFailed(
+                    f"the state of sandbox {sbx.id} could not be saved: {exc}", sandbox_id=sbx.id
+                ) from exc
+
+    async def _write(
+        self, sbx: Sandbox, frozen: Frozen, *, label: str = "", auto: bool = False, call_index: int = 0
+    ) -> CheckpointRecord:
+        """Diff and compress ``frozen`` into a checkpoint in an owned task (a client that goes
+        away does not leave it half done); a restore waits for the sandbox's writes."""
+        rec = sbx.record
+        cp = CheckpointRecord(
+            id=new_checkpoint_id(),
+            sandbox_id=rec.id,
+            owner=rec.owner,
+            template=rec.template,
+            image_key=frozen.image.key,
+            path="",
+            label=label,
+            auto=auto,
+            call_index=call_index,
+        )
+        cp.path = str(self.files.path_for(rec.id, cp.id))
+        task = self.ctx.tasks.spawn(
+            self._store(sbx, frozen, cp), name=f"checkpoint:{cp.id}", expected=(SandboxError,)
+        )
+        pending = self._writing.setdefault(sbx.id, set())
+        pending.add(task)
+        task.add_done_callback(pending.discard)
+        return await asyncio.shield(task)
+
+    async def _store(self, sbx: Sandbox, frozen: Frozen, cp: CheckpointRecord) -> CheckpointRecord:
+        try:
+            cp.bytes, cp.base = await self.files.store(frozen.path, Path(cp.path), frozen.image, cp.id)
+        except (OSError, HypervisorError, StreamNotUnderstood) as exc:
+            raise BootFailed(f"checkpoint of sandbox {sbx.id} failed: {exc}", sandbox_id=sbx.id) from exc
+        finally:
+            if frozen.owned:
+                frozen.path.unlink(missing_ok=True)
+        if not self.registry.holds(sbx):  # deleted meanwhile
+            self.files.remove(Path(cp.path), cp.id, cp.base)
+            raise SandboxNotFound(sbx.id)
+        try:
+            self._check_budget(cp.owner, cp.bytes)
+        except CapacityExceeded:
+            self.files.remove(Path(cp.path), cp.id, cp.base)
+            raise
+        if cp.auto:
+            for old in self.of(sbx):  # a later state's "before call n" is now in the future
+                if old.auto and old.call_index >= cp.call_index:
+                    self._delete(old)
+        self.store.insert(cp)
+        if cp.auto:
+            autos = [c for c in self.of(sbx) if c.auto]
+            for old in autos[: max(0, len(autos) - (sbx.record.auto_checkpoint + 1))]:
+                self._delete(old)
+        log.info("checkpoint.taken", sandbox_id=sbx.id, checkpoint_id=cp.id, bytes=cp.bytes, auto=cp.auto)
+        return cp
+
+    async def settle(self, sbx: Sandbox) -> None:
+        """Wait for the checkpoints of ``sbx`` being written (their errors are theirs)."""
+        pending = list(self._writing.get(sbx.id, ()))
+        if pending:
+            await asyncio.gather(*[asyncio.shield(t) for t in pending], return_exceptions=True)
+
+    # -- automatic checkpoints -------------------------------------------------------------------
+
+    async def before_call(self, sbx: Sandbox) -> None:
+        """The caller holds ``sbx.lock`` and is about to run call number ``calls + 1``."""
+        if not sbx.record.auto_checkpoint or not sbx.checkpoint_stale:
+            return
+        await self._auto(sbx)
+
+    def after_call(self, sbx: Sandbox) -> None:
+        """A call ended: the state before the next one is taken now, in the background."""
+        if not sbx.record.auto_checkpoint or not self.registry.holds(sbx):
+            return
+        sbx.checkpoint_stale = True
+        self.ctx.tasks.spawn(self._auto_after(sbx), name=f"auto-checkpoint:{sbx.id}")
+
+    async def _auto_after(self, sbx: Sandbox) -> None:
+        async with sbx.lock.hold("auto-checkpoint"):
+            if not sbx.checkpoint_stale or not self.registry.holds(sbx):
+                return  # a call that came first took it
+            await self._auto(sbx)
+
+    async def _auto(self, sbx: Sandbox) -> None:
+        sbx.checkpoint_stale = False
+        index = sbx.record.calls + 1
+        try:
+            frozen = await self._freeze(sbx)
+        except SandboxError as exc:
+            self._warn(sbx, exc)
+            return
+        task = self._write(sbx, frozen, label=f"before call {index}", auto=True, call_index=index)
+        # written in the background; the call runs meanwhile
+        self.ctx.tasks.spawn(self._log_failure(sbx, task), name=f"auto-checkpoint-write:{sbx.id}")
+
+    async def _log_failure(self, sbx: Sandbox, write: Awaitable[CheckpointRecord]) -> None:
+        try:
+            await write
+        except SandboxError as exc:
+            self._warn(sbx, exc)
+
+    def _warn(self, sbx: Sandbox, exc: SandboxError) -> None:
+        if self._warned.take():
+            log.warning("checkpoint.auto_failed", sandbox_id=sbx.id, error=exc.message)
+
+    # -- restore, undo, branch -------------------------------------------------------------------
+
+    async def restore(self, sbx: Sandbox, checkpoint_id: str, *, stale: bool = True) -> CheckpointRecord:
+        """Rewind ``sbx`` to its checkpoint; a call running now ends with status ``restored``."""
+        cp = self.get(sbx.record.owner, checkpoint_id)
+        if cp.sandbox_id != sbx.id:
+            raise InvalidRequest(
+                f"checkpoint {cp.id} is of sandbox {cp.sandbox_id}, not {sbx.id}; start a new "
+                "sandbox from it (create with checkpoint) or restore that sandbox",
+                field="checkpoint",
+            )
+        await self.settle(sbx)
+        if sbx.call is not None:
+            sbx.call.notify("restored", checkpoint=cp.id)
+        timeout = self.ctx.settings.agent_timeout
+        try:
+            async with asyncio.timeout(timeout):
+                await sbx.lock.lease("restore")
+        except TimeoutError:
+            raise SandboxBusy(
+                f"sandbox {sbx.id} is busy (an attached Jupyter client's cell, or a checkpoint) and "
+                f"did not come free within {timeout:g}s; interrupt it and retry",
+                sandbox_id=sbx.id,
+            ) from None
+        try:
+            task = self.ctx.tasks.spawn(
+                self._rewind(sbx, cp), name=f"restore:{sbx.id}", expected=(SandboxError,)
+            )
+            sbx.replacement = task
+            if not await asyncio.shield(task):
+                raise SandboxNotFound(sbx.id)
+        finally:
+            sbx.lock.end_lease("restore")
+        sbx.checkpoint_stale = stale
+        return cp
+
+    async def _rewind(self, sbx: Sandbox, cp: CheckpointRecord) -> bool:
+        async with sbx.vm_lock:
+            if not self.registry.holds(sbx):
+                return False
+            t0 = time.monotonic()
+            image = self._image(cp)
+            await self.drop_vm(sbx)
+            if not self.registry.holds(sbx):
+                return False
+            self.registry.update(
+                sbx, domain=self.ctx.hv.new_name(), state=SandboxState.REPLACING, image_key=cp.image_key
+            )
+            try:
+                await self._launch(sbx, cp, image)
+            except Exception as exc:
+                detail = f"restoring checkpoint {cp.id} failed: {exc or type(exc).__name__}"
+                log.error("checkpoint.restore_failed", sandbox_id=sbx.id, error=detail)
+                if self.registry.holds(sbx):
+                    self.registry.set_state(sbx, SandboxState.DEAD, detail=detail)
+                if isinstance(exc, SandboxError):
+                    raise
+                raise BootFailed(
+                    f"sandbox {sbx.id}: {detail}", remedy=Remedy.RECREATE, sandbox_id=sbx.id
+                ) from exc
+            self.registry.update(sbx, state=SandboxState.RUNNING, detail="")
+            self.registry.touch(sbx)
+            log.info(
+                "checkpoint.restored",
+                sandbox_id=sbx.id,
+                checkpoint_id=cp.id,
+                ms=round((time.monotonic() - t0) * 1000),
+            )
+            return True
+
+    def _image(self, cp: CheckpointRecord) -> GuestImage:
+        try:
+            return self.ctx.images.get_by_key(cp.template, cp.image_key)
+        except ImageNotFound as exc:
+            raise CheckpointUnusable(
+                f"the image build this checkpoint ran ({cp.template}, {cp.image_key}) is gone; "
+                "take a new checkpoint",
+                checkpoint_id=cp.id,
+            ) from exc
+
+    async def _launch(self, sbx: Sandbox, cp: CheckpointRecord, image: GuestImage) -> None:
+        rec = sbx.record
+        meta = {"sandbox": rec.id, "template": rec.template}
+        try:
+            launched = await self.files.launch(rec.domain, image, Path(cp.path), cp.base, meta)
+        except (HypervisorError, ChannelError, TimeoutError, OSError) as exc:
+            raise BootFailed(
+                f"checkpoint {cp.id} could not be loaded: {exc or type(exc).__name__}", sandbox_id=rec.id
+            ) from exc
+        self.lifecycle.bind(sbx, launched.agent)
+        await self.ctx.network.configure(sbx, strict=True)
+
+    async def undo(self, sbx: Sandbox, n: int = 1) -> CheckpointRecord:
+        """Rewind ``sbx`` to before its ``n``-th last call (``auto_checkpoint`` must be on)."""
+        keep = sbx.record.auto_checkpoint
+        if not keep:
+            raise InvalidRequest(
+                f"sandbox {sbx.id} was created without auto_checkpoint, so no state is kept before "
+                "its calls; create sandboxes with auto_checkpoint=true to undo calls, or take "
+                "checkpoints yourself",
+                field="n",
+            )
+        if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= keep:
+            raise InvalidRequest(
+                f"n={n!r} is out of range; undo 1 to {keep} calls (its auto_checkpoint)", field="n"
+            )
+        await self.settle(sbx)
+        target = sbx.record.calls - n + 1
+        cp = next((c for c in self.of(sbx) if c.auto and c.call_index == target), None)
+        if target < 1 or cp is None:
+            raise CheckpointNotFound(
+                f"undo n={n}",
+                why=f"sandbox {sbx.id} has no checkpoint from before call {target} (it ran "
+                f"{sbx.record.calls} calls; the last {keep} are kept, and a checkpoint that failed "
+                "or was over the budget is missing)",
+            )
+        await self.restore(sbx, cp.id, stale=False)
+        self.registry.update(sbx, calls=target - 1)
+        for later in self.of(sbx):
+            if later.auto and later.call_index > target:
+                self._delete(later)
+        return cp
+
+    async def branch(
+        self, owner: str, checkpoint_id: str, idle_timeout: int, metadata: dict[str, str]
+    ) -> Sandbox:
+        """A new sandbox of ``owner`` holding the state of the checkpoint."""
+        cp = self.get(owner, checkpoint_id)
+        image = self._image(cp)
+        source = self.registry.find(cp.sandbox_id)
+        network = source.record.network if source is not None else {"mode": "none", "allow": []}
+        shape = self.ctx.shape_for(image)
+        with self.registry.reserve(owner, 1, shape.memory_mib):
+            rec = new_record(
+                owner=owner,
+                template=cp.template,
+                domain=self.ctx.hv.new_name(),
+                image_key=cp.image_key,
+                shape=shape,
+                idle_timeout=idle_timeout,
+                metadata={**metadata, "branched_from": cp.id},
+                network=network,
+            )
+            sbx = Sandbox(rec)
+            self.registry.record(rec)
+            try:
+                await self._launch(sbx, cp, image)
+            except BaseException:
+                if sbx.agent is not None:
+                    await sbx.agent.close()
+                await self.ctx.vms.destroy_tracked(rec.domain)
+                self.registry.forget(rec.id)
+                raise
+            self.registry.set_state(sbx, SandboxState.RUNNING)
+            self.registry.add(sbx)
+        log.info("checkpoint.branched", sandbox_id=rec.id, checkpoint_id=cp.id)
+        return sbx
+
+    # -- deleting --------------------------------------------------------------------------------
+
+    async def delete(self, sbx: Sandbox, checkpoint_id: str) -> None:
+        cp = self.get(sbx.record.owner, checkpoint_id)
+        if cp.sandbox_id != sbx.id:
+            raise CheckpointNotFound(checkpoint_id)
+        self._delete(cp)
+
+    def _delete(self, cp: CheckpointRecord) -> None:
+        self.store.delete(cp.id)
+        self.files.remove(Path(cp.path), cp.id, cp.base)
+
+    def drop_all(self, sbx: Sandbox) -> None:
+        """The sandbox is gone: its checkpoints go too (a branch runs from its own VM)."""
+        for cp in self.store.of_sandbox(sbx.id):
+            self._delete(cp)
+        with contextlib.suppress(OSError):
+            (self.files.dir / sbx.id).rmdir()
