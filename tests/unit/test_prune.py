@@ -116,6 +116,20 @@ def test_a_snapshot_a_running_vm_maps_is_kept(host: tuple[Path, Path]) -> None:
     assert [a.path for a in stale_snapshots(ram, ImageStore(images), scan_in_use()).remove] == [stale]
 
 
+def test_a_snapshot_a_checkpoint_was_taken_over_is_kept_until_the_checkpoint_goes(
+    host: tuple[Path, Path],
+) -> None:
+    images, ram = host
+    stale = snapshot(ram, "python", "old")
+    (stale / "pins").mkdir()
+    (stale / "pins" / "cp_0123456789abcdef").touch()
+    plan = stale_snapshots(ram, ImageStore(images), InUse())
+    assert plan.remove == []
+    assert [(a.path, why) for a, why in plan.keep] == [(stale, "checkpoints were taken over it (pins/)")]
+    (stale / "pins" / "cp_0123456789abcdef").unlink()  # the checkpoint was deleted
+    assert [a.path for a in stale_snapshots(ram, ImageStore(images), InUse()).remove] == [stale]
+
+
 def test_images_named_by_records_or_in_use_are_kept(tmp_path: Path) -> None:
     images = tmp_path / "images"
     current = image(images, "python", "new", current=True)
