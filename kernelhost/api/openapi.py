@@ -12,6 +12,7 @@ from typing import Any
 from aiohttp import web
 
 from ..sandboxes import Remedy, SandboxState
+from .openapi_checkpoints import CREATE_FIELDS, checkpoint_paths
 from .openapi_templates import template_paths
 
 ID = {
@@ -41,7 +42,8 @@ ERRORS = {
     "400": _err("bad input: the message names the field and the fix"),
     "401": _err("missing or unknown API key"),
     "404": _err("no such sandbox for this key (or no such file)"),
-    "409": _err("the sandbox is not running (dead or being replaced)"),
+    "409": _err("the sandbox is not running (dead or being replaced), or busy"),
+    "410": _err("the checkpoint cannot be loaded any more (its base snapshot is gone)"),
     "429": _err("a per-key limit was reached; the message names it"),
     "503": _err("a VM failed to start, or libvirt is unreachable"),
 }
@@ -176,6 +178,7 @@ def _sandbox_paths() -> dict[str, Any]:
                         "idle_timeout_seconds": {"type": "integer", "minimum": 1},
                         "metadata": {"type": "object", "additionalProperties": {"type": "string"}},
                         "network": NETWORK_REQUEST,
+                        **CREATE_FIELDS,
                     },
                 },
                 errors=("400", "401", "429", "503"),
@@ -308,7 +311,13 @@ def document() -> dict[str, Any]:
             "schemas": _schemas(),
         },
         "security": [{"bearer": []}],
-        "paths": {**_sandbox_paths(), **_call_paths(), **_file_paths(), **template_paths(_op)},
+        "paths": {
+            **_sandbox_paths(),
+            **_call_paths(),
+            **_file_paths(),
+            **checkpoint_paths(_op, ID),
+            **template_paths(_op),
+        },
     }
 
 

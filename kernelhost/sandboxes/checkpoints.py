@@ -65,7 +65,7 @@ class Frozen:
     image: GuestImage
 
 
-DropVm = Callable[[Sandbox], Awaitable[None]]
+DropVm = Callable[[Sandbox, bool], Awaitable[None]]
 
 
 class Checkpoints:
@@ -327,7 +327,7 @@ class Checkpoints:
                 return False
             t0 = time.monotonic()
             image = self._image(cp)
-            await self.drop_vm(sbx)
+            await self.drop_vm(sbx, False)  # the old VM goes while the new one loads
             if not self.registry.holds(sbx):
                 return False
             self.registry.update(

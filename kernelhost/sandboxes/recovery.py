@@ -129,9 +129,10 @@ class Recoverer:
             )
             return True
 
-    async def drop_vm(self, sbx: Sandbox) -> None:
+    async def drop_vm(self, sbx: Sandbox, wait: bool = True) -> None:
         """Close the sandbox's channel and destroy its VM (or its hibernated state); the
-        caller holds ``sbx.vm_lock`` and gives it another VM."""
+        caller holds ``sbx.vm_lock`` and gives it another VM (of another domain name).
+        ``wait=False``: the destroy runs as an owned task while the new VM comes up."""
         old_agent, sbx.agent = sbx.agent, None
         if old_agent is not None:
             await old_agent.close()
@@ -140,11 +141,18 @@ class Recoverer:
         await asyncio.sleep(0)
         if not self.registry.holds(sbx):
             return
-        try:
-            await asyncio.to_thread(self.ctx.hv.destroy, sbx.record.domain)
-        except HypervisorError as exc:  # remembered by the hypervisor and retried by the reaper
-            log.warning("sandbox.old_vm_destroy_failed", sandbox_id=sbx.id, error=str(exc))
         self.ctx.hibernation_file(sbx.record).unlink(missing_ok=True)  # a hibernated one too
+        destroy = self._destroy_old(sbx.id, sbx.record.domain)
+        if wait:
+            await destroy
+        else:
+            self.ctx.tasks.spawn(destroy, name=f"destroy-old:{sbx.record.domain}")
+
+    async def _destroy_old(self, sandbox_id: str, domain: str) -> None:
+        try:
+            await asyncio.to_thread(self.ctx.hv.destroy, domain)
+        except HypervisorError as exc:  # remembered by the hypervisor and retried by the reaper
+            log.warning("sandbox.old_vm_destroy_failed", sandbox_id=sandbox_id, error=str(exc))
 
     async def _launch_new_vm(self, sbx: Sandbox, reason: str) -> None:
         rec = sbx.record

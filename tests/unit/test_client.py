@@ -237,6 +237,7 @@ def _sdk_threads() -> list[threading.Thread]:
 def test_all_lists_exactly_the_public_names() -> None:
     expected = {
         "APIError", "AsyncFiles", "AsyncSandbox", "AsyncTemplate", "AuthenticationError", "BuildInfo",
+        "Checkpoint",
         "ConflictError", "Template", "TemplateBuildError", "TemplateInfo",
         "Execution", "ExecutionError", "ExecutionStatus", "FileInfo", "FileTooLargeError", "Files",
         "InvalidRequestError", "KernelHostError", "KernelHostTimeout", "NotFoundError",
