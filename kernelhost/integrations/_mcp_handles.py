@@ -32,9 +32,12 @@ class Handles:
     deletes the sandboxes this server created (never those it only attached to).
     """
 
-    def __init__(self, template: str, idle_timeout_seconds: int | None) -> None:
+    def __init__(
+        self, template: str, idle_timeout_seconds: int | None, auto_checkpoint: bool | int = False
+    ) -> None:
         self.template = template
         self.idle_timeout_seconds = idle_timeout_seconds
+        self.auto_checkpoint = auto_checkpoint  # of the sandboxes it creates (undo needs it)
         self._open: OrderedDict[tuple[str, str], AsyncSandbox] = OrderedDict()
         self._created: dict[tuple[str, str], Credentials] = {}
 
@@ -69,6 +72,7 @@ class Handles:
             idle_timeout_seconds=idle_timeout_seconds or self.idle_timeout_seconds,
             metadata={"created_by": "kernelhost-mcp"},
             network=network,
+            auto_checkpoint=self.auto_checkpoint,
         )
         key = self._key(creds, sbx.id)
         self._created[key] = creds

@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from kernelhost.client import FileInfo, SandboxInfo
+from kernelhost.client import Checkpoint, FileInfo, SandboxInfo
 
 
 class SandboxOut(BaseModel):
@@ -98,6 +98,37 @@ class RestartedOut(BaseModel):
     sandbox_id: str
     recovery: str = Field(
         description="kernel_restarted (files kept) or vm_replaced (a fresh VM: files lost too)"
+    )
+
+
+class CheckpointOut(BaseModel):
+    """A checkpoint: a sandbox's whole state (variables, imports, files), kept to rewind it to."""
+
+    checkpoint_id: str = Field(description="Pass it to restore, with this sandbox_id, to rewind to it")
+    sandbox_id: str
+    label: str
+    created_at: str | None = None
+    bytes: int = Field(description="What it takes on the server's disk, compressed")
+    auto: bool = Field(description="True for the automatic checkpoints undo rewinds to")
+    before_call: int | None = Field(default=None, description="The run_code call an automatic one preceded")
+
+
+class RewoundOut(BaseModel):
+    """A sandbox rewound to one of its checkpoints."""
+
+    sandbox_id: str
+    checkpoint: CheckpointOut = Field(description="The state it is back at")
+
+
+def checkpoint_out(cp: Checkpoint) -> CheckpointOut:
+    return CheckpointOut(
+        checkpoint_id=cp.id,
+        sandbox_id=cp.sandbox_id,
+        label=cp.label,
+        created_at=cp.created_at.isoformat() if cp.created_at else None,
+        bytes=cp.bytes,
+        auto=cp.auto,
+        before_call=cp.before_call,
     )
 
 

@@ -9,6 +9,8 @@ block                                                  answer
 =====================================================  ==========================================
 ``tool_use`` of your own tool, ``{"code": ...}``       ``tool_result``: text output, plots as
 (e.g. ``code_execution_tool()``), or ``{"command"}``   ``image`` blocks, ``is_error`` on failure
+``tool_use`` named ``checkpoint``, ``restore`` or      ``tool_result``: what was saved or rewound
+``undo`` (``checkpoint_tools()``)
 ``bash_code_execution`` ``{"command"}``                ``bash_code_execution_tool_result``
 ``text_editor_code_execution`` view/create/            ``text_editor_code_execution_tool_result``
 str_replace
@@ -25,14 +27,16 @@ The loop from Anthropic's tool-use docs, with a sandbox::
 
     import anthropic
     from kernelhost import Sandbox
-    from kernelhost.integrations.anthropic import code_execution_tool, handle_code_execution_tool_use
+    from kernelhost.integrations.anthropic import (
+        checkpoint_tools, code_execution_tool, handle_code_execution_tool_use)
 
     client = anthropic.Anthropic()
     messages = [{"role": "user", "content": "What is the 20th Fibonacci number?"}]
     with Sandbox() as sbx:
         while True:
             response = client.messages.create(model=..., max_tokens=1024,
-                                              tools=[code_execution_tool()], messages=messages)
+                                              tools=[code_execution_tool(), *checkpoint_tools()],
+                                              messages=messages)
             messages.append({"role": "assistant", "content": response.content})
             if response.stop_reason != "tool_use":
                 break
@@ -40,6 +44,8 @@ The loop from Anthropic's tool-use docs, with a sandbox::
                 handle_code_execution_tool_use(block, sbx)
                 for block in response.content if block.type == "tool_use"]})
 
+``checkpoint_tools()`` adds ``checkpoint``, ``restore`` and ``undo`` (the model saves the state
+before a risky step and rewinds to it; ``undo`` needs a sandbox created with ``auto_checkpoint``).
 ``ahandle_code_execution_tool_use`` is the same for an ``AsyncSandbox``. Neither needs the
 ``anthropic`` package: blocks may be its objects or plain dicts, and answers are plain dicts.
 A failing cell is an answer (``is_error``), never an exception; errors of the service (sandbox
@@ -48,40 +54,21 @@ gone, service unreachable) are answered too, except a bad API key, which raises.
 
 from __future__ import annotations
 
-import base64
 from collections.abc import Mapping
 from typing import Any
 
-from kernelhost.client import (
-    APIError,
-    AsyncSandbox,
-    Execution,
-    ExecutionStatus,
-    KernelHostError,
-    NotFoundError,
-    RateLimitError,
-    Sandbox,
-)
+from kernelhost.client import AsyncSandbox, Execution, ExecutionStatus, KernelHostError, Sandbox
 
-from ._ops import (
-    PathStat,
-    Plan,
-    ToolOutput,
-    drive_async,
-    drive_sync,
-    files_list,
-    files_read,
-    files_write,
-    run_code,
-    run_for_model,
-    service_failure,
-    stat_path,
-)
-from .output import DEFAULT_BUDGET, OutputBudget, fit_texts, shape_execution, truncate_text
+from ._anthropic_editor import VIEW_MAX_BYTES as VIEW_MAX_BYTES  # the limit of view, documented here
+from ._anthropic_editor import editor_result, service_error
+from ._checkpoint_tools import NAMES, run_checkpoint_tool, tool_specs
+from ._ops import Plan, ToolOutput, drive_async, drive_sync, run_code, run_for_model
+from .output import DEFAULT_BUDGET, OutputBudget, fit_texts, shape_execution
 
 __all__ = [
     "DEFAULT_TIMEOUT",
     "ahandle_code_execution_tool_use",
+    "checkpoint_tools",
     "code_execution_tool",
     "handle_code_execution_tool_use",
     "server_code_execution_tool",
@@ -89,22 +76,12 @@ __all__ = [
 
 #: Seconds a cell or command may run before it is interrupted, unless ``timeout=`` says otherwise.
 DEFAULT_TIMEOUT = 120.0
-#: The largest file ``view`` reads (bytes); images and PDFs are sent whole, so keep it modest.
-VIEW_MAX_BYTES = 10 * 1024 * 1024
 
 DEFAULT_DESCRIPTION = (
     "Run Python code in a persistent Jupyter kernel inside an isolated VM. Variables, imports "
     "and files persist between calls, as in a notebook. Returns stdout, stderr, the value of the "
     "last expression and any error with its traceback; plots and images come back as images. "
     "Use print() to see values, and !shell or subprocess for shell commands."
-)
-
-_EDITOR_COMMANDS = ("view", "create", "str_replace")
-_IMAGE_MAGIC = (
-    (b"\x89PNG\r\n\x1a\n", "image"),
-    (b"\xff\xd8\xff", "image"),
-    (b"GIF8", "image"),
-    (b"%PDF-", "pdf"),
 )
 
 
@@ -124,6 +101,21 @@ def code_execution_tool(name: str = "run_python", description: str = DEFAULT_DES
             "required": ["code"],
         },
     }
+
+
+#: what an undo in a sandbox without automatic checkpoints tells the model about turning them on
+UNDO_ENABLE = "(Undo needs a sandbox created with auto_checkpoint=True, e.g. Sandbox(auto_checkpoint=True).)"
+
+
+def checkpoint_tools(auto_checkpoint: bool | int = False) -> list[dict[str, Any]]:
+    """The definitions of the ``checkpoint``, ``restore`` and ``undo`` client tools, for ``tools=``.
+
+    ``handle_code_execution_tool_use`` answers their blocks on the sandbox it is given.
+    ``auto_checkpoint``: what that sandbox was created with; it words ``undo``'s description
+    (with False, undo is described as working only if the sandbox keeps automatic checkpoints).
+    """
+    specs = tool_specs(auto_checkpoint)
+    return [{"name": name, "description": text, "input_schema": schema} for name, text, schema in specs]
 
 
 def server_code_execution_tool(version: str = "20250825") -> dict[str, Any]:
@@ -197,7 +189,7 @@ def _plan(block: Any, timeout: float | None, budget: OutputBudget) -> Plan[dict[
     if name == "bash_code_execution":
         return (yield from _bash_result(tool_use_id, args, timeout, budget))
     if name == "text_editor_code_execution":
-        return (yield from _editor_result(tool_use_id, args, budget))
+        return (yield from editor_result(tool_use_id, args, budget))
     if data["type"] == "server_tool_use":
         if name != "code_execution":
             raise ValueError(
@@ -205,15 +197,9 @@ def _plan(block: Any, timeout: float | None, budget: OutputBudget) -> Plan[dict[
                 "bash_code_execution and text_editor_code_execution only"
             )
         return (yield from _code_result(tool_use_id, args, timeout, budget))
+    if name in NAMES:
+        return _answer(tool_use_id, (yield from run_checkpoint_tool(name, args, UNDO_ENABLE)))
     return (yield from _tool_result(tool_use_id, args, timeout, budget))
-
-
-def _service_error(exc: KernelHostError) -> str:
-    """The server tool's error code for a failure of the service (not of the user's code)."""
-    service_failure(exc)  # a bad key or a closed handle raises: the developer must act
-    if isinstance(exc, RateLimitError):
-        return "too_many_requests"
-    return "unavailable"
 
 
 # -- client tools: tool_result -------------------------------------------------------------------
@@ -234,6 +220,11 @@ def _tool_result(
             [],
             True,
         )
+    return _answer(tool_use_id, output)
+
+
+def _answer(tool_use_id: str, output: ToolOutput) -> dict[str, Any]:
+    """A ``tool_result`` block carrying ``output``."""
     content: list[dict[str, Any]] = [{"type": "text", "text": output.text}]
     content += [
         {"type": "image", "source": {"type": "base64", "media_type": image.mime_type, "data": image.data}}
@@ -265,7 +256,7 @@ def _code_result(
     try:
         execution: Execution = yield run_code(code, "python", timeout)
     except KernelHostError as exc:
-        return error(_service_error(exc))
+        return error(service_error(exc))
     if execution.status == ExecutionStatus.TIMEOUT:
         return error("execution_time_exceeded")
     shaped = shape_execution(execution, budget)
@@ -299,7 +290,7 @@ def _bash_result(
     try:
         execution: Execution = yield run_code(command, "bash", timeout)
     except KernelHostError as exc:
-        return error(_service_error(exc))
+        return error(service_error(exc))
     if execution.status == ExecutionStatus.TIMEOUT:
         return error("execution_time_exceeded")
     if execution.exit_code is None:  # the command was cut off (its processes killed, VM lost)
@@ -316,157 +307,3 @@ def _bash_result(
             "content": [],
         }
     )
-
-
-class _BadInput(Exception):
-    """The model's input cannot be carried out; the message says why (``invalid_tool_input``)."""
-
-
-class _FileNotFound(Exception):
-    """The path does not exist (``file_not_found``); the message names it."""
-
-
-def _editor_result(tool_use_id: str, args: dict[str, Any], budget: OutputBudget) -> Plan[dict[str, Any]]:
-    def answer(content: dict[str, Any]) -> dict[str, Any]:
-        return {
-            "type": "text_editor_code_execution_tool_result",
-            "tool_use_id": tool_use_id,
-            "content": content,
-        }
-
-    def error(code: str, message: str | None = None) -> dict[str, Any]:
-        content: dict[str, Any] = {"type": "text_editor_code_execution_tool_result_error", "error_code": code}
-        if message is not None:
-            content["error_message"] = message
-        return answer(content)
-
-    command, path = args.get("command"), args.get("path")
-    try:
-        if command not in _EDITOR_COMMANDS:
-            raise _BadInput(f"command {command!r} is not one of {', '.join(_EDITOR_COMMANDS)}")
-        if not isinstance(path, str) or not path:
-            raise _BadInput("'path' must be a non-empty string (a file path)")
-        if command == "create":
-            text = args.get("file_text")
-            if not isinstance(text, str):
-                raise _BadInput("create needs 'file_text' (a string)")
-            before = yield from stat_path(path)
-            if before.kind == "dir":
-                raise _BadInput(f"{path} is a directory; name a file to create")
-            yield from _call(files_write(path, text.encode()), path)
-            return answer(
-                {
-                    "type": "text_editor_code_execution_create_result",
-                    "is_file_update": before.kind != "missing",
-                }
-            )
-        if command == "view":
-            return answer((yield from _view(path, args.get("view_range"), budget)))
-        return answer((yield from _str_replace(path, args)))
-    except _BadInput as exc:
-        return error("invalid_tool_input", str(exc))
-    except _FileNotFound as exc:
-        return error("file_not_found", str(exc))
-    except KernelHostError as exc:
-        return error(_service_error(exc), str(exc))
-
-
-def _call(request: Any, path: str) -> Plan[Any]:
-    """Make one files.* call; turn the errors that concern the path into the tool's own."""
-    try:
-        return (yield request)
-    except NotFoundError as exc:
-        if exc.code == "file_not_found":
-            raise _FileNotFound(f"{path} does not exist") from None
-        raise
-    except APIError as exc:
-        if exc.code in ("file_operation_failed", "file_too_large", "invalid_request"):
-            raise _BadInput(exc.message) from None
-        raise
-
-
-def _read_file(path: str, stat: PathStat | None = None) -> Plan[bytes]:
-    """The bytes of a file of at most ``VIEW_MAX_BYTES``; a directory or larger file is bad
-    input, a missing one ``_FileNotFound``. ``stat``: the path's, if already known."""
-    if stat is None:
-        stat = yield from stat_path(path)
-    if stat.kind == "dir":
-        raise _BadInput(f"{path} is a directory, not a file")
-    if stat.size > VIEW_MAX_BYTES:
-        raise _BadInput(
-            f"{path} is {stat.size} bytes, over the {VIEW_MAX_BYTES}-byte limit "
-            "here; work on it with a bash command instead"
-        )
-    data: bytes = yield from _call(files_read(path), path)
-    return data
-
-
-def _view(path: str, view_range: Any, budget: OutputBudget) -> Plan[dict[str, Any]]:
-    result: dict[str, Any] = {"type": "text_editor_code_execution_view_result"}
-    stat = yield from stat_path(path)
-    if stat.kind == "dir":
-        entries = yield from _call(files_list(path), path)
-        listing = "\n".join(e.name + ("/" if e.type == "dir" else "") for e in entries)
-        count = len(listing.splitlines())
-        return {
-            **result,
-            "file_type": "text",
-            "content": listing,
-            "num_lines": count,
-            "start_line": 1,
-            "total_lines": count,
-        }
-    raw = yield from _read_file(path, stat)
-    for magic, file_type in _IMAGE_MAGIC:
-        if raw.startswith(magic):
-            return {**result, "file_type": file_type, "content": base64.b64encode(raw).decode("ascii")}
-    lines = raw.decode("utf-8", "replace").splitlines(keepends=True)
-    start, end = 1, len(lines)
-    if isinstance(view_range, list) and len(view_range) == 2 and all(isinstance(v, int) for v in view_range):
-        start = max(1, view_range[0])
-        end = len(lines) if view_range[1] == -1 else min(len(lines), view_range[1])
-    shown = "".join(lines[start - 1 : end])
-    return {
-        **result,
-        "file_type": "text",
-        "content": truncate_text(shown, budget.max_chars, budget.head_fraction),
-        "num_lines": max(0, end - start + 1),
-        "start_line": start,
-        "total_lines": len(lines),
-    }
-
-
-def _str_replace(path: str, args: dict[str, Any]) -> Plan[dict[str, Any]]:
-    old, new = args.get("old_str"), args.get("new_str", "")
-    if not isinstance(old, str) or not old or not isinstance(new, str):
-        raise _BadInput("str_replace needs 'old_str' (a non-empty string) and 'new_str' (a string)")
-    raw = yield from _read_file(path)
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError:
-        raise _BadInput(f"{path} is not UTF-8 text") from None
-    count = text.count(old)
-    if count != 1:
-        raise _BadInput(
-            f"old_str was not found in {path}"
-            if count == 0
-            else f"old_str occurs {count} times in {path}; include more surrounding "
-            "lines so that it occurs exactly once"
-        )
-    yield from _call(files_write(path, text.replace(old, new, 1).encode()), path)
-    # The hunk, in whole lines: the lines old_str touched, before and after the replacement.
-    at = text.index(old)
-    line_start = text.rfind("\n", 0, at) + 1
-    newline = text.find("\n", at + len(old))
-    line_end = len(text) if newline < 0 else newline
-    before = text[line_start:line_end].split("\n")
-    after = (text[line_start:at] + new + text[at + len(old) : line_end]).split("\n")
-    start = text.count("\n", 0, at) + 1
-    return {
-        "type": "text_editor_code_execution_str_replace_result",
-        "old_start": start,
-        "old_lines": len(before),
-        "new_start": start,
-        "new_lines": len(after),
-        "lines": [f"-{line}" for line in before] + [f"+{line}" for line in after],
-    }

@@ -21,6 +21,10 @@ back as MCP image content):
 ``restart_sandbox`` a fresh kernel (variables lost, files kept; a dead VM is replaced)
 ``close_sandbox``   delete a sandbox and everything in it
 ``list_sandboxes``  the caller's sandboxes
+``checkpoint``      save a sandbox's whole state (variables, imports, files); returns its id
+``restore``         rewind a sandbox to one of its checkpoints
+``undo``            rewind a sandbox to before its last n run_code calls (the sandboxes this
+                    server creates keep an automatic checkpoint before each call)
 
 A failing cell is a normal result (``status: "error"`` with the traceback); failures of the
 service are tool errors (``isError``) whose text says what to do, in terms of these tools.
@@ -55,6 +59,8 @@ except ModuleNotFoundError as exc:  # pragma: no cover - depends on the environm
         name=exc.name,
     ) from exc
 
+from ._checkpoint_tools import LIST_CHECKPOINTS_REMEDY
+from ._mcp_checkpoints import checkpoint_tools
 from ._mcp_handles import Credentials, Handles
 from ._mcp_models import (
     ClosedOut,
@@ -91,7 +97,9 @@ READ_MAX_BYTES = 5 * 1024 * 1024
 INSTRUCTIONS = (
     "Run code in kernelhost sandboxes: VMs with a persistent Jupyter kernel. Call run_code "
     "without sandbox_id once; it returns a sandbox_id: pass it to every later call so variables, "
-    "imports and files persist. Close sandboxes you no longer need with close_sandbox."
+    "imports and files persist. Before a destructive or exploratory step, save the state with "
+    "checkpoint: restore rewinds the sandbox to it, and undo rewinds its last run_code calls. "
+    "Close sandboxes you no longer need with close_sandbox."
 )
 
 
@@ -134,6 +142,7 @@ REMEDIES = {
     "list_sandboxes": "see yours with list_sandboxes",
     "list_directory": "list it with list_files",
     "list_templates": "pass one of the templates this error names as create_sandbox's template",
+    "list_checkpoints": LIST_CHECKPOINTS_REMEDY,
 }
 
 
@@ -252,14 +261,20 @@ def create_server(
     idle_timeout_seconds: int | None = None,
     delete_on_exit: bool = False,
     name: str = "kernelhost",
+    auto_checkpoint: bool | int = True,
 ) -> MCPServer[Any]:
     """Build the MCP server. ``credentials`` says which service and key each call uses.
 
     ``template`` is the default for new sandboxes; ``timeout`` (seconds) stops ``run_code`` calls
     that run longer unless a call sets its own; ``budget`` caps the text (and images) returned.
     With ``delete_on_exit`` the sandboxes this server created are deleted when it stops.
+    ``auto_checkpoint``: the sandboxes it creates keep their state before each of their last 5
+    ``run_code`` calls (an int: that many), so the ``undo`` tool works: after each call the VM
+    pauses briefly while its state is saved, and the kept states take disk within the key's
+    ``max_checkpoint_bytes_per_key``. With False, ``undo`` answers that it is off (and how to do
+    without it); ``checkpoint`` and ``restore`` work either way.
     """
-    handles = Handles(template, idle_timeout_seconds)
+    handles = Handles(template, idle_timeout_seconds, auto_checkpoint)
 
     @asynccontextmanager
     async def lifespan(server: MCPServer[Any]) -> AsyncIterator[None]:
@@ -275,6 +290,7 @@ def create_server(
     _code_tools(mcp, calls)
     _sandbox_tools(mcp, calls)
     _file_tools(mcp, calls)
+    checkpoint_tools(mcp, calls, auto_checkpoint)
     return mcp
 
 

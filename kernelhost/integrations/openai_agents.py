@@ -18,6 +18,10 @@ The tool takes ``code`` and ``language`` (``python`` runs in the persistent Jupy
 fails returns its traceback as the tool's output, so the run goes on; only a misconfiguration
 (a bad API key, a closed sandbox) raises.
 
+``checkpoint_tools(tool)`` adds ``checkpoint``, ``restore`` and ``undo`` on the same sandbox
+(``tools=[tool, *checkpoint_tools(tool)]``): the model saves the state before a risky step and
+rewinds to it. ``undo`` needs automatic checkpoints: ``code_interpreter_tool(auto_checkpoint=True)``.
+
 Install with ``pip install 'kernelhost[openai-agents]'``.
 """
 
@@ -26,11 +30,12 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from kernelhost.client import AsyncSandbox, Sandbox
 
+from ._checkpoint_tools import run_checkpoint_tool, tool_specs
 from ._ops import LANGUAGES, drive, run_for_model
 from .output import DEFAULT_BUDGET, OutputBudget
 
@@ -46,7 +51,13 @@ except ModuleNotFoundError as exc:  # pragma: no cover - depends on the environm
         name=exc.name,
     ) from exc
 
-__all__ = ["DEFAULT_DESCRIPTION", "DEFAULT_TIMEOUT", "KernelhostCodeInterpreter", "code_interpreter_tool"]
+__all__ = [
+    "DEFAULT_DESCRIPTION",
+    "DEFAULT_TIMEOUT",
+    "KernelhostCodeInterpreter",
+    "checkpoint_tools",
+    "code_interpreter_tool",
+]
 
 #: Seconds a call may run before the sandbox interrupts it, unless ``timeout=`` says otherwise.
 DEFAULT_TIMEOUT = 120.0
@@ -72,6 +83,12 @@ PARAMETERS: dict[str, Any] = {
     "additionalProperties": False,
 }
 
+#: what an undo in a sandbox without automatic checkpoints tells the model about turning them on
+UNDO_ENABLE = (
+    "(Undo needs automatic checkpoints: build the tool with code_interpreter_tool(auto_checkpoint=True), "
+    "or give it a sandbox created with auto_checkpoint=True.)"
+)
+
 
 class _SandboxHolder:
     """The tool's sandbox: the caller's, or one it creates on first use and later deletes.
@@ -89,6 +106,11 @@ class _SandboxHolder:
     @property
     def sandbox(self) -> AsyncSandbox | Sandbox | None:
         return self._sandbox if self._sandbox is not None else self._owned
+
+    @property
+    def auto_checkpoint(self) -> bool | int:
+        """What the sandbox it creates is created with (False for the caller's: not known)."""
+        return self._options.get("auto_checkpoint", False) if self._sandbox is None else False
 
     def _ensure_owned(self) -> Sandbox:
         with self._lock:
@@ -178,6 +200,7 @@ def code_interpreter_tool(
     idle_timeout_seconds: int | None = None,
     url: str | None = None,
     api_key: str | None = None,
+    auto_checkpoint: bool | int = False,
 ) -> KernelhostCodeInterpreter:
     """An Agents SDK tool that runs code in a kernelhost sandbox; state persists between calls.
 
@@ -186,7 +209,9 @@ def code_interpreter_tool(
     ``close()``/``aclose()`` (or the server does, after ``idle_timeout_seconds`` unused). Pass an
     ``AsyncSandbox`` or ``Sandbox`` to use yours instead. ``timeout`` (seconds) interrupts code
     that runs longer; ``budget`` caps what the model reads. The default name is ``run_code``,
-    not ``code_interpreter``, which is OpenAI's hosted tool.
+    not ``code_interpreter``, which is OpenAI's hosted tool. ``auto_checkpoint``: the sandbox it
+    creates keeps its state before each of its last 5 calls (an int: that many), for the ``undo``
+    of ``checkpoint_tools``; it costs a short pause after each call and disk on the server.
     """
     if sandbox is not None and not isinstance(sandbox, AsyncSandbox | Sandbox):
         raise TypeError(
@@ -199,7 +224,46 @@ def code_interpreter_tool(
         "url": url,
         "api_key": api_key,
         "metadata": {"created_by": "kernelhost-openai-agents"},
+        "auto_checkpoint": auto_checkpoint,
     }
     return KernelhostCodeInterpreter(
         _SandboxHolder(sandbox, options), name=name, description=description, timeout=timeout, budget=budget
     )
+
+
+def checkpoint_tools(interpreter: KernelhostCodeInterpreter) -> list[FunctionTool]:
+    """The ``checkpoint``, ``restore`` and ``undo`` tools, on the sandbox ``interpreter`` runs code in.
+
+    Give them to the agent with it: ``tools=[tool, *checkpoint_tools(tool)]``. ``undo`` rewinds
+    the last calls only in a sandbox with automatic checkpoints (``code_interpreter_tool(
+    auto_checkpoint=True)``, or a sandbox you created so); otherwise it tells the model it is off.
+    Closing ``interpreter`` is all the cleanup they need.
+    """
+    holder = interpreter._holder
+    return [
+        FunctionTool(
+            name=name,
+            description=text,
+            params_json_schema=schema,
+            on_invoke_tool=_checkpoint_invoker(holder, name),
+            strict_json_schema=True,
+        )
+        for name, text, schema in tool_specs(holder.auto_checkpoint, strict=True)
+    ]
+
+
+def _checkpoint_invoker(
+    holder: _SandboxHolder, name: str
+) -> Callable[[ToolContext[Any], str], Awaitable[str]]:
+    async def invoke(context: ToolContext[Any], arguments: str) -> str:
+        try:
+            args = json.loads(arguments or "{}")
+        except json.JSONDecodeError as exc:
+            return f"The arguments are not valid JSON ({exc}); send a JSON object."
+        if not isinstance(args, Mapping):
+            return "The arguments must be a JSON object."
+        sbx = await holder.get()
+        output = await drive(run_checkpoint_tool(name, dict(args), UNDO_ENABLE), sbx)
+        return output.text
+
+    return invoke

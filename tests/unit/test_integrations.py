@@ -1,20 +1,20 @@
 """Unit tests of the agent-framework adapters (``kernelhost.integrations``), no VM needed.
 
 Output shaping (budget, truncation marker, images) is tested on values; the adapters' logic is
-driven with fake sandboxes that answer ``run_code`` from a script and keep files in a dict, once
-through the blocking surface and once through the async one (both drive the same plans).
+driven with fake sandboxes (``integration_fakes``) that answer ``run_code`` from a script and keep
+files in a dict, once through the blocking surface and once through the async one (both drive
+the same plans). The checkpoint tools are tested in ``test_integrations_checkpoints``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import posixpath
 import re
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import pytest
 from agents import ToolOutputImage, ToolOutputText
@@ -23,15 +23,11 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from kernelhost import (
-    AsyncSandbox,
     AuthenticationError,
     Execution,
     ExecutionError,
     ExecutionStatus,
-    FileInfo,
-    InvalidRequestError,
     KernelHostError,
-    NotFoundError,
     RateLimitError,
     Result,
     Sandbox,
@@ -48,6 +44,8 @@ from kernelhost.integrations.output import (
     strip_ansi,
     truncate_text,
 )
+
+from .integration_fakes import AsyncFakeSandbox, FakeSandbox, as_sandbox, handle_both
 
 pytestmark = pytest.mark.unit
 
@@ -161,113 +159,6 @@ def test_shape_execution_image_budget_timeout_and_bash_exit_code() -> None:
     assert len(long.to_text()) <= 200
     assert long.to_dict()["truncated"] is True
     assert strip_ansi("\x1b[1;32mok\x1b[0m") == "ok"
-
-
-# -- fake sandboxes --------------------------------------------------------------------------
-
-
-class FakeFiles:
-    """A sandbox filesystem in a dict, answering like the service (errors and codes)."""
-
-    def __init__(self) -> None:
-        self.data: dict[str, bytes] = {}
-        self.dirs = {"/", "/home", "/home/user", "/tmp"}
-
-    @staticmethod
-    def full(path: str) -> str:
-        return posixpath.normpath(posixpath.join("/home/user", path))
-
-    def read(self, path: str) -> bytes:
-        full = self.full(path)
-        if full in self.dirs:
-            raise InvalidRequestError(f"{path!r} is a directory", status=400, code="file_operation_failed")
-        if full not in self.data:
-            raise NotFoundError(f"no such file: {path!r}", status=404, code="file_not_found")
-        return self.data[full]
-
-    def write(self, path: str, data: bytes) -> FileInfo:
-        full = self.full(path)
-        parent = full.rsplit("/", 1)[0] or "/"
-        while parent not in self.dirs:
-            self.dirs.add(parent)
-            parent = parent.rsplit("/", 1)[0] or "/"
-        self.data[full] = bytes(data)
-        return FileInfo(name=full.rsplit("/", 1)[1], path=full, size=len(data))
-
-    def list(self, path: str = ".") -> list[FileInfo]:
-        full = self.full(path)
-        if full not in self.dirs:
-            raise NotFoundError(f"no such directory: {path!r}", status=404, code="file_not_found")
-        prefix = full.rstrip("/") + "/"
-        out = [
-            FileInfo(name=p[len(prefix) :], path=p, type="file", size=len(d))
-            for p, d in self.data.items()
-            if p.startswith(prefix) and "/" not in p[len(prefix) :]
-        ]
-        out += [
-            FileInfo(name=d[len(prefix) :], path=d, type="dir")
-            for d in self.dirs
-            if d.startswith(prefix) and d != full and "/" not in d[len(prefix) :]
-        ]
-        return sorted(out, key=lambda e: e.name)
-
-
-class FakeSandbox:
-    """``Sandbox``'s surface: ``run_code`` answers from a script, ``files`` is a ``FakeFiles``."""
-
-    def __init__(self, *answers: Execution | Exception) -> None:
-        self.answers = list(answers)
-        self.calls: list[tuple[str, str, float | None]] = []
-        self.files = FakeFiles()
-
-    def run_code(self, code: str, language: str = "python", timeout: float | None = None) -> Execution:
-        self.calls.append((code, language, timeout))
-        answer = self.answers.pop(0)
-        if isinstance(answer, Exception):
-            raise answer
-        return answer
-
-
-class AsyncFakeSandbox:
-    """``AsyncSandbox``'s surface over a ``FakeSandbox``."""
-
-    def __init__(self, sync: FakeSandbox) -> None:
-        self.sync = sync
-        self.files = _AsyncFiles(sync.files)
-
-    async def run_code(self, code: str, language: str = "python", timeout: float | None = None) -> Execution:
-        await asyncio.sleep(0)
-        return self.sync.run_code(code, language, timeout)
-
-
-class _AsyncFiles:
-    def __init__(self, files: FakeFiles) -> None:
-        self._files = files
-
-    async def read(self, path: str) -> bytes:
-        return self._files.read(path)
-
-    async def write(self, path: str, data: bytes) -> FileInfo:
-        return self._files.write(path, data)
-
-    async def list(self, path: str = ".") -> list[FileInfo]:
-        return self._files.list(path)
-
-
-def as_sandbox(fake: FakeSandbox) -> Sandbox:
-    """A fake, typed as the sandbox it stands for (the adapters only use its methods)."""
-    return cast(Sandbox, fake)
-
-
-def handle_both(block: dict[str, Any], make: Any, **options: Any) -> dict[str, Any]:
-    """Answer ``block`` through the sync and the async surface; both must agree."""
-    sync_fake, async_fake = make(), AsyncFakeSandbox(make())
-    sync_answer = anthropic_adapter.handle_code_execution_tool_use(block, as_sandbox(sync_fake), **options)
-    async_answer = asyncio.run(
-        anthropic_adapter.ahandle_code_execution_tool_use(block, cast(AsyncSandbox, async_fake), **options)
-    )
-    assert sync_answer == async_answer
-    return sync_answer
 
 
 # -- the Anthropic adapter -----------------------------------------------------------------------

@@ -32,6 +32,9 @@ TOOLS = {
     "restart_sandbox",
     "close_sandbox",
     "list_sandboxes",
+    "checkpoint",
+    "restore",
+    "undo",
 }
 
 
