@@ -15,7 +15,7 @@ from .errors import (
 from .host import DomainInfo, Hypervisor
 from .images import GuestImage, ImageStore
 from .ramdiff import DiffStats, StreamNotUnderstood, diff_stream
-from .snapshot import MigrationFailed
+from .snapshot import LiveSaveUnavailable, MigrationFailed
 
 __all__ = [
     "CHANNEL_NAME",
@@ -31,6 +31,7 @@ __all__ = [
     "ImageNotFound",
     "ImageStore",
     "LibvirtUnavailable",
+    "LiveSaveUnavailable",
     "MigrationFailed",
     "StreamNotUnderstood",
     "choose_accel",

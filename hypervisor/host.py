@@ -16,6 +16,7 @@ import shutil
 import threading
 import time
 import uuid as uuidlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from xml.etree import ElementTree
@@ -26,7 +27,7 @@ import libvirt
 from .domain import METADATA_NS, DomainSpec
 from .errors import DomainNotFound, DomainStartFailed, HypervisorError, LibvirtUnavailable
 from .images import GuestImage
-from .snapshot import load_state, migrate_live, save_state
+from .snapshot import begin_live_save, finish_live_save, load_state, migrate_live, save_state
 
 QEMU_USER = "libvirt-qemu"
 
@@ -233,6 +234,24 @@ class Hypervisor:
                     dom.resume()
         except libvirt.libvirtError as exc:  # e.g. the domain died or was destroyed meanwhile
             raise HypervisorError(f"cannot freeze domain {name!r}: {exc}") from exc
+
+    def live_save(self, name: str, state: Path) -> Callable[[float], int]:
+        """Save the running domain's state as it is now without stopping it for the copy
+        (``snapshot.begin_live_save``); returns once it runs again. Call the result (with a
+        timeout) to wait for ``state`` to be complete; it returns the size."""
+        dom = self._lookup(name)
+        try:
+            begin_live_save(dom, state)
+        except libvirt.libvirtError as exc:
+            raise HypervisorError(f"cannot save domain {name!r}: {exc}") from exc
+
+        def finish(timeout: float) -> int:
+            try:
+                return finish_live_save(dom, state, timeout=timeout)
+            except libvirt.libvirtError as exc:
+                raise HypervisorError(f"cannot save domain {name!r}: {exc}") from exc
+
+        return finish
 
     def set_metadata(self, name: str, metadata: dict[str, str]) -> None:
         attrs = "".join(f" {k}={quoteattr(str(v))}" for k, v in sorted(metadata.items()))

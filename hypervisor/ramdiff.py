@@ -101,8 +101,10 @@ def diff_stream(
             ram.start(at)
         elif kind in (SECTION_PART, SECTION_END) and ram.sid is not None:
             ram.part(at, kind)
-        elif kind in (SECTION_FULL, VM_EOF) and ram.ended:
-            out.raw(r.m[at:])  # the devices' state, copied as it is
+        elif kind in (SECTION_FULL, VM_EOF) and ram.sid is not None:
+            # the devices' state, copied as it is: after the RAM section's end, or (a
+            # background snapshot, which never ends it) after its last part
+            out.raw(r.m[at:])
             break
         else:
             raise StreamNotUnderstood(at, f"unexpected section kind {kind:#x}")
@@ -139,9 +141,11 @@ class _RamSection:
     def __init__(self, r: _Reader, out: _Out, main: bytes, base: memoryview | None, stats: DiffStats) -> None:
         self.r, self.out, self.main, self.base, self.stats = r, out, main, base, stats
         self.sid: int | None = None
-        self.ended = False
         self.block = b""  # the block of the last record read
         self.sent = b""  # the block of the last record written
+        # main-block pages seen: a page sent twice (a precopy of a running VM) would make the
+        # last version, not the first, the one that counts; this reader refuses such streams
+        self.seen = bytearray(base.nbytes // PAGE if base is not None else 0)
 
     def start(self, at: int) -> None:
         r = self.r
@@ -176,7 +180,6 @@ class _RamSection:
         foot = r.p
         self._footer()
         self.out.raw(r.m[foot : r.p])
-        self.ended = kind == SECTION_END
 
     def _records(self) -> None:
         r, m = self.r, self.r.m
@@ -198,6 +201,11 @@ class _RamSection:
             else:
                 raise StreamNotUnderstood(at, f"RAM record flags {flags:#x} (compressed or XBZRLE pages)")
             self.stats.pages += 1
+            if self.seen and self.block == self.main:
+                index = (head & ~FLAG_MASK) // PAGE
+                if self.seen[index]:
+                    raise StreamNotUnderstood(at, f"page {index} of {self.main!r} is sent twice")
+                self.seen[index] = 1
             if keep:
                 self._emit(head, payload)
 

@@ -23,6 +23,10 @@ from .errors import HypervisorError
 UNTHROTTLED = 64 * 2**30  # bytes/s
 
 
+class LiveSaveUnavailable(HypervisorError):
+    """QEMU refused a background snapshot: the host does not let it use userfaultfd."""
+
+
 class MigrationFailed(HypervisorError):
     def __init__(self, name: str, detail: str) -> None:
         super().__init__(f"saving or loading the state of domain {name!r} failed: {detail}")
@@ -133,3 +137,75 @@ def migrate_live(src: libvirt.virDomain, dst: libvirt.virDomain, *, timeout: flo
     qmp(src, "migrate", uri="fd:khout")
     _wait_migration(src, timeout)
     _wait_migration(dst, timeout)
+
+
+def begin_live_save(dom: libvirt.virDomain, path: Path, *, timeout: float = 10.0) -> None:
+    """Start saving the running domain's whole state to ``path`` as it is *now*, and return once
+    it runs again: QEMU's background snapshot pauses it only to save the devices and to
+    write-protect its RAM (userfaultfd), then streams each page before the guest's first write
+    to it. ``finish_live_save`` waits for the file. ``LiveSaveUnavailable`` if the host kernel
+    does not let QEMU use userfaultfd (``vm.unprivileged_userfaultfd``)."""
+    try:
+        qmp(
+            dom,
+            "migrate-set-capabilities",
+            capabilities=[{"capability": "background-snapshot", "state": True}],
+        )
+    except MigrationFailed as exc:
+        if "not supported" in str(exc):
+            raise LiveSaveUnavailable(str(exc)) from exc
+        raise
+    try:
+        _set_ignore_shared(dom, False)
+        qmp(dom, "migrate-set-parameters", args={"max-bandwidth": UNTHROTTLED})
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        try:
+            _hand_fd(dom, fd, "khlive")
+        finally:
+            os.close(fd)
+        # paused by us, resumed by QEMU once the devices are saved: the resume is the sign that
+        # the state being written is this moment's
+        dom.suspend()
+        try:
+            qmp(dom, "migrate", uri="fd:khlive")
+        except BaseException:
+            dom.resume()
+            raise
+        _wait_running(dom, timeout)
+    except BaseException:
+        qmp(
+            dom,
+            "migrate-set-capabilities",
+            capabilities=[{"capability": "background-snapshot", "state": False}],
+        )
+        raise
+
+
+def _wait_running(dom: libvirt.virDomain, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not (qmp(dom, "query-status") or {}).get("running"):
+        info = qmp(dom, "query-migrate") or {}
+        if info.get("status") in ("failed", "cancelled"):
+            dom.resume()
+            raise MigrationFailed(
+                dom.name(), f"background snapshot {info['status']}: {info.get('error-desc', '')}"
+            )
+        if time.monotonic() > deadline:
+            dom.resume()
+            raise MigrationFailed(
+                dom.name(), f"the domain did not run again within {timeout:.0f}s of its snapshot"
+            )
+        time.sleep(0.002)
+
+
+def finish_live_save(dom: libvirt.virDomain, path: Path, *, timeout: float = 120.0) -> int:
+    """Wait for a save ``begin_live_save`` started; returns the file's size."""
+    try:
+        _wait_migration(dom, timeout)
+    finally:
+        qmp(
+            dom,
+            "migrate-set-capabilities",
+            capabilities=[{"capability": "background-snapshot", "state": False}],
+        )
+    return path.stat().st_size

@@ -104,6 +104,7 @@ def run_checks(settings: Settings, probe_timeout: float = 20.0) -> list[Check]:
     finally:
         hv.close()
     checks.append(_shm(settings.ram_dir, settings.vm_memory_mib))
+    checks.append(_live_checkpoints(settings.live_checkpoints))
     checks.append(_service(settings.url))
     return checks
 
@@ -241,6 +242,26 @@ def _accel(probe: Callable[[], tuple[str, str]]) -> Check:
         False,
         f"tcg, software emulation ({reason}); sandboxes work but run several times slower",
         "use a host where KVM can boot a guest (bare metal, or nested virtualization enabled)",
+        warning=True,
+    )
+
+
+def _live_checkpoints(mode: str, sysctl: Path = Path("/proc/sys/vm/unprivileged_userfaultfd")) -> Check:
+    """QEMU (as libvirt's unprivileged user) may use userfaultfd only with this sysctl on."""
+    if mode == "off":
+        return Check("live checkpoints", True, "off (live_checkpoints = off): a checkpoint pauses its VM")
+    try:
+        on = sysctl.read_text().strip() == "1"
+    except OSError:
+        on = False
+    if on:
+        return Check("live checkpoints", True, "QEMU may use userfaultfd: a checkpoint pauses its VM for ms")
+    return Check(
+        "live checkpoints",
+        False,
+        "vm.unprivileged_userfaultfd is 0: a checkpoint pauses its VM while its whole state is "
+        "written (about 0.5 s under emulation)",
+        "sysctl vm.unprivileged_userfaultfd=1 ('make serve' sets it; docs/checkpoints.md)",
         warning=True,
     )
 

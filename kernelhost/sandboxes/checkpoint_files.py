@@ -1,10 +1,15 @@
 """The VM side of checkpoints: freeze a running VM's whole state, keep of it only what differs
 from its template snapshot, compressed; and start a VM from such a file.
 
-A checkpoint is taken in two steps. ``freeze`` pauses the VM just long enough for QEMU to save
-its whole state (RAM included) to a file on tmpfs, and resumes it. ``store`` then, off the
-sandbox's path, drops every RAM page that equals the template snapshot's page at that offset
-(``hypervisor.diff_stream``) and compresses the rest (zstd) into the checkpoint's file on disk.
+A checkpoint is taken in two steps. ``freeze`` saves the VM's whole state (RAM included) to a
+file on tmpfs. Where the host lets QEMU use userfaultfd (``vm.unprivileged_userfaultfd = 1``),
+that is a *live* save (QEMU's background snapshot): the VM is paused only while its devices are
+saved and its RAM write-protected (tens of milliseconds), and runs on while its pages are
+written, each before the guest's first write to it; ``Saving.finish`` waits for the file.
+Elsewhere the VM is paused while QEMU writes the whole file (about half a second under
+emulation), then resumed. ``store`` then, off the sandbox's path, drops every RAM page that
+equals the template snapshot's page at that offset (``hypervisor.diff_stream``) and compresses
+the rest (zstd) into the checkpoint's file on disk.
 ``launch`` loads that file into a new VM whose RAM maps the same snapshot privately, like any
 clone: the pages the file no longer carries are already there.
 
@@ -24,13 +29,15 @@ import os
 import shutil
 import time
 import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import structlog
 import zstandard
 
-from hypervisor import MEM_ID, GuestImage, HypervisorError, diff_stream
+from hypervisor import MEM_ID, GuestImage, HypervisorError, LiveSaveUnavailable, diff_stream
 
 from .errors import CheckpointUnusable
 from .snapshots import Snapshot
@@ -42,12 +49,22 @@ STORE_CONCURRENCY = 2  # checkpoints diffed and compressed at once (each reads a
 ZSTD_LEVEL = 1
 
 
+@dataclass
+class Saving:
+    """A VM's whole state in a file on tmpfs; ``finish`` (a live save still being written):
+    call it in a thread, with a timeout, before reading the file."""
+
+    path: Path
+    finish: Callable[[float], int] | None = None
+
+
 class CheckpointFiles:
-    def __init__(self, vms: VmFactory, checkpoint_dir: Path) -> None:
+    def __init__(self, vms: VmFactory, checkpoint_dir: Path, live: str = "auto") -> None:
         self.vms = vms
         self.dir = checkpoint_dir
         self.tmp = vms.ram_dir / "checkpoints" / vms.hv.prefix.rstrip("-")
         self._slots = asyncio.Semaphore(STORE_CONCURRENCY)
+        self.live: bool | None = None if live == "auto" else False  # None: not tried yet
 
     def prepare(self) -> None:
         """Create the directories; remove what a killed predecessor left half written."""
@@ -62,15 +79,35 @@ class CheckpointFiles:
 
     # -- taking --------------------------------------------------------------------------------
 
-    async def freeze(self, domain: str) -> Path:
-        """The running VM's whole state, in a file on tmpfs; the VM runs on once it is saved."""
+    async def freeze(self, domain: str) -> Saving:
+        """The running VM's whole state as it is now, in a file on tmpfs (being written, for a
+        live save); the VM runs again when this returns."""
         path = self.tmp / f"{domain}-{uuid.uuid4().hex[:8]}.state"
         try:
+            if self.live is not False:
+                try:
+                    finish = await asyncio.to_thread(self.vms.hv.live_save, domain, path)
+                    self.live = True
+                    return Saving(path, finish)
+                except LiveSaveUnavailable as exc:
+                    self.live = False
+                    log.warning(
+                        "checkpoint.live_unavailable",
+                        error=str(exc),
+                        hint="set vm.unprivileged_userfaultfd=1 for checkpoints that pause the VM "
+                        "for milliseconds rather than while its whole state is written",
+                    )
             await asyncio.to_thread(self.vms.hv.freeze, domain, path, ignore_shared=False, resume=True)
         except BaseException:
             path.unlink(missing_ok=True)
             raise
-        return path
+        return Saving(path)
+
+    async def complete(self, saving: Saving, timeout: float = 300.0) -> None:
+        """Wait until a live save's file is whole (nothing to wait for otherwise)."""
+        if saving.finish is not None:
+            finish, saving.finish = saving.finish, None
+            await asyncio.to_thread(finish, timeout)
 
     async def store(
         self, full: Path, dest: Path, image: GuestImage, checkpoint_id: str
@@ -169,11 +206,11 @@ def _write(full: Path, dest: Path, base_ram: Path | None) -> int:
     try:
         with contextlib.ExitStack() as stack:
             src = stack.enter_context(full.open("rb"))
-            data = stack.enter_context(mmap.mmap(src.fileno(), 0, prot=mmap.PROT_READ))
+            data = stack.enter_context(_mapped(src.fileno()))
             base = None
             if base_ram is not None:
                 bf = stack.enter_context(base_ram.open("rb"))
-                base = stack.enter_context(mmap.mmap(bf.fileno(), 0, prot=mmap.PROT_READ))
+                base = stack.enter_context(_mapped(bf.fileno()))
             out = stack.enter_context(part.open("wb"))
             compressor = zstandard.ZstdCompressor(level=ZSTD_LEVEL, threads=2)
             writer = stack.enter_context(compressor.stream_writer(out, closefd=False))
@@ -183,6 +220,19 @@ def _write(full: Path, dest: Path, base_ram: Path | None) -> int:
         part.unlink(missing_ok=True)
         raise
     return dest.stat().st_size
+
+
+@contextlib.contextmanager
+def _mapped(fd: int) -> Iterator[mmap.mmap]:
+    """A read-only mapping of ``fd``, unmapped on exit unless views of it are still alive (the
+    traceback of an error raised while reading it holds some): then it is left to the collector,
+    and the error itself goes on, rather than a ``BufferError`` in its place."""
+    m = mmap.mmap(fd, 0, prot=mmap.PROT_READ)
+    try:
+        yield m
+    finally:
+        with contextlib.suppress(BufferError):
+            m.close()
 
 
 def _unpack(path: Path, state: Path) -> None:

@@ -30,7 +30,7 @@ from hypervisor import GuestImage, HypervisorError, ImageNotFound, StreamNotUnde
 
 from ..channel import ChannelError
 from ..ratelimit import TokenBucket
-from .checkpoint_files import CheckpointFiles
+from .checkpoint_files import CheckpointFiles, Saving
 from .checkpoint_store import CheckpointRecord, CheckpointStore, new_checkpoint_id
 from .context import Context
 from .errors import (
@@ -58,11 +58,13 @@ MAX_KEEP = 50
 
 @dataclass
 class Frozen:
-    """A sandbox's whole state, saved and waiting to be diffed into a checkpoint."""
+    """A sandbox's whole state, saved (or, live, being saved) and waiting to be diffed into a
+    checkpoint. While a live save is written, ``vm_lock`` is held (no fork, hibernation or
+    restore may take the VM) and ``_store`` releases it."""
 
-    path: Path
-    owned: bool  # a file of our own (removed after), not the hibernation file's link
+    saving: Saving
     image: GuestImage
+    vm_lock: asyncio.Lock | None = None
 
 
 DropVm = Callable[[Sandbox, bool], Awaitable[None]]
@@ -75,7 +77,7 @@ class Checkpoints:
         self.registry = ctx.registry
         self.store = store
         self.drop_vm = drop_vm
-        self.files = CheckpointFiles(ctx.vms, ctx.settings.checkpoint_dir)
+        self.files = CheckpointFiles(ctx.vms, ctx.settings.checkpoint_dir, ctx.settings.live_checkpoints)
         self._writing: dict[str, set[asyncio.Task[CheckpointRecord]]] = {}
         self._warned = TokenBucket(1 / 60, 5.0)  # failed automatic checkpoints logged
         lifecycle.on_remove.append(self.drop_all)
@@ -165,22 +167,30 @@ class Checkpoints:
         """The caller holds ``sbx.lock``: the saved state is the kernel between calls."""
         await wait_replacement(sbx)
         ensure_usable(sbx)
-        async with sbx.vm_lock:
+        await sbx.vm_lock.acquire()
+        try:
             if not self.registry.holds(sbx):
                 raise SandboxNotFound(sbx.id)
             rec = sbx.record
             image = self.ctx.image_of(rec)
-            try:
-                if rec.state == SandboxState.HIBERNATED:  # its saved state is already on disk
-                    hib = self.ctx.hibernation_file(rec)
-                    link = hib.with_name(f"{hib.name}.cp-{new_checkpoint_id()}")
-                    link.hardlink_to(hib)  # a wake's unlink leaves this name
-                    return Frozen(link, True, image)
-                return Frozen(await self.files.freeze(rec.domain), True, image)
-            except (HypervisorError, OSError) as exc:
-                raise BootFailed(
-                    f"the state of sandbox {sbx.id} could not be saved: {exc}", sandbox_id=sbx.id
-                ) from exc
+            if rec.state == SandboxState.HIBERNATED:  # its saved state is already on disk
+                hib = self.ctx.hibernation_file(rec)
+                link = hib.with_name(f"{hib.name}.cp-{new_checkpoint_id()}")
+                link.hardlink_to(hib)  # a wake's unlink leaves this name
+                return Frozen(Saving(link), image)
+            saving = await self.files.freeze(rec.domain)
+        except (HypervisorError, OSError) as exc:
+            sbx.vm_lock.release()
+            raise BootFailed(
+                f"the state of sandbox {sbx.id} could not be saved: {exc}", sandbox_id=sbx.id
+            ) from exc
+        except BaseException:
+            sbx.vm_lock.release()
+            raise
+        if saving.finish is None:
+            sbx.vm_lock.release()
+            return Frozen(saving, image)
+        return Frozen(saving, image, vm_lock=sbx.vm_lock)  # released once the file is whole
 
     async def _write(
         self, sbx: Sandbox, frozen: Frozen, *, label: str = "", auto: bool = False, call_index: int = 0
@@ -209,13 +219,18 @@ class Checkpoints:
         return await asyncio.shield(task)
 
     async def _store(self, sbx: Sandbox, frozen: Frozen, cp: CheckpointRecord) -> CheckpointRecord:
+        path = frozen.saving.path
         try:
-            cp.bytes, cp.base = await self.files.store(frozen.path, Path(cp.path), frozen.image, cp.id)
+            try:
+                await self.files.complete(frozen.saving)
+            finally:
+                if frozen.vm_lock is not None:
+                    frozen.vm_lock.release()
+            cp.bytes, cp.base = await self.files.store(path, Path(cp.path), frozen.image, cp.id)
         except (OSError, HypervisorError, StreamNotUnderstood) as exc:
             raise BootFailed(f"checkpoint of sandbox {sbx.id} failed: {exc}", sandbox_id=sbx.id) from exc
         finally:
-            if frozen.owned:
-                frozen.path.unlink(missing_ok=True)
+            path.unlink(missing_ok=True)
         if not self.registry.holds(sbx):  # deleted meanwhile
             self.files.remove(Path(cp.path), cp.id, cp.base)
             raise SandboxNotFound(sbx.id)

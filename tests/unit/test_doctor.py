@@ -61,3 +61,15 @@ def test_tmpfs_space(tmp_path: Path) -> None:
     assert _shm(tmp_path / "ram", vm_memory_mib=1).name == "vm memory tmpfs"
     too_big = _shm(tmp_path / "ram", vm_memory_mib=10**9)
     assert not too_big.ok and "need at least" in too_big.detail and "fix:" in too_big.line()
+
+
+def test_live_checkpoints_warn_while_qemu_may_not_use_userfaultfd(tmp_path: Path) -> None:
+    from kernelhost.doctor import _live_checkpoints
+
+    sysctl = tmp_path / "unprivileged_userfaultfd"
+    sysctl.write_text("0\n")
+    check = _live_checkpoints("auto", sysctl)
+    assert not check.ok and check.warning and "vm.unprivileged_userfaultfd=1" in check.fix
+    sysctl.write_text("1\n")
+    assert _live_checkpoints("auto", sysctl).ok
+    assert _live_checkpoints("off", tmp_path / "missing").ok

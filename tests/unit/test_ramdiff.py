@@ -38,15 +38,16 @@ def _record(block: bytes, index: int, flag: int, payload: bytes, last: list[byte
     return struct.pack(">Q", head) + _name(block) + payload
 
 
-def stream(ram: bytes, bios: bytes, *, devices: bytes = b"\x04devstate\x00") -> bytes:
-    """A whole save: every page of ``ram`` (block khram) and ``bios`` as QEMU writes them."""
+def stream(ram: bytes, bios: bytes, *, devices: bytes = b"\x04devstate\x00", live: bool = False) -> bytes:
+    """A whole save: every page of ``ram`` (block khram) and ``bios`` as QEMU writes them;
+    ``live``: as a background snapshot does (its RAM section has parts and no end)."""
     out = struct.pack(">II", 0x5145564D, 3) + b"\x07" + struct.pack(">I", 13) + b"pc-i440fx-7.2"
     out += b"\x01" + struct.pack(">I", SID) + _name(b"ram") + struct.pack(">II", 0, 4)
     out += struct.pack(">Q", (len(ram) + len(bios)) | F_MEM_SIZE)
     out += _name(b"khram") + struct.pack(">Q", len(ram)) + _name(b"pc.bios") + struct.pack(">Q", len(bios))
     out += struct.pack(">Q", F_EOS) + b"\x7e" + struct.pack(">I", SID)
     last: list[bytes] = []
-    for kind, block, data in ((0x02, b"khram", ram), (0x03, b"pc.bios", bios)):
+    for kind, block, data in ((0x02, b"khram", ram), (0x02 if live else 0x03, b"pc.bios", bios)):
         out += bytes([kind]) + struct.pack(">I", SID)
         for i in range(len(data) // PAGE):
             page = data[i * PAGE : (i + 1) * PAGE]
@@ -141,3 +142,24 @@ def test_a_stream_of_another_shape_or_format_is_refused_not_guessed() -> None:
     compressed[first + 6 : first + 8] = struct.pack(">H", 0x100 | F_PAGE)  # a compressed page
     with pytest.raises(StreamNotUnderstood, match="flags"):
         diff_stream(bytes(compressed), bytearray().extend, main_block="khram", base=None)
+
+
+def test_a_background_snapshot_whose_ram_section_never_ends_is_read() -> None:
+    a = os.urandom(PAGE)
+    base = bytes(PAGES * PAGE)
+    now = _pages(a, bytes(PAGE), a, bytes(PAGE), bytes(PAGE), a)
+    out = bytearray()
+    stats = diff_stream(stream(now, bytes(PAGE), live=True), out.extend, main_block="khram", base=base)
+    assert stats.kept == 4
+    ram, devices = load(bytes(out), bytearray(base))
+    assert bytes(ram) == now and devices == b"\x04devstate\x00"
+
+
+def test_a_page_sent_twice_is_refused() -> None:
+    now = os.urandom(PAGES * PAGE)
+    full = bytearray(stream(now, bytes(PAGE)))
+    second = full.index(b"\x02" + struct.pack(">I", SID), 60)  # the first part section
+    again = struct.pack(">Q", 0 | F_PAGE) + _name(b"khram") + now[:PAGE]
+    full[second + 5 : second + 5] = again  # page 0 once more, first in the section
+    with pytest.raises(StreamNotUnderstood, match="sent twice"):
+        diff_stream(bytes(full), bytearray().extend, main_block="khram", base=bytes(PAGES * PAGE))
