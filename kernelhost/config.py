@@ -96,7 +96,7 @@ class Settings:
     # the checkpoints (taken by hand) one sandbox may keep
     max_checkpoint_bytes_per_key: int = 8 * 1024**3
     max_checkpoints_per_sandbox: int = 32
-    live_checkpoints: str = "auto"  # auto: QEMU's background snapshot where the host allows it | off
+    live_checkpoints: str = "off"  # on: QEMU's background snapshot (needs userfaultfd) | off
     max_metadata_bytes: int = 16384  # one sandbox's metadata, as JSON
     max_requests_per_key: int = 64  # requests one API key has open at once (streams included)
     max_connections: int = 1024  # client connections the service holds at once
@@ -217,8 +217,8 @@ class Settings:
             raise ConfigError(f"accel has value {self.accel!r}; use auto, kvm or tcg")
         if self.snapshots not in ("on", "off"):
             raise ConfigError(f"snapshots has value {self.snapshots!r}; use on or off")
-        if self.live_checkpoints not in ("auto", "off"):
-            raise ConfigError(f"live_checkpoints has value {self.live_checkpoints!r}; use auto or off")
+        if self.live_checkpoints not in ("on", "off"):
+            raise ConfigError(f"live_checkpoints has value {self.live_checkpoints!r}; use on or off")
         if self.idle_action not in ("hibernate", "delete"):
             raise ConfigError(f"idle_action has value {self.idle_action!r}; use hibernate or delete")
         if not 0 <= self.pool_size <= 256:

@@ -249,7 +249,7 @@ def _accel(probe: Callable[[], tuple[str, str]]) -> Check:
 def _live_checkpoints(mode: str, sysctl: Path = Path("/proc/sys/vm/unprivileged_userfaultfd")) -> Check:
     """QEMU (as libvirt's unprivileged user) may use userfaultfd only with this sysctl on."""
     if mode == "off":
-        return Check("live checkpoints", True, "off (live_checkpoints = off): a checkpoint pauses its VM")
+        return Check("live checkpoints", True, "off: a checkpoint pauses its VM while it is saved")
     try:
         on = sysctl.read_text().strip() == "1"
     except OSError:
@@ -259,9 +259,10 @@ def _live_checkpoints(mode: str, sysctl: Path = Path("/proc/sys/vm/unprivileged_
     return Check(
         "live checkpoints",
         False,
-        "vm.unprivileged_userfaultfd is 0: a checkpoint pauses its VM while its whole state is "
-        "written (about 0.5 s under emulation)",
-        "sysctl vm.unprivileged_userfaultfd=1 ('make serve' sets it; docs/checkpoints.md)",
+        "live_checkpoints is on but vm.unprivileged_userfaultfd is 0: checkpoints pause their VM "
+        "while it is saved instead",
+        "sysctl vm.unprivileged_userfaultfd=1 ('make serve' sets it when KERNELHOST_LIVE_CHECKPOINTS"
+        "=on; docs/checkpoints.md), or live_checkpoints = off",
         warning=True,
     )
 

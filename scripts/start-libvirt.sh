@@ -25,10 +25,9 @@ running() {
 if [ "$(id -u)" -eq 0 ] && [ -c /dev/kvm ] && getent group kvm >/dev/null; then
   chgrp kvm /dev/kvm && chmod 0660 /dev/kvm
 fi
-# Live checkpoints (docs/checkpoints.md): QEMU, running as libvirt's unprivileged user, may use
-# userfaultfd only when this is 1; then a checkpoint pauses its VM for milliseconds instead of
-# while its whole state is written. KERNELHOST_LIVE_CHECKPOINTS=off leaves the setting alone.
-if [ "$(id -u)" -eq 0 ] && [ "${KERNELHOST_LIVE_CHECKPOINTS:-auto}" != off ] \
+# Live checkpoints (docs/checkpoints.md), only when asked for (KERNELHOST_LIVE_CHECKPOINTS=on):
+# QEMU, running as libvirt's unprivileged user, may use userfaultfd only when this is 1.
+if [ "$(id -u)" -eq 0 ] && [ "${KERNELHOST_LIVE_CHECKPOINTS:-off}" = on ] \
   && [ "$(cat /proc/sys/vm/unprivileged_userfaultfd 2>/dev/null)" = 0 ]; then
   echo 1 > /proc/sys/vm/unprivileged_userfaultfd \
     && echo "start-libvirt: set vm.unprivileged_userfaultfd=1 for live checkpoints" >&2 || true

@@ -2,14 +2,16 @@
 from its template snapshot, compressed; and start a VM from such a file.
 
 A checkpoint is taken in two steps. ``freeze`` saves the VM's whole state (RAM included) to a
-file on tmpfs. Where the host lets QEMU use userfaultfd (``vm.unprivileged_userfaultfd = 1``),
-that is a *live* save (QEMU's background snapshot): the VM is paused only while its devices are
-saved and its RAM write-protected (tens of milliseconds), and runs on while its pages are
-written, each before the guest's first write to it; ``Saving.finish`` waits for the file.
-Elsewhere the VM is paused while QEMU writes the whole file (about half a second under
-emulation), then resumed. ``store`` then, off the sandbox's path, drops every RAM page that
-equals the template snapshot's page at that offset (``hypervisor.diff_stream``) and compresses
-the rest (zstd) into the checkpoint's file on disk.
+file on tmpfs: the VM is paused while QEMU writes it (about half a second under emulation), then
+resumed. With ``live_checkpoints = "on"`` (and a host that lets QEMU use userfaultfd,
+``vm.unprivileged_userfaultfd = 1``) it is a *live* save, QEMU's background snapshot: the VM is
+paused only while its devices are saved and its RAM write-protected (tens of milliseconds), and
+runs on while its pages are written, each before the guest's first write to it;
+``Saving.finish`` waits for the file. Under emulation on two cores the live save takes about
+twice as long, slows the guest meanwhile, and holds the next checkpoint back until it is done,
+so it is not the default (docs/checkpoints.md has the figures). ``store`` then, off the
+sandbox's path, drops every RAM page that equals the template snapshot's page at that offset
+(``hypervisor.diff_stream``) and compresses the rest (zstd) into the checkpoint's file on disk.
 ``launch`` loads that file into a new VM whose RAM maps the same snapshot privately, like any
 clone: the pages the file no longer carries are already there.
 
@@ -59,12 +61,12 @@ class Saving:
 
 
 class CheckpointFiles:
-    def __init__(self, vms: VmFactory, checkpoint_dir: Path, live: str = "auto") -> None:
+    def __init__(self, vms: VmFactory, checkpoint_dir: Path, live: str = "off") -> None:
         self.vms = vms
         self.dir = checkpoint_dir
         self.tmp = vms.ram_dir / "checkpoints" / vms.hv.prefix.rstrip("-")
         self._slots = asyncio.Semaphore(STORE_CONCURRENCY)
-        self.live: bool | None = None if live == "auto" else False  # None: not tried yet
+        self.live: bool | None = None if live == "on" else False  # None: not tried yet
 
     def prepare(self) -> None:
         """Create the directories; remove what a killed predecessor left half written."""
@@ -94,8 +96,8 @@ class CheckpointFiles:
                     log.warning(
                         "checkpoint.live_unavailable",
                         error=str(exc),
-                        hint="set vm.unprivileged_userfaultfd=1 for checkpoints that pause the VM "
-                        "for milliseconds rather than while its whole state is written",
+                        hint="set vm.unprivileged_userfaultfd=1 for live checkpoints; until the "
+                        "service restarts, checkpoints pause their VM while it is saved",
                     )
             await asyncio.to_thread(self.vms.hv.freeze, domain, path, ignore_shared=False, resume=True)
         except BaseException:
@@ -123,6 +125,7 @@ class CheckpointFiles:
         log.info(
             "checkpoint.stored",
             checkpoint_id=checkpoint_id,
+            live=bool(self.live),
             bytes=size,
             state_bytes=full.stat().st_size,
             ms=round((time.monotonic() - t0) * 1000),

@@ -183,15 +183,8 @@ async def test_another_keys_checkpoints_are_404_on_every_route(service: Service)
 
 
 async def test_the_byte_budget_answers_429_and_nothing_is_lost(tmp_path: Path) -> None:
-    """On a service whose checkpoints pause their VM while it is saved (live_checkpoints off,
-    as on a host without userfaultfd for QEMU): the tier's service takes live ones."""
     budget = str(40 << 20)
-    svc = Service.make(
-        tmp_path,
-        KERNELHOST_MAX_CHECKPOINT_BYTES_PER_KEY=budget,
-        KERNELHOST_POOL_SIZE="1",
-        KERNELHOST_LIVE_CHECKPOINTS="off",
-    )
+    svc = Service.make(tmp_path, KERNELHOST_MAX_CHECKPOINT_BYTES_PER_KEY=budget, KERNELHOST_POOL_SIZE="1")
     svc.start()
     try:
         sbx = await AsyncSandbox.create(url=svc.url, api_key=svc.api_key)
@@ -208,5 +201,34 @@ async def test_the_byte_budget_answers_429_and_nothing_is_lost(tmp_path: Path) -
         assert (await sbx.run_code("small, 'big' in globals()")).text == "('state', False)"
         await sbx.close()
     finally:
+        leaked, leaked_dirs = svc.cleanup()
+        assert not leaked and not leaked_dirs
+
+
+USERFAULTFD = Path("/proc/sys/vm/unprivileged_userfaultfd")
+
+
+async def test_a_live_checkpoint_holds_the_moment_it_was_taken(tmp_path: Path) -> None:
+    """live_checkpoints = on: QEMU's background snapshot (the host must let QEMU use
+    userfaultfd, which this test allows for its duration); the VM runs on while it is written."""
+    before = USERFAULTFD.read_text().strip()
+    USERFAULTFD.write_text("1\n")
+    svc = Service.make(tmp_path, KERNELHOST_LIVE_CHECKPOINTS="on", KERNELHOST_POOL_SIZE="1")
+    try:
+        svc.start()
+        sbx = await AsyncSandbox.create(url=svc.url, api_key=svc.api_key)
+        await sbx.run_code(STATE)
+        taking = asyncio.create_task(sbx.checkpoint())
+        await asyncio.sleep(0.3)  # the VM is already running again: this call changes it
+        assert (await sbx.run_code("answer = 7\nanswer")).text == "7"
+        cp = await taking
+        await sbx.restore(cp)
+        back = await sbx.run_code("answer, open('/tmp/notes.txt').read(), len(blob)")
+        assert back.text in (f"(41, 'kept', {8 << 20})", f"(7, 'kept', {8 << 20})")
+        await sbx.close()
+        stored = [line for line in svc.log_path.read_text().splitlines() if '"checkpoint.stored"' in line]
+        assert stored and all('"live": true' in line for line in stored), stored
+    finally:
+        USERFAULTFD.write_text(before + "\n")
         leaked, leaked_dirs = svc.cleanup()
         assert not leaked and not leaked_dirs
