@@ -17,6 +17,7 @@ than guessed at. Sans-IO apart from the buffers it is handed: no libvirt, no Jup
 from __future__ import annotations
 
 import mmap
+import struct
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeAlias
@@ -55,6 +56,7 @@ class DiffStats:
 class _Reader:
     def __init__(self, data: Buffer) -> None:
         self.m = memoryview(data).cast("B")
+        self.raw: Buffer = data.tobytes() if isinstance(data, memoryview) else data  # slices are bytes
         self.p = 0
 
     def take(self, n: int) -> memoryview:
@@ -86,7 +88,9 @@ def diff_stream(
     stats = DiffStats(bytes_in=len(r.m))
     out = _Out(write, stats)
     base_view = memoryview(base).cast("B") if base is not None else None
-    ram = _RamSection(r, out, main_block.encode(), base_view, stats)
+    if isinstance(base, memoryview):
+        base = base.tobytes()
+    ram = _RamSection(r, out, main_block.encode(), base_view, base, stats)
     start = r.p
     if r.be32() != MAGIC or r.be32() != VERSION:
         raise StreamNotUnderstood(start, "not a QEMU migration stream of version 3")
@@ -138,8 +142,18 @@ class _Out:
 
 
 class _RamSection:
-    def __init__(self, r: _Reader, out: _Out, main: bytes, base: memoryview | None, stats: DiffStats) -> None:
+    def __init__(
+        self,
+        r: _Reader,
+        out: _Out,
+        main: bytes,
+        base: memoryview | None,
+        base_raw: Buffer | None,
+        stats: DiffStats,
+    ) -> None:
         self.r, self.out, self.main, self.base, self.stats = r, out, main, base, stats
+        self.base_raw = base_raw
+        self.raw = r.raw
         self.sid: int | None = None
         self.block = b""  # the block of the last record read
         self.sent = b""  # the block of the last record written
@@ -182,47 +196,54 @@ class _RamSection:
         self.out.raw(r.m[foot : r.p])
 
     def _records(self) -> None:
-        r, m = self.r, self.r.m
-        while True:
-            at = r.p
-            head = r.be64()
-            flags = head & FLAG_MASK
-            if flags == F_EOS:
-                return
-            if not flags & F_CONTINUE:
-                self.block = r.name()
-            if flags & ~F_CONTINUE == F_ZERO:
-                fill = r.u8()
-                payload = m[r.p - 1 : r.p]
-                keep = self._zero_differs(head & ~FLAG_MASK, fill)
-            elif flags & ~F_CONTINUE == F_PAGE:
-                payload = r.take(PAGE)
-                keep = self._page_differs(head & ~FLAG_MASK, payload)
-            else:
-                raise StreamNotUnderstood(at, f"RAM record flags {flags:#x} (compressed or XBZRLE pages)")
-            self.stats.pages += 1
-            if self.seen and self.block == self.main:
-                index = (head & ~FLAG_MASK) // PAGE
-                if self.seen[index]:
-                    raise StreamNotUnderstood(at, f"page {index} of {self.main!r} is sent twice")
-                self.seen[index] = 1
-            if keep:
-                self._emit(head, payload)
-
-    def _zero_differs(self, addr: int, fill: int) -> bool:
-        if self.block != self.main:
-            return True
-        if self.base is None:
-            return fill != 0
-        # bytes compare with memcmp; memoryviews compare item by item, ten times slower
-        return fill != 0 or bytes(self.base[addr : addr + PAGE]) != _ZERO
-
-    def _page_differs(self, addr: int, data: memoryview) -> bool:
-        if self.block != self.main:
-            return True
-        if self.base is None:
-            return True
-        return bytes(data) != bytes(self.base[addr : addr + PAGE])
+        """The page records up to the section's EOS: one tight loop (a VM's state holds one
+        record per page, 131072 for 512 MiB), reading the raw buffers, whose slices are bytes
+        that compare with memcmp (memoryviews compare item by item, ten times slower)."""
+        r, raw, base, main, seen = self.r, self.raw, self.base_raw, self.main, self.seen
+        view, end, p, block = r.m, len(raw), r.p, self.block
+        pages = 0
+        try:
+            while True:
+                at = p
+                (head,) = _BE64(raw, p)
+                p += 8
+                flags = head & FLAG_MASK
+                if flags == F_EOS:
+                    break
+                if not flags & F_CONTINUE:
+                    n = raw[p]
+                    block = bytes(raw[p + 1 : p + 1 + n])
+                    p += 1 + n
+                addr = head & ~FLAG_MASK
+                kind = flags & ~F_CONTINUE
+                if kind == F_ZERO:
+                    fill = raw[p]
+                    p += 1
+                    keep = block != main or (
+                        fill != 0 if base is None else fill != 0 or base[addr : addr + PAGE] != _ZERO
+                    )
+                elif kind == F_PAGE:
+                    p += PAGE
+                    if p > end:
+                        raise StreamNotUnderstood(at, "the stream ends inside a page")
+                    keep = block != main or base is None or raw[p - PAGE : p] != base[addr : addr + PAGE]
+                else:
+                    raise StreamNotUnderstood(at, f"RAM record flags {flags:#x} (compressed or XBZRLE pages)")
+                pages += 1
+                if seen and block == main:
+                    index = addr // PAGE
+                    if seen[index]:
+                        raise StreamNotUnderstood(at, f"page {index} of {main.decode()!r} is sent twice")
+                    seen[index] = 1
+                if keep:
+                    self.block = block
+                    self._emit(head, view[p - (1 if kind == F_ZERO else PAGE) : p])
+        except (struct.error, IndexError):
+            raise StreamNotUnderstood(p, "the stream ends early") from None
+        finally:
+            self.stats.pages += pages
+        self.block = block
+        r.p = p
 
     def _emit(self, head: int, payload: memoryview) -> None:
         self.stats.kept += 1
@@ -242,3 +263,4 @@ class _RamSection:
 
 
 _ZERO = bytes(PAGE)
+_BE64 = struct.Struct(">Q").unpack_from

@@ -186,7 +186,15 @@ class CheckpointFiles:
             raise
         finally:
             state.unlink(missing_ok=True)
-        return Launched(agent, VmTimings("checkpoint", t1 - t0, t2 - t1, time.monotonic() - t2))
+        timings = VmTimings("checkpoint", t1 - t0, t2 - t1, time.monotonic() - t2)
+        log.info(
+            "checkpoint.loaded",
+            domain=domain,
+            load_ms=round(timings.start * 1000),
+            attach_ms=round(timings.attach * 1000),
+            hygiene_ms=round(timings.hygiene * 1000),
+        )
+        return Launched(agent, timings)
 
 
 def _base_of(snap: Snapshot) -> dict[str, Any]:
