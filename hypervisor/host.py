@@ -174,21 +174,32 @@ class Hypervisor:
         With ``ignore_shared`` the state holds no RAM: ``spec.mem_path`` must be the RAM file of
         the frozen VM (mapped privately, copy-on-write). Without it the state carries all RAM.
         """
+        self.start_incoming(spec)
+        self.load_into(spec.name, state, ignore_shared=ignore_shared, timeout=timeout)
+
+    def start_incoming(self, spec: DomainSpec) -> None:
+        """Start a domain paused, waiting for a state (``load_into``): the two halves of
+        ``start_from_state``, for a caller that prepares the state while QEMU starts."""
         self._check_name(spec.name)
         if not spec.incoming or spec.mem_path is None:
-            raise ValueError("start_from_state needs a spec with incoming=True and a mem_path")
+            raise ValueError("start_incoming needs a spec with incoming=True and a mem_path")
         virt_type = "test" if self.uri.startswith("test:") else None
         try:
-            dom = self.conn.createXML(spec.to_xml(virt_type), libvirt.VIR_DOMAIN_START_PAUSED)
+            self.conn.createXML(spec.to_xml(virt_type), libvirt.VIR_DOMAIN_START_PAUSED)
         except libvirt.libvirtError as exc:
             self.cleanup_files(spec.name)
             raise DomainStartFailed(spec.name, str(exc)) from exc
+
+    def load_into(self, name: str, state: Path, *, ignore_shared: bool, timeout: float = 120.0) -> None:
+        """Load ``state`` into the domain ``start_incoming`` started, and resume it; on failure
+        the domain is destroyed."""
         try:
+            dom = self._lookup(name)
             load_state(dom, state, ignore_shared=ignore_shared, timeout=timeout)
             dom.resume()
         except (libvirt.libvirtError, HypervisorError) as exc:
-            self.destroy(spec.name)
-            raise DomainStartFailed(spec.name, f"loading {state}: {exc}") from exc
+            self.destroy(name)
+            raise DomainStartFailed(name, f"loading {state}: {exc}") from exc
 
     def fork_into(self, parent: str, spec: DomainSpec, state: Path, timeout: float = 120.0) -> int:
         """Copy the running ``parent`` into a new paused domain whose RAM is a shared file

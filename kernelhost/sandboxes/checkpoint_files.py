@@ -170,9 +170,14 @@ class CheckpointFiles:
         t0 = time.monotonic()
         state = self.tmp / f"{domain}-load.state"
         try:
-            await asyncio.to_thread(_unpack, path, state)
             spec = vms._spec(domain, image, meta, mem_path=snap.ram if snap else None, incoming=True)
-            await asyncio.to_thread(vms.hv.start_from_state, spec, state, ignore_shared=False)
+            # QEMU starts (about 0.2 s) while the file is unpacked
+            started = asyncio.ensure_future(asyncio.to_thread(vms.hv.start_incoming, spec))
+            try:
+                await asyncio.to_thread(_unpack, path, state)
+            finally:
+                await started
+            await asyncio.to_thread(vms.hv.load_into, domain, state, ignore_shared=False)
             t1 = time.monotonic()
             agent = await vms.connect_agent(spec.channel_socket, vms.timeouts.attach)
             t2 = time.monotonic()
