@@ -240,19 +240,21 @@ def install_overlay(root: Path) -> None:
     (spec_dir / "kernel.json").write_text(
         json.dumps(
             {
-                # No IPython history database: clones of one snapshot would share its session number
-                # ("Session/line number was not unique in database"), and nothing reads it back.
+                # IPython's history in the kernel's own memory, not in a database file: every
+                # clone of a snapshot, and every fork, then holds a history of its own (a shared
+                # file would give clones one session number: "Session/line number was not unique
+                # in database"); the snapshot's warm-up cells store none
                 "argv": [
                     "/usr/bin/python3",
                     "/opt/kernelhost/launch_kernel.py",
                     "-f",
                     "{connection_file}",
-                    "--HistoryManager.enabled=False",
+                    "--HistoryManager.hist_file=:memory:",
                 ],
                 "display_name": "Python 3 (kernelhost)",
                 "language": "python",
                 "interrupt_mode": "signal",
-                "metadata": {"debugger": False},
+                "metadata": {"debugger": True},
             },
             indent=1,
         )

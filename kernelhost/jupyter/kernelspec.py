@@ -29,7 +29,7 @@ def kernel_json(template: str, display_name: str | None = None, url: str | None 
         "env": {},
         "metadata": {
             "kernel_provisioner": {"provisioner_name": PROVISIONER_NAME, "config": config},
-            "debugger": False,
+            "debugger": True,  # ipykernel's, in the guest: the bridge relays control and iopub
         },
     }
 

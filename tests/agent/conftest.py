@@ -71,14 +71,14 @@ def write_kernelspec(root: Path) -> Path:
         str(AGENT_DIR / "launch_kernel.py"),
         "-f",
         "{connection_file}",
-        "--HistoryManager.enabled=False",
+        "--HistoryManager.hist_file=:memory:",
     ]
     spec = {
         "argv": argv,
         "display_name": "kernelhost (test)",
         "language": "python",
         "interrupt_mode": "signal",
-        "metadata": {"debugger": False},
+        "metadata": {"debugger": True},
     }
     (spec_dir / "kernel.json").write_text(json.dumps(spec))
     return root / "kernels"

@@ -69,7 +69,7 @@ def test_overlay_kernelspec_is_unchanged(overlay: Path) -> None:
         "/opt/kernelhost/launch_kernel.py",
         "-f",
         "{connection_file}",
-        "--HistoryManager.enabled=False",
+        "--HistoryManager.hist_file=:memory:",
     ]
     assert spec["interrupt_mode"] == "signal"
 

@@ -55,7 +55,9 @@ def spec_model(view: TemplateView) -> dict[str, Any]:
             "language": view.language,
             "interrupt_mode": "signal",
             "env": {},
-            "metadata": {"kernelhost": {"template": name, "kind": view.kind}, "debugger": False},
+            # ipykernel's debugger (debugpy) runs in the guest; debug_request and debug_reply go
+            # over control, debug_event over iopub, like any message
+            "metadata": {"kernelhost": {"template": name, "kind": view.kind}, "debugger": python},
         },
     }
 
