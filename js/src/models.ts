@@ -62,6 +62,12 @@ export interface Result {
   metadata: Record<string, unknown>;
   /** True for the value of the cell's last expression, false for `display()` outputs. */
   isMainResult: boolean;
+  /**
+   * Names a display that can change (`display(..., display_id=True)`, progress bars): `onResult`
+   * gets each new version with `isUpdate` true, and `Execution.results` keeps the latest one.
+   */
+  displayId: string | null;
+  isUpdate: boolean;
 }
 
 /** An exception raised by the code that ran in the sandbox (not a client error). */
@@ -127,7 +133,25 @@ export function resultFromWire(event: Record<string, unknown>): Result {
   if (!isRecord(data) || !isRecord(metadata)) {
     throw new TransportError(`the server sent a malformed result event: ${JSON.stringify(event).slice(0, 300)}`);
   }
-  return { data, metadata, isMainResult: Boolean(event.is_main_result) };
+  const displayId = event.display_id;
+  return {
+    data,
+    metadata,
+    isMainResult: Boolean(event.is_main_result),
+    displayId: displayId === undefined || displayId === null ? null : String(displayId),
+    isUpdate: event.type === 'update_display',
+  };
+}
+
+/** Add a result to `results`, or put a display's new version where its first one is. */
+export function keepResult(results: Result[], result: Result): void {
+  if (!result.isUpdate) {
+    results.push(result);
+    return;
+  }
+  results.forEach((old, i) => {
+    if (old.displayId === result.displayId) results[i] = result;
+  });
 }
 
 export function errorFromWire(event: Record<string, unknown>): ExecutionError {

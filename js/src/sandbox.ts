@@ -26,6 +26,7 @@ import {
   type SandboxInfo,
   errorFromWire,
   fileInfoFromWire,
+  keepResult,
   newExecution,
   recoveryFromWire,
   resultFromWire,
@@ -230,9 +231,10 @@ export class Sandbox {
           await options.onStderr?.(text);
           break;
         }
-        case 'result': {
+        case 'result':
+        case 'update_display': {
           const result = resultFromWire(event);
-          execution.results.push(result);
+          keepResult(execution.results, result);
           await options.onResult?.(result);
           break;
         }

@@ -71,8 +71,8 @@ describe('shapeExecution', () => {
       stdout: 'out\n',
       stderr: 'warn\n',
       results: [
-        { data: { 'text/html': '<b>x</b>', 'text/plain': 'X' }, metadata: {}, isMainResult: false },
-        { data: { 'text/plain': '42' }, metadata: {}, isMainResult: true },
+        { data: { 'text/html': '<b>x</b>', 'text/plain': 'X' }, metadata: {}, isMainResult: false, displayId: null, isUpdate: false },
+        { data: { 'text/plain': '42' }, metadata: {}, isMainResult: true, displayId: null, isUpdate: false },
       ],
       error: { name: 'ValueError', value: 'bad', traceback: ['\u001b[31mTraceback\u001b[0m', 'ValueError: bad'] },
       executionCount: 3,
@@ -85,7 +85,7 @@ describe('shapeExecution', () => {
   });
 
   it('splits images out within the image budget', () => {
-    const image = { data: { 'image/png': 'iVBORw0K\nGgo=', 'text/plain': '<Figure>' }, metadata: {}, isMainResult: false };
+    const image = { data: { 'image/png': 'iVBORw0K\nGgo=', 'text/plain': '<Figure>' }, metadata: {}, isMainResult: false, displayId: null, isUpdate: false };
     const shaped = shapeExecution(executionOf({ results: [image, image, image] }), { ...DEFAULT_BUDGET, maxImages: 2 });
     assert.deepEqual(shaped.images, [
       { mimeType: 'image/png', data: 'iVBORw0KGgo=' },

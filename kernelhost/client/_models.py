@@ -134,20 +134,34 @@ class Result:
     ``is_main_result`` is true for the value of the cell's last expression (Jupyter's
     ``execute_result``) and false for anything shown with ``display()`` (``display_data``).
     Binary formats (``png``, ``jpeg``) are base64 text, as in a notebook file.
+
+    ``display_id`` names a display that can change (``display(..., display_id=True)`` and its
+    handle's ``update()``, progress bars): ``on_result`` is called again for each new version
+    with ``is_update`` true, and ``Execution.results`` keeps only the latest version, where the
+    first one was.
     """
 
     data: dict[str, Any] = field(default_factory=dict)
     metadata: dict[str, Any] = field(default_factory=dict)
     is_main_result: bool = False
+    display_id: str | None = None
+    is_update: bool = False
 
     @classmethod
     def from_wire(cls, event: dict[str, Any]) -> Result:
-        """Read a ``result`` event."""
+        """Read a ``result`` or ``update_display`` event."""
         data = event.get("data") or {}
         metadata = event.get("metadata") or {}
         if not isinstance(data, dict) or not isinstance(metadata, dict):
             raise TransportError(f"the server sent a malformed result event: {event!r:.300}")
-        return cls(data=data, metadata=metadata, is_main_result=bool(event.get("is_main_result")))
+        display_id = event.get("display_id")
+        return cls(
+            data=data,
+            metadata=metadata,
+            is_main_result=bool(event.get("is_main_result")),
+            display_id=str(display_id) if display_id is not None else None,
+            is_update=event.get("type") == "update_display",
+        )
 
     def _get(self, mime: str) -> Any:
         return self.data.get(mime)
@@ -253,6 +267,15 @@ class Execution:
     peak_memory_bytes: int | None = None
     recovery: Recovery | None = None
     output_truncated: bool = False
+
+    def _keep(self, result: Result) -> None:
+        """Add a result, or put a display's new version where its first one is."""
+        if result.is_update:
+            for i, old in enumerate(self.results):
+                if old.display_id == result.display_id:
+                    self.results[i] = result
+            return  # an update of a display this call did not show: nothing of it is kept
+        self.results.append(result)
 
     def _finish(self, end: dict[str, Any]) -> None:
         """Fill the verdict and figures from the stream's ``end`` event."""

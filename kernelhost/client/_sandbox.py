@@ -359,10 +359,10 @@ class AsyncSandbox(CheckpointMethods):
                     text = str(event.get("text", ""))
                     stderr.append(text)
                     await _notify(on_stderr, text)
-                elif kind == "result":
+                elif kind in ("result", "update_display"):
                     result = Result.from_wire(event)
                     if keep_results:
-                        execution.results.append(result)
+                        execution._keep(result)
                     await _notify(on_result, result)
                 elif kind == "error":
                     execution.error = ExecutionError.from_wire(event)

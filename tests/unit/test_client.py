@@ -797,3 +797,23 @@ async def test_a_sync_handle_left_open_lets_go_quietly(fake: FakeKernelHost) -> 
     assert out.decode().strip() == "2"
     assert err.decode() == "", err.decode()  # no "Unclosed client session", nothing at all
     assert fake.calls("DELETE") == []  # both sandboxes live on
+
+
+def test_a_displays_new_versions_replace_it_in_the_results() -> None:
+    from kernelhost.client._models import Execution, Result
+
+    execution = Execution()
+    shown = {"type": "result", "data": {"text/plain": "'0'"}, "display_id": "d1"}
+    execution._keep(Result.from_wire(shown))
+    execution._keep(Result.from_wire({"type": "result", "data": {"text/plain": "'other'"}}))
+    for i in range(1, 4):
+        update = Result.from_wire(
+            {"type": "update_display", "data": {"text/plain": f"'{i}'"}, "display_id": "d1"}
+        )
+        assert update.is_update and update.display_id == "d1"
+        execution._keep(update)
+    execution._keep(Result.from_wire({"type": "update_display", "data": {}, "display_id": "unknown"}))
+    assert [(r.data["text/plain"], r.is_update) for r in execution.results] == [
+        ("'3'", True),
+        ("'other'", False),
+    ]

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from kernelhost.channel import AgentClient
-from kernelhost.sandboxes.execution import RunningCall
+from kernelhost.sandboxes.execution import Result, RunningCall
 
 from .cells import cell
 from .fake_agent import (
@@ -405,3 +405,40 @@ async def test_consumer_leaving_a_kernel_that_will_not_stop_restarts_it(agent, c
         "ping",
         "restart",
     ]
+
+
+def test_update_display_data_is_an_update_event_and_caps_keep_its_id() -> None:
+    from kernelhost.channel.messages import JupyterMessage
+    from kernelhost.sandboxes.execution.calls import iopub_event
+    from kernelhost.sandboxes.execution.output import OutputBudget, OutputLimits
+
+    def msg(kind: str, content: dict[str, Any]) -> JupyterMessage:
+        return JupyterMessage(
+            "iopub",
+            {
+                "header": {"msg_type": kind},
+                "parent_header": {},
+                "metadata": {},
+                "content": content,
+                "buffers": [],
+            },
+        )
+
+    shown = iopub_event(msg("display_data", {"data": {"text/plain": "0"}, "transient": {"display_id": "d1"}}))
+    update = iopub_event(
+        msg("update_display_data", {"data": {"text/plain": "1"}, "transient": {"display_id": "d1"}})
+    )
+    assert shown is not None and shown.wire() == {
+        "type": "result",
+        "is_main_result": False,
+        "display_id": "d1",
+        "data": {"text/plain": "0"},
+        "metadata": {},
+    }
+    assert update is not None and update.wire()["type"] == "update_display"
+    assert update.wire()["display_id"] == "d1"
+    assert iopub_event(msg("update_display_data", {"data": {"text/plain": "1"}})) is None  # of nothing
+    assert isinstance(update, Result)
+    big = Result({"text/plain": "1", "text/html": "x" * 100}, display_id="d1", update=True)
+    capped = OutputBudget(OutputLimits(1024, 64)).result(big)
+    assert capped.update and capped.display_id == "d1" and capped.truncated

@@ -133,6 +133,34 @@ async def test_rich_results_stream_in_order_as_mime_bundles(py: AsyncSandbox) ->
     assert [r.is_main_result for r in execution.results] == [False] * 4 + [True]
 
 
+async def test_a_display_updated_in_a_loop_is_one_result_and_its_updates(
+    py: AsyncSandbox, execution_service: Service
+) -> None:
+    service = execution_service
+    code = (
+        "from IPython.display import display\n"
+        "handle = display('step 0', display_id=True)\n"
+        "for i in range(1, 21):\n"
+        "    handle.update(f'step {i}')\n"
+        "display('another')"
+    )
+    seen = []
+    execution = await py.run_code(code, on_result=seen.append)
+    assert execution.error is None
+    assert [(r.is_update, r.text) for r in seen[:2]] == [(False, "'step 0'"), (True, "'step 1'")]
+    assert [r.is_update for r in seen] == [False] + [True] * 20 + [False]
+    assert len({r.display_id for r in seen[:21]}) == 1 and seen[0].display_id
+    assert [r.text for r in execution.results] == ["'step 20'", "'another'"]
+    # the wire: one result with the id, then update_display events carrying it
+    async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {service.api_key}"}) as http:
+        r = await http.post(f"{service.url}/v1/sandboxes/{py.id}/execute", json={"code": code})
+        events = [json.loads(line) for line in (await r.text()).splitlines()]
+    kinds = [e["type"] for e in events]
+    assert kinds == ["result"] + ["update_display"] * 20 + ["result", "end"]
+    assert {e["display_id"] for e in events[:21]} == {events[0]["display_id"]}
+    assert "display_id" not in events[21]  # a plain display has none
+
+
 async def test_result_over_the_cap_keeps_its_text_with_a_marker(py: AsyncSandbox) -> None:
     execution = await py.run_code("from IPython.display import HTML\nHTML('<p>' + 'x' * 5_000_000 + '</p>')")
     [result] = execution.results

@@ -78,7 +78,8 @@ def lines_of(event: Any, errored: bool) -> list[dict[str, Any]]:
     if isinstance(event, Stream):
         return [{"type": event.name, "text": event.text, "timestamp": time.time_ns()}]
     if isinstance(event, Result):
-        return [result_line(event)]
+        # E2B's interpreter shows displays once: a new version of one (update_display) is not sent
+        return [] if event.update else [result_line(event)]
     if isinstance(event, Error):
         return [
             {

@@ -168,8 +168,19 @@ function render(output, event) {
       if (last && last.tagName === "PRE" && last.classList.contains(event.type)) last.textContent += event.text;
       else output.append(el("pre", { className: event.type, textContent: event.text }));
       break;
-    case "result":
-      output.append(renderResult(event.data || {}));
+    case "result": {
+      const node = renderResult(event.data || {});
+      if (event.display_id != null) node.dataset.displayId = String(event.display_id);
+      output.append(node);
+      break;
+    }
+    case "update_display":  // a new version of a display: replaced where it is shown
+      for (const old of output.querySelectorAll("[data-display-id]")) {
+        if (old.dataset.displayId !== String(event.display_id)) continue;
+        const node = renderResult(event.data || {});
+        node.dataset.displayId = old.dataset.displayId;
+        old.replaceWith(node);
+      }
       break;
     case "error":
       output.append(el("pre", { className: "error",

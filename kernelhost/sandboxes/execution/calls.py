@@ -33,10 +33,23 @@ def iopub_event(m: JupyterMessage) -> Event | None:
     t = m.msg_type
     if t == "stream":
         return Stream("stderr" if c.get("name") == "stderr" else "stdout", _text(c.get("text", "")))
-    if t in ("execute_result", "display_data"):
+    if t in ("execute_result", "display_data", "update_display_data"):
         data = c.get("data") if isinstance(c.get("data"), dict) else {}
         meta = c.get("metadata") if isinstance(c.get("metadata"), dict) else {}
-        return Result(data or {}, meta or {}, is_main_result=t == "execute_result")
+        transient = c.get("transient")
+        raw_id = transient.get("display_id") if isinstance(transient, dict) else None
+        display_id = (
+            str(raw_id)[:200] if isinstance(raw_id, str | int) and not isinstance(raw_id, bool) else None
+        )
+        if t == "update_display_data" and display_id is None:
+            return None  # an update of nothing: Jupyter drops it too
+        return Result(
+            data or {},
+            meta or {},
+            is_main_result=t == "execute_result",
+            display_id=display_id,
+            update=t == "update_display_data",
+        )
     if t == "error":
         tb = c.get("traceback")
         name = _text(c.get("ename", "Error"))

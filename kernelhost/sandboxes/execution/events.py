@@ -4,7 +4,9 @@ form (the JSON object the native API streams, one per NDJSON line).
 - ``Stream``: ``{"type": "stdout"|"stderr", "text": str}``
 - ``Result``: ``{"type": "result", "data": {mime: value}, "metadata": {...},
   "is_main_result": bool}``, plus ``"truncated": true`` when formats over
-  ``max_result_bytes`` were dropped
+  ``max_result_bytes`` were dropped, and ``"display_id"`` for a display shown with an id
+  (``display(..., display_id=True)``); a new version of such a display (Jupyter's
+  ``update_display_data``) is ``{"type": "update_display", "display_id", "data", "metadata"}``
 - ``Error``: ``{"type": "error", "name": str, "value": str, "traceback": [str]}``
 - ``ClearOutput``: ``{"type": "clear_output", "wait": bool}``
 - ``End``: ``{"type": "end", ...}``, always last: ``status`` (``ExecutionStatus``),
@@ -36,14 +38,18 @@ class Result:
     metadata: dict[str, Any] = field(default_factory=dict)
     is_main_result: bool = False
     truncated: bool = False
+    display_id: str | None = None
+    update: bool = False  # a new version of the display ``display_id`` shows
 
     def wire(self) -> dict[str, Any]:
-        out = {
-            "type": "result",
-            "data": self.data,
-            "metadata": self.metadata,
-            "is_main_result": self.is_main_result,
-        }
+        out: dict[str, Any]
+        if self.update:
+            out = {"type": "update_display", "display_id": self.display_id}
+        else:
+            out = {"type": "result", "is_main_result": self.is_main_result}
+            if self.display_id is not None:
+                out["display_id"] = self.display_id
+        out.update(data=self.data, metadata=self.metadata)
         if self.truncated:
             out["truncated"] = True
         return out

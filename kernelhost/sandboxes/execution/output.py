@@ -7,6 +7,8 @@ caps so it drops what nobody will keep, but nothing it sends is trusted to respe
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 from dataclasses import dataclass
 from typing import Any
@@ -92,7 +94,7 @@ class OutputBudget:
         plain = data.get("text/plain")
         data["text/plain"] = f"{plain}\n{note}" if isinstance(plain, str) else note
         metadata = event.metadata if json_size(event.metadata) is not None else {}
-        return Result(data, metadata, event.is_main_result, truncated=True)
+        return dataclasses.replace(event, data=data, metadata=metadata, truncated=True)
 
 
 def json_size(value: Any) -> int | None:
