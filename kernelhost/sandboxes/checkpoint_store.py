@@ -2,7 +2,10 @@
 
 A checkpoint belongs to one sandbox (and so to its key) and names everything its file needs to
 be loaded again: the image build the VM ran and the template snapshot whose RAM its pages were
-diffed against (``base``: that snapshot's directory and build time; ``{}`` for none).
+diffed against (``base``: that snapshot's directory and build time; ``{}`` for none), and what a
+branch from it needs of its sandbox (``network``: the sandbox's network mode when it was taken;
+``{}`` in a record from before the column). A ``keep`` checkpoint outlives its sandbox (E2B's
+snapshots): it goes only when deleted.
 """
 
 from __future__ import annotations
@@ -13,6 +16,12 @@ import sqlite3
 import time
 from dataclasses import dataclass, field
 from typing import Any
+
+from .errors import InvalidRequest
+
+MAX_LABEL = 200
+DEFAULT_KEEP = 5  # auto_checkpoint=true: undo reaches the last 5 calls
+MAX_KEEP = 50
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS checkpoints (
@@ -27,15 +36,52 @@ CREATE TABLE IF NOT EXISTS checkpoints (
     template TEXT NOT NULL,
     image_key TEXT NOT NULL,
     base TEXT NOT NULL DEFAULT '{}',
-    path TEXT NOT NULL
+    path TEXT NOT NULL,
+    keep INTEGER NOT NULL DEFAULT 0,
+    network TEXT NOT NULL DEFAULT '{}'
 );
 CREATE INDEX IF NOT EXISTS checkpoints_sandbox ON checkpoints(sandbox_id);
 CREATE INDEX IF NOT EXISTS checkpoints_owner ON checkpoints(owner);
 """
+# Columns added after the first release: an older database gains them at start (its checkpoints
+# are not kept past their sandbox, and a branch takes its network mode from the sandbox record).
+MIGRATIONS = {
+    "keep": "INTEGER NOT NULL DEFAULT 0",
+    "network": "TEXT NOT NULL DEFAULT '{}'",
+}
+JSON_FIELDS = ("base", "network")
 
 
 def new_checkpoint_id() -> str:
     return "cp_" + secrets.token_hex(8)
+
+
+def check_label(label: object) -> str:
+    """A checkpoint's label as a record keeps it ("" for none)."""
+    if label is None:
+        return ""
+    if not isinstance(label, str) or len(label) > MAX_LABEL:
+        raise InvalidRequest(
+            f"label={str(label)[:40]!r} must be a string of at most {MAX_LABEL} characters",
+            field="label",
+        )
+    return label
+
+
+def keep_of(auto_checkpoint: object) -> int:
+    """The create option ``auto_checkpoint`` (false, true, or how many calls undo reaches) as
+    the sandbox record's count of checkpoints kept before calls."""
+    if auto_checkpoint is None or auto_checkpoint is False:
+        return 0
+    if auto_checkpoint is True:
+        return DEFAULT_KEEP
+    if isinstance(auto_checkpoint, int) and 1 <= auto_checkpoint <= MAX_KEEP:
+        return auto_checkpoint
+    raise InvalidRequest(
+        f"auto_checkpoint={auto_checkpoint!r} is not valid; use true (undo reaches the last "
+        f"{DEFAULT_KEEP} calls), false, or the number of calls undo reaches (1 to {MAX_KEEP})",
+        field="auto_checkpoint",
+    )
 
 
 @dataclass
@@ -52,6 +98,8 @@ class CheckpointRecord:
     created_at: float = field(default_factory=time.time)
     bytes: int = 0
     base: dict[str, Any] = field(default_factory=dict)
+    keep: bool = False  # outlives its sandbox, until deleted
+    network: dict[str, Any] = field(default_factory=dict)  # its sandbox's network mode; {}: unknown
 
     def to_dict(self) -> dict[str, Any]:
         """The checkpoint as every interface describes it."""
@@ -72,9 +120,15 @@ class CheckpointStore:
     def __init__(self, db: sqlite3.Connection) -> None:
         self.db = db
         db.executescript(SCHEMA)
+        have = {row[1] for row in db.execute("PRAGMA table_info(checkpoints)")}
+        for column, definition in MIGRATIONS.items():
+            if column not in have:
+                db.execute(f"ALTER TABLE checkpoints ADD COLUMN {column} {definition}")
 
     def insert(self, rec: CheckpointRecord) -> None:
-        row = {**rec.__dict__, "auto": int(rec.auto), "base": json.dumps(rec.base)}
+        row = {**rec.__dict__, "auto": int(rec.auto), "keep": int(rec.keep)}
+        for name in JSON_FIELDS:
+            row[name] = json.dumps(row[name])
         cols = ", ".join(row)
         marks = ", ".join(f":{k}" for k in row)
         self.db.execute(f"INSERT INTO checkpoints ({cols}) VALUES ({marks})", row)
@@ -86,6 +140,14 @@ class CheckpointStore:
     def of_sandbox(self, sandbox_id: str) -> list[CheckpointRecord]:
         rows = self.db.execute(
             "SELECT * FROM checkpoints WHERE sandbox_id = ? ORDER BY created_at", (sandbox_id,)
+        ).fetchall()
+        return [_record(r) for r in rows]
+
+    def of_owner(self, owner: str, *, kept_only: bool = False) -> list[CheckpointRecord]:
+        """The key's checkpoints (``kept_only``: those that outlive their sandbox), oldest first."""
+        kept = " AND keep = 1" if kept_only else ""
+        rows = self.db.execute(
+            f"SELECT * FROM checkpoints WHERE owner = ?{kept} ORDER BY created_at, id", (owner,)
         ).fetchall()
         return [_record(r) for r in rows]
 
@@ -103,5 +165,7 @@ class CheckpointStore:
 def _record(row: sqlite3.Row) -> CheckpointRecord:
     data = dict(row)
     data["auto"] = bool(data["auto"])
-    data["base"] = json.loads(data["base"] or "{}")
+    data["keep"] = bool(data["keep"])
+    for name in JSON_FIELDS:
+        data[name] = json.loads(data[name] or "{}")
     return CheckpointRecord(**data)

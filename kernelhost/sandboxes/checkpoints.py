@@ -10,9 +10,12 @@ a call running at that moment ends with status ``restored``. Automatic checkpoin
 right after each call, in the background, as the state "before the next call" (a call that
 comes before it is written takes it first, synchronously); the newest ``keep`` + 1 are kept.
 
-Budgets: ``max_checkpoint_bytes_per_key`` (the compressed files of a key's sandboxes) and
-``max_checkpoints_per_sandbox`` (those taken by hand); either answers ``CapacityExceeded``
-naming it, and nothing of the sandbox or its other checkpoints is lost.
+Budgets: ``max_checkpoint_bytes_per_key`` (the compressed files of a key's checkpoints, kept
+ones included) and ``max_checkpoints_per_sandbox`` (those taken by hand); either answers
+``CapacityExceeded`` naming it, and nothing of the sandbox or its other checkpoints is lost.
+
+A checkpoint goes with its sandbox unless it is *kept* (``keep``: E2B's snapshots), which only
+deleting it ends; its record holds what a branch needs of the sandbox (the network mode).
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import structlog
 
@@ -31,7 +35,7 @@ from hypervisor import GuestImage, HypervisorError, ImageNotFound, StreamNotUnde
 from ..channel import ChannelError
 from ..ratelimit import TokenBucket
 from .checkpoint_files import CheckpointFiles, Saving
-from .checkpoint_store import CheckpointRecord, CheckpointStore, new_checkpoint_id
+from .checkpoint_store import CheckpointRecord, CheckpointStore, check_label, keep_of, new_checkpoint_id
 from .context import Context
 from .errors import (
     BootFailed,
@@ -45,15 +49,12 @@ from .errors import (
     SandboxNotFound,
 )
 from .lifecycle import Lifecycle
+from .network import parse_network
 from .registry import new_record
 from .sandbox import Sandbox, ensure_usable, wait_replacement
 from .states import SandboxState
 
 log = structlog.get_logger("kernelhost.checkpoints")
-
-MAX_LABEL = 200
-DEFAULT_KEEP = 5
-MAX_KEEP = 50
 
 
 @dataclass
@@ -71,6 +72,8 @@ DropVm = Callable[[Sandbox, bool], Awaitable[None]]
 
 
 class Checkpoints:
+    keep_of = staticmethod(keep_of)  # the create option ``auto_checkpoint``
+
     def __init__(self, ctx: Context, lifecycle: Lifecycle, store: CheckpointStore, drop_vm: DropVm) -> None:
         self.ctx = ctx
         self.lifecycle = lifecycle
@@ -83,33 +86,17 @@ class Checkpoints:
         lifecycle.on_remove.append(self.drop_all)
 
     def start(self) -> None:
-        """At service start, after reconcile: files and records no live sandbox owns go."""
+        """At service start, after reconcile: files and records no live sandbox owns go (kept
+        checkpoints stay)."""
         self.files.prepare()
         live = {s.id for s in self.registry}
         for cp in self.store.all():
-            if cp.sandbox_id not in live:
+            if cp.sandbox_id not in live and not cp.keep:
                 self._delete(cp)
         known = {Path(cp.path) for cp in self.store.all()}
         for path in self.files.dir.glob("*/*.zst"):
             if path not in known:
                 path.unlink(missing_ok=True)
-
-    # -- options ---------------------------------------------------------------------------------
-
-    @staticmethod
-    def keep_of(auto_checkpoint: object) -> int:
-        """The create option ``auto_checkpoint`` (false, true, or how many calls undo reaches)."""
-        if auto_checkpoint is None or auto_checkpoint is False:
-            return 0
-        if auto_checkpoint is True:
-            return DEFAULT_KEEP
-        if isinstance(auto_checkpoint, int) and 1 <= auto_checkpoint <= MAX_KEEP:
-            return auto_checkpoint
-        raise InvalidRequest(
-            f"auto_checkpoint={auto_checkpoint!r} is not valid; use true (undo reaches the last "
-            f"{DEFAULT_KEEP} calls), false, or the number of calls undo reaches (1 to {MAX_KEEP})",
-            field="auto_checkpoint",
-        )
 
     # -- lookups ---------------------------------------------------------------------------------
 
@@ -122,11 +109,18 @@ class Checkpoints:
     def of(self, sbx: Sandbox) -> list[CheckpointRecord]:
         return self.store.of_sandbox(sbx.id)
 
+    def of_owner(self, owner: str, *, kept_only: bool = False) -> list[CheckpointRecord]:
+        """Every checkpoint of the key, its gone sandboxes' kept ones included, oldest first."""
+        return self.store.of_owner(owner, kept_only=kept_only)
+
     # -- taking ----------------------------------------------------------------------------------
 
-    async def checkpoint(self, sbx: Sandbox, label: str | None = None) -> CheckpointRecord:
-        """Freeze the sandbox's whole state into a new checkpoint; it runs on once it is saved."""
-        label = self._label(label)
+    async def checkpoint(
+        self, sbx: Sandbox, label: str | None = None, *, keep: bool = False
+    ) -> CheckpointRecord:
+        """Freeze the sandbox's whole state into a new checkpoint; it runs on once it is saved.
+        ``keep``: the checkpoint outlives the sandbox, until deleted."""
+        label = check_label(label)
         manual = [c for c in self.of(sbx) if not c.auto]
         limit = self.ctx.settings.max_checkpoints_per_sandbox
         if len(manual) >= limit:
@@ -139,17 +133,7 @@ class Checkpoints:
         self._check_budget(sbx.record.owner, 0)
         async with sbx.lock.hold("checkpoint"):
             frozen = await self._freeze(sbx)
-        return await self._write(sbx, frozen, label=label)
-
-    def _label(self, label: object) -> str:
-        if label is None:
-            return ""
-        if not isinstance(label, str) or len(label) > MAX_LABEL:
-            raise InvalidRequest(
-                f"label={str(label)[:40]!r} must be a string of at most {MAX_LABEL} characters",
-                field="label",
-            )
-        return label
+        return await self._write(sbx, frozen, label=label, keep=keep)
 
     def _check_budget(self, owner: str, adding: int) -> None:
         used = self.store.bytes_of(owner)
@@ -193,7 +177,14 @@ class Checkpoints:
         return Frozen(saving, image, vm_lock=sbx.vm_lock)  # released once the file is whole
 
     async def _write(
-        self, sbx: Sandbox, frozen: Frozen, *, label: str = "", auto: bool = False, call_index: int = 0
+        self,
+        sbx: Sandbox,
+        frozen: Frozen,
+        *,
+        label: str = "",
+        auto: bool = False,
+        call_index: int = 0,
+        keep: bool = False,
     ) -> CheckpointRecord:
         """Diff and compress ``frozen`` into a checkpoint in an owned task (a client that goes
         away does not leave it half done); a restore waits for the sandbox's writes."""
@@ -208,6 +199,8 @@ class Checkpoints:
             label=label,
             auto=auto,
             call_index=call_index,
+            keep=keep,
+            network=dict(rec.network),
         )
         cp.path = str(self.files.path_for(rec.id, cp.id))
         task = self.ctx.tasks.spawn(
@@ -424,13 +417,18 @@ class Checkpoints:
         return cp
 
     async def branch(
-        self, owner: str, checkpoint_id: str, idle_timeout: int, metadata: dict[str, str]
+        self,
+        owner: str,
+        checkpoint_id: str,
+        idle_timeout: int,
+        metadata: dict[str, str],
+        network: object = None,
     ) -> Sandbox:
-        """A new sandbox of ``owner`` holding the state of the checkpoint."""
+        """A new sandbox of ``owner`` holding the state of the checkpoint, in the network mode
+        ``network`` or (None) the one its sandbox had when the checkpoint was taken."""
         cp = self.get(owner, checkpoint_id)
         image = self._image(cp)
-        source = self.registry.find(cp.sandbox_id)
-        network = source.record.network if source is not None else {"mode": "none", "allow": []}
+        net = parse_network(network).to_dict() if network is not None else self._network_of(cp)
         shape = self.ctx.shape_for(image)
         with self.registry.reserve(owner, 1, shape.memory_mib):
             rec = new_record(
@@ -441,7 +439,7 @@ class Checkpoints:
                 shape=shape,
                 idle_timeout=idle_timeout,
                 metadata={**metadata, "branched_from": cp.id},
-                network=network,
+                network=net,
             )
             sbx = Sandbox(rec)
             self.registry.record(rec)
@@ -458,6 +456,14 @@ class Checkpoints:
         log.info("checkpoint.branched", sandbox_id=rec.id, checkpoint_id=cp.id)
         return sbx
 
+    def _network_of(self, cp: CheckpointRecord) -> dict[str, Any]:
+        """The checkpoint's network mode; a record from before it was kept: its sandbox's, if
+        that still runs, else none."""
+        if cp.network:
+            return dict(cp.network)
+        source = self.registry.find(cp.sandbox_id)
+        return dict(source.record.network) if source is not None else {"mode": "none", "allow": []}
+
     # -- deleting --------------------------------------------------------------------------------
 
     async def delete(self, sbx: Sandbox, checkpoint_id: str) -> None:
@@ -466,13 +472,21 @@ class Checkpoints:
             raise CheckpointNotFound(checkpoint_id)
         self._delete(cp)
 
+    def discard(self, owner: str, checkpoint_id: str) -> CheckpointRecord:
+        """Delete one of the key's checkpoints by id, whether its sandbox still runs or not."""
+        cp = self.get(owner, checkpoint_id)
+        self._delete(cp)
+        return cp
+
     def _delete(self, cp: CheckpointRecord) -> None:
         self.store.delete(cp.id)
         self.files.remove(Path(cp.path), cp.id, cp.base)
 
     def drop_all(self, sbx: Sandbox) -> None:
-        """The sandbox is gone: its checkpoints go too (a branch runs from its own VM)."""
+        """The sandbox is gone: its checkpoints go too (a branch runs from its own VM), but for
+        the kept ones."""
         for cp in self.store.of_sandbox(sbx.id):
-            self._delete(cp)
+            if not cp.keep:
+                self._delete(cp)
         with contextlib.suppress(OSError):
             (self.files.dir / sbx.id).rmdir()

@@ -234,6 +234,20 @@ class SandboxManager:
             self._ctx.registry.update(sbx, auto_checkpoint=keep)
         return sbx
 
+    async def branch(
+        self,
+        owner: str,
+        checkpoint: str,
+        idle_timeout: int | None = None,
+        metadata: dict[str, str] | None = None,
+        network: Any = None,
+    ) -> Sandbox:
+        """A new sandbox holding the state of one of ``owner``'s checkpoints (its sandbox may be
+        gone, for a kept one), in ``network`` or (None) the mode its sandbox had."""
+        idle = self._lifecycle.idle_timeout(idle_timeout)
+        meta = self._lifecycle.check_metadata(metadata)
+        return await self._checkpoints.branch(owner, checkpoint, idle, meta, network)
+
     async def delete(self, owner: str, sandbox_id: str) -> None:
         await self._lifecycle.delete(owner, sandbox_id)
 
@@ -262,8 +276,22 @@ class SandboxManager:
     def checkpoints(self, sbx: Sandbox) -> list[CheckpointRecord]:
         return self._checkpoints.of(sbx)
 
+    async def checkpoint_kept(self, sbx: Sandbox, label: str | None = None) -> CheckpointRecord:
+        """A checkpoint that outlives its sandbox: only deleting it ends it (it counts against
+        ``max_checkpoint_bytes_per_key`` until then)."""
+        return await self._checkpoints.checkpoint(sbx, label, keep=True)
+
     def get_checkpoint(self, owner: str, checkpoint_id: str) -> CheckpointRecord:
         return self._checkpoints.get(owner, checkpoint_id)
+
+    def owner_checkpoints(self, owner: str, kept_only: bool = False) -> list[CheckpointRecord]:
+        """All of ``owner``'s checkpoints, oldest first, with the kept ones of sandboxes that are
+        gone (``kept_only``: just the kept ones)."""
+        return self._checkpoints.of_owner(owner, kept_only=kept_only)
+
+    def discard_checkpoint(self, owner: str, checkpoint_id: str) -> CheckpointRecord:
+        """Delete one of ``owner``'s checkpoints by id, whether its sandbox runs or not."""
+        return self._checkpoints.discard(owner, checkpoint_id)
 
     async def delete_checkpoint(self, sbx: Sandbox, checkpoint_id: str) -> None:
         await self._checkpoints.delete(sbx, checkpoint_id)

@@ -18,9 +18,11 @@ memory, in tmpfs, so in RAM). What is safe to remove, from how they are used:
   reported freed would be false; the next prune after those clones end removes it. So is one
   with a file in ``pins/``: a checkpoint's pages were diffed against its RAM, and restoring the
   checkpoint maps it again (``checkpoint_files.py``).
-- An image build is needed by every VM started from it (QEMU keeps its root file open) and by
-  every sandbox record that names it: a wake or a fork of that sandbox starts a VM from exactly
-  that build. It is stale when it is no template's current build, no record of this service names
+- An image build is needed by every VM started from it (QEMU keeps its root file open), by
+  every sandbox record that names it (a wake or a fork of that sandbox starts a VM from exactly
+  that build) and by every checkpoint record that names it (a restore or a branch loads the
+  checkpoint into a VM of that build; a kept checkpoint, E2B's snapshot, outlives its sandbox's
+  record). It is stale when it is no template's current build, no record of this service names
   it, and no running process has one of its files open or mapped.
 
 Service start-up prunes snapshots (``prune_snapshots``); ``kernelhost prune`` prunes both, with
@@ -37,6 +39,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 from hypervisor import ImageNotFound, ImageStore
 
@@ -206,25 +209,44 @@ def _snapshot_staleness(path: Path, current: dict[str, str], versions: dict[str,
     return ""
 
 
-def referenced_builds(db_path: Path) -> list[tuple[str, str]]:
-    """(template, image key) of every sandbox record of the service database at ``db_path``."""
+BY_SANDBOX = "named by a sandbox record (a wake or fork needs it)"
+BY_CHECKPOINT = "named by a checkpoint (a restore or a branch from it needs it)"
+
+
+class Reference(NamedTuple):
+    """An image build a record of the service names, and why that keeps it."""
+
+    template: str
+    image_key: str
+    why: str = BY_SANDBOX
+
+
+def referenced_builds(db_path: Path) -> list[Reference]:
+    """The builds the sandbox and checkpoint records of the service database at ``db_path``
+    name (sandboxes first)."""
     if not db_path.is_file():
         return []
+    from .checkpoint_store import CheckpointStore
     from .store import Store
 
     store = Store(db_path)
     try:
-        return [(r.template, r.image_key) for r in store.all()]
+        refs = [Reference(r.template, r.image_key) for r in store.all()]
+        checkpoints = CheckpointStore(store.db).all()
+        return refs + [Reference(c.template, c.image_key, BY_CHECKPOINT) for c in checkpoints]
     finally:
         store.close()
 
 
-def stale_images(images: ImageStore, referenced: Iterable[tuple[str, str]], in_use: InUse) -> Plan:
-    """Image builds in the image and built dirs that no template links to, no sandbox record
-    names (``referenced``: (template, image_key) pairs) and no running process uses."""
+def stale_images(images: ImageStore, referenced: Iterable[tuple[str, ...]], in_use: InUse) -> Plan:
+    """Image builds in the image and built dirs that no template links to, no record names
+    (``referenced``: (template, image_key[, why]), as ``referenced_builds`` gives them) and no
+    running process uses."""
     plan = Plan()
     current = {f"{t}-{k}" for t, k in _current_images(images).items()}
-    used = {f"{t}-{k}" for t, k in referenced}
+    used: dict[str, str] = {}
+    for ref in referenced:
+        used.setdefault(f"{ref[0]}-{ref[1]}", ref[2] if len(ref) > 2 else BY_SANDBOX)
     roots = [root for root in images.roots if root.is_dir()]
     for root in roots:
         for link in root.iterdir():  # also links of templates whose manifest is missing
@@ -238,7 +260,7 @@ def stale_images(images: ImageStore, referenced: Iterable[tuple[str, str]], in_u
     return plan
 
 
-def _judge_image(plan: Plan, path: Path, current: set[str], used: set[str], in_use: InUse) -> None:
+def _judge_image(plan: Plan, path: Path, current: set[str], used: dict[str, str], in_use: InUse) -> None:
     if path.name.startswith(".build-"):
         reason = _abandoned(path)
         if reason and not in_use.holds(path):
@@ -248,7 +270,7 @@ def _judge_image(plan: Plan, path: Path, current: set[str], used: set[str], in_u
         return
     art = Artifact("image", path, allocated_bytes(path), "not the current build of a template")
     if path.name in used:
-        plan.keep.append((art, "named by a sandbox record (a wake or fork needs it)"))
+        plan.keep.append((art, used[path.name]))
     elif in_use.holds(path):
         plan.keep.append((art, in_use.uncertain or "in use by a running VM"))
     else:

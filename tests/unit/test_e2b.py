@@ -1,21 +1,31 @@
-"""The E2B surface's own parts, offline: the Connect codec (sans-IO), and the error shapes and
-auth checks of /e2b on libvirt's test driver (no VM: a sandbox call needs one, the tests under
-tests/clients/agents/test_e2b.py make them)."""
+"""The E2B surface's own parts, offline: the Connect codec (sans-IO), the error shapes and
+auth checks of /e2b on libvirt's test driver, and snapshots (kept checkpoints: their wire, their
+lifetime, the builds prune keeps for them) with records put in place (no VM: a sandbox call
+needs one, the tests under tests/clients/agents/test_e2b.py make them)."""
 
 from __future__ import annotations
 
 import json
+import sqlite3
 import struct
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
+from hypervisor import ImageStore
 from kernelhost.api import init_app
 from kernelhost.api.e2b.connect import ConnectError, end_stream, envelope, parse_stream_request
 from kernelhost.api.e2b.process import command_line, script
+from kernelhost.api.state import RUNTIME
+from kernelhost.sandboxes.checkpoint_store import CheckpointRecord, CheckpointStore, new_checkpoint_id
+from kernelhost.sandboxes.checkpoints import Checkpoints
+from kernelhost.sandboxes.prune import BY_CHECKPOINT, InUse, Reference, referenced_builds, stale_images
+from kernelhost.sandboxes.store import Store, key_id
 
 from .offline import fake_image_dir, offline_settings
 
@@ -88,3 +98,195 @@ async def test_in_sandbox_calls_need_a_known_sandbox(client: ApiClient) -> None:
         "/e2b/sandbox/filesystem.Filesystem/Stat", json={}, headers={"E2b-Sandbox-Id": "sbx_nope"}
     )
     assert r.status == 404 and (await r.json())["code"] == "not_found"
+
+
+# == snapshots: kept checkpoints (no VM: their records and files are put in place) ==============
+
+
+def _kept(
+    client: ApiClient,
+    sandbox_id: str,
+    *,
+    keep: bool = True,
+    label: str = "",
+    owner: str | None = None,
+    network: dict[str, Any] | None = None,
+) -> CheckpointRecord:
+    """A checkpoint record and its file, as taking one leaves them."""
+    rt = client.app[RUNTIME]
+    cid = new_checkpoint_id()
+    path = rt.settings.checkpoint_dir / sandbox_id / f"{cid}.zst"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"z" * 100)
+    cp = CheckpointRecord(
+        id=cid,
+        sandbox_id=sandbox_id,
+        owner=owner or key_id(KEY),
+        template="python",
+        image_key="k1",
+        path=str(path),
+        label=label,
+        bytes=100,
+        keep=keep,
+        network=network or {},
+        created_at=time.time() + len(CheckpointStore(rt.store.db).all()),  # distinct, in order
+    )
+    CheckpointStore(rt.store.db).insert(cp)
+    return cp
+
+
+async def test_snapshots_list_filter_paginate_and_delete_as_e2b_sdks_expect(client: ApiClient) -> None:
+    headers = {"X-API-KEY": KEY}
+    plain = _kept(client, "sbx_gone00000000001")
+    named = _kept(client, "sbx_gone00000000002", label="my-snap")
+    _kept(client, "sbx_gone00000000002", keep=False)  # a checkpoint, not a snapshot
+    _kept(client, "sbx_gone00000000003", owner="key_someoneelse")
+    r = await client.get("/e2b/snapshots", headers=headers)
+    assert r.status == 200 and "x-next-token" not in r.headers
+    assert await r.json() == [
+        {"snapshotID": plain.id, "names": []},
+        {"snapshotID": "my-snap", "names": ["my-snap"]},
+    ]
+    r = await client.get("/e2b/snapshots", params={"limit": "1"}, headers=headers)
+    assert [s["snapshotID"] for s in await r.json()] == [plain.id] and r.headers["x-next-token"] == "1"
+    r = await client.get("/e2b/snapshots", params={"limit": "1", "nextToken": "1"}, headers=headers)
+    assert [s["snapshotID"] for s in await r.json()] == ["my-snap"] and "x-next-token" not in r.headers
+    for query, want in (
+        ({"sandboxID": "sbx_gone00000000002"}, ["my-snap"]),
+        ({"name": "my-snap"}, ["my-snap"]),
+        ({"name": named.id}, ["my-snap"]),
+        ({"name": "other"}, []),
+    ):
+        r = await client.get("/e2b/snapshots", params=query, headers=headers)
+        assert [s["snapshotID"] for s in await r.json()] == want, query
+    r = await client.get("/e2b/snapshots", params={"limit": "0"}, headers=headers)
+    assert r.status == 400 and (await r.json())["code"] == 400
+
+    # the SDKs delete a snapshot as a template: 204, then 404 (their False)
+    r = await client.delete("/e2b/templates/my-snap", headers=headers)
+    assert r.status == 204 and not Path(named.path).exists()
+    r = await client.delete("/e2b/templates/my-snap", headers=headers)
+    assert r.status == 404 and set(await r.json()) == {"code", "message"}
+    r = await client.delete(f"/e2b/templates/{plain.id}", headers=headers)
+    assert r.status == 204
+    r = await client.delete("/e2b/templates/python", headers=headers)  # a real template: refused
+    assert r.status == 501 and "/v1/templates/python" in (await r.json())["message"]
+    r = await client.get("/e2b/templates/python", headers=headers)
+    assert r.status == 501
+    r = await client.get("/e2b/snapshots", headers=headers)
+    assert await r.json() == []
+
+
+async def test_snapshot_requests_are_checked_before_anything_is_taken(client: ApiClient) -> None:
+    headers = {"X-API-KEY": KEY}
+    url = "/e2b/sandboxes/sbx_0000000000000000/snapshots"
+    for body, status, says in (
+        ({"memory": False}, 400, 'mode="filesystem"'),
+        ({"memory": "yes"}, 400, "true or false"),
+        ({"name": "a b"}, 400, "no namespaces or tags"),
+        ({"name": "team/snap:v1"}, 400, "no namespaces or tags"),
+        ({"name": "python"}, 409, "name of a template"),
+        ({"name": "code-interpreter-v1"}, 409, "name of a template"),
+        ({"name": "fine"}, 404, "sbx_0000000000000000"),
+    ):
+        r = await client.post(url, json=body, headers=headers)
+        got = await r.json()
+        assert r.status == status and got["code"] == status and says in got["message"], (body, got)
+    # a create naming an unknown checkpoint, or another key's, is a 404, not a template lookup
+    theirs = _kept(client, "sbx_gone00000000004", owner="key_someoneelse")
+    for template in ("cp_0000000000000000", theirs.id):
+        r = await client.post("/e2b/v2/sandboxes", json={"templateID": template}, headers=headers)
+        assert r.status == 404 and template in (await r.json())["message"]
+
+
+async def test_a_sandbox_from_a_snapshot_gets_its_network_and_kept_ones_outlive_it(
+    client: ApiClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The branch's VM is not started (no VM here): what the branch gets is its record's."""
+
+    async def launched(self: Checkpoints, sbx: object, cp: object, image: object) -> None:
+        return None
+
+    monkeypatch.setattr(Checkpoints, "_launch", launched)
+    headers = {"X-API-KEY": KEY}
+    outbound = {"mode": "outbound", "allow": []}
+    _kept(client, "sbx_gone00000000005", label="online", network=outbound)
+    manager = client.app[RUNTIME].manager
+    r = await client.post("/e2b/v2/sandboxes", json={"templateID": "online"}, headers=headers)
+    assert r.status == 201, await r.text()
+    made = await r.json()
+    sbx = manager.get(key_id(KEY), made["sandboxID"])
+    assert sbx.record.network == outbound and made["envdAccessToken"].startswith("kh_")
+    assert made["templateID"] == "python" and sbx.record.metadata["branched_from"].startswith("cp_")
+    r = await client.post(
+        "/e2b/v2/sandboxes", json={"templateID": "online", "allow_internet_access": False}, headers=headers
+    )
+    assert manager.get(key_id(KEY), (await r.json())["sandboxID"]).record.network["mode"] == "none"
+
+    # deleting a sandbox deletes its checkpoints but for the kept ones
+    kept = _kept(client, sbx.id, label="kept")
+    dropped = _kept(client, sbx.id, keep=False)
+    r = await client.delete(f"/e2b/sandboxes/{sbx.id}", headers=headers)
+    assert r.status == 204
+    ids = [c.id for c in manager.owner_checkpoints(key_id(KEY))]
+    assert kept.id in ids and dropped.id not in ids
+    assert Path(kept.path).is_file() and not Path(dropped.path).exists()
+
+
+async def test_kept_checkpoints_survive_the_start_up_clean_up(tmp_path: Path) -> None:
+    settings = offline_settings(tmp_path, image_dir=fake_image_dir(tmp_path), pool_size=0, api_keys=(KEY,))
+    async with TestClient(TestServer(init_app(settings))) as first:
+        kept = _kept(first, "sbx_gone00000000006", label="stays")
+        orphan = _kept(first, "sbx_gone00000000006", keep=False)
+    async with TestClient(TestServer(init_app(settings))) as second:
+        left = second.app[RUNTIME].manager.owner_checkpoints(key_id(KEY))
+        assert [c.id for c in left] == [kept.id] and left[0].keep and left[0].label == "stays"
+        assert Path(kept.path).is_file() and not Path(orphan.path).exists()
+        r = await second.get("/e2b/snapshots", headers={"X-API-KEY": KEY})
+        assert await r.json() == [{"snapshotID": "stays", "names": ["stays"]}]
+
+
+def test_an_older_checkpoint_table_gains_keep_and_network(tmp_path: Path) -> None:
+    db = sqlite3.connect(tmp_path / "old.sqlite3")
+    db.row_factory = sqlite3.Row
+    db.execute(
+        "CREATE TABLE checkpoints (id TEXT PRIMARY KEY, sandbox_id TEXT NOT NULL, owner TEXT NOT NULL, "
+        "label TEXT NOT NULL DEFAULT '', auto INTEGER NOT NULL DEFAULT 0, call_index INTEGER NOT NULL "
+        "DEFAULT 0, created_at REAL NOT NULL, bytes INTEGER NOT NULL DEFAULT 0, template TEXT NOT NULL, "
+        "image_key TEXT NOT NULL, base TEXT NOT NULL DEFAULT '{}', path TEXT NOT NULL)"
+    )
+    db.execute(
+        "INSERT INTO checkpoints (id, sandbox_id, owner, created_at, template, image_key, path) "
+        "VALUES ('cp_00000000000000aa', 'sbx_1', 'key_1', 1.0, 'python', 'k1', '/x.zst')"
+    )
+    store = CheckpointStore(db)
+    old = store.get("cp_00000000000000aa")
+    assert old is not None and old.keep is False and old.network == {}
+    assert store.of_owner("key_1", kept_only=True) == []
+    assert [c.id for c in store.of_owner("key_1")] == [old.id]
+
+
+def test_prune_keeps_the_builds_checkpoints_name(tmp_path: Path) -> None:
+    images = fake_image_dir(tmp_path)  # python-k1, current
+    for key in ("old", "gone"):
+        (images / f"python-{key}").mkdir()
+        (images / f"python-{key}" / "rootfs.erofs").write_bytes(b"r" * 4096)
+    db_path = tmp_path / "state" / "kernelhost.sqlite3"
+    store = Store(db_path)
+    CheckpointStore(store.db).insert(
+        CheckpointRecord(
+            id="cp_00000000000000bb",
+            sandbox_id="sbx_gone",
+            owner="key_1",
+            template="python",
+            image_key="old",
+            path="/x.zst",
+            keep=True,
+        )
+    )
+    store.close()
+    refs = referenced_builds(db_path)
+    assert refs == [Reference("python", "old", BY_CHECKPOINT)]
+    plan = stale_images(ImageStore(images), refs, InUse())
+    assert [a.path.name for a in plan.remove] == ["python-gone"]
+    assert [(a.path.name, why) for a, why in plan.keep] == [("python-old", BY_CHECKPOINT)]

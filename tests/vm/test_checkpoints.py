@@ -1,5 +1,6 @@
 """Checkpoints through real VMs: restore in place, branch, undo, a service restart and a
-hibernation in between, another key's view, the byte budget."""
+hibernation in between, another key's view, the byte budget, a kept checkpoint outliving its
+sandbox."""
 
 from __future__ import annotations
 
@@ -232,3 +233,37 @@ async def test_a_live_checkpoint_holds_the_moment_it_was_taken(tmp_path: Path) -
         USERFAULTFD.write_text(before + "\n")
         leaked, leaked_dirs = svc.cleanup()
         assert not leaked and not leaked_dirs
+
+
+async def test_a_kept_checkpoint_outlives_its_sandbox_and_a_restart_and_branches(service: Service) -> None:
+    """E2B's snapshots are kept checkpoints (the E2B surface takes them): deleting the sandbox
+    and the clean-up at start leave them, prune keeps their build, a branch gets their network."""
+    from kernelhost.sandboxes.prune import BY_CHECKPOINT, referenced_builds
+
+    sbx = await AsyncSandbox.create(url=service.url, api_key=service.api_key, network="outbound")
+    async with aiohttp.ClientSession(headers={"X-API-KEY": service.api_key}) as http:
+        try:
+            await sbx.run_code("origin = 'kept'")
+            r = await http.post(f"{service.url}/e2b/sandboxes/{sbx.id}/snapshots", json={})
+            assert r.status == 201, await r.text()
+            cid = (await r.json())["snapshotID"]
+            dropped = await sbx.checkpoint()  # not kept: goes with the sandbox
+            assert {c.id for c in await sbx.checkpoints()} == {cid, dropped.id}
+        finally:
+            await sbx.close()
+        assert [p.name for p in _files(service, sbx.id)] == [f"{cid}.zst"]
+        service.stop()
+        service.start()
+        assert [p.name for p in _files(service, sbx.id)] == [f"{cid}.zst"]
+        refs = referenced_builds(service.state_dir / "kernelhost.sqlite3")
+        assert [r.template for r in refs if r.why == BY_CHECKPOINT] == ["python"]
+        branch = await AsyncSandbox.create(url=service.url, api_key=service.api_key, checkpoint=cid)
+        try:
+            assert (await branch.run_code("origin")).text == "'kept'"
+            info = await branch.info()
+            assert info.network["mode"] == "outbound" and info.metadata["branched_from"] == cid
+        finally:
+            await branch.close()
+        r = await http.delete(f"{service.url}/e2b/templates/{cid}")
+        assert r.status == 204
+    assert _files(service, sbx.id) == []

@@ -28,7 +28,7 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from kernelhost import AsyncSandbox, Sandbox
+from kernelhost import AsyncSandbox, Result, Sandbox
 from kernelhost.client import InvalidRequestError, NotFoundError
 
 from ..harness import REPO, Service
@@ -144,7 +144,7 @@ async def test_a_display_updated_in_a_loop_is_one_result_and_its_updates(
         "    handle.update(f'step {i}')\n"
         "display('another')"
     )
-    seen = []
+    seen: list[Result] = []
     execution = await py.run_code(code, on_result=seen.append)
     assert execution.error is None
     assert [(r.is_update, r.text) for r in seen[:2]] == [(False, "'step 0'"), (True, "'step 1'")]

@@ -4,10 +4,11 @@
     E2B_SANDBOX_URL=$KERNELHOST_URL/e2b/sandbox
     E2B_API_KEY=$KERNELHOST_API_KEY
 
-``lifecycle.py`` is the lifecycle API; under ``/e2b/sandbox`` (every in-sandbox call, told
-apart by E2B's ``E2b-Sandbox-Id`` header) ``interpreter.py`` is the code interpreter,
-``files.py`` and ``process.py`` are envd. Each translates to the sandbox manager's public API
-and holds no sandbox state. docs/e2b.md says what maps to what.
+``lifecycle.py`` is the lifecycle API and ``snapshots.py`` its snapshots; under
+``/e2b/sandbox`` (every in-sandbox call, told apart by E2B's ``E2b-Sandbox-Id`` header)
+``interpreter.py`` is the code interpreter, ``files.py`` and ``process.py`` are envd. Each
+translates to the sandbox manager's public API and holds no sandbox state. docs/e2b.md says
+what maps to what.
 """
 
 from __future__ import annotations

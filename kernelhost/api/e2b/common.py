@@ -17,7 +17,7 @@ import functools
 import hashlib
 import hmac
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, TypeVar
 
 import structlog
 from aiohttp import web
@@ -33,11 +33,15 @@ SANDBOX_PREFIX = "/e2b/sandbox"
 #: the envd version the SDKs are told: every feature gate of theirs that we serve is open
 ENVD_VERSION = "0.6.4"
 ENVD_PORT, INTERPRETER_PORT = "49983", "49999"
+#: E2B's default templates (the code interpreter's and the bare SDK's) are our python built-in
+TEMPLATE_ALIASES = {"code-interpreter-v1": "python", "code-interpreter": "python", "base": "python"}
+MAX_PAGE = 1000  # items in one page of a list
 
 #: the sandbox ``identify`` found for an in-sandbox call (its views read it, never look it up again)
 SANDBOX: Any = web.RequestKey("e2b_sandbox", Sandbox) if hasattr(web, "RequestKey") else "e2b_sandbox"
 
 View = Callable[[web.Request], Awaitable[web.StreamResponse]]
+T = TypeVar("T")
 
 
 class E2BError(Exception):
@@ -47,6 +51,35 @@ class E2BError(Exception):
         super().__init__(message)
         self.status = status
         self.message = message
+
+
+async def read_body(request: web.Request) -> dict[str, Any]:
+    """A lifecycle call's JSON object body ({} for none)."""
+    if not request.can_read_body:
+        return {}
+    try:
+        body = await request.json()
+    except ValueError:
+        raise E2BError(400, "the request body is not JSON") from None
+    if not isinstance(body, dict):
+        raise E2BError(400, "the request body must be a JSON object")
+    return body
+
+
+def paginate(request: web.Request, items: list[T], default: int) -> tuple[list[T], dict[str, str]]:
+    """One page of ``items`` as E2B's lists give it: ``limit`` and ``nextToken`` in the query,
+    the next page's token in ``x-next-token`` (absent on the last page)."""
+    try:
+        limit = int(request.query.get("limit", default))
+        start = int(request.query.get("nextToken") or 0)
+    except ValueError:
+        raise E2BError(
+            400, "limit and nextToken must be whole numbers (nextToken: from x-next-token)"
+        ) from None
+    if not 1 <= limit <= MAX_PAGE or start < 0:
+        raise E2BError(400, f"limit must be 1 to {MAX_PAGE}")
+    headers = {"x-next-token": str(start + limit)} if start + limit < len(items) else {}
+    return items[start : start + limit], headers
 
 
 def lifecycle_error(status: int, message: str) -> web.Response:

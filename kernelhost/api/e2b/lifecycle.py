@@ -1,5 +1,6 @@
-"""E2B's lifecycle API (``E2B_API_URL=<service>/e2b``) over the sandbox manager: create, get,
-list (v1 and v2, filtered and paginated), kill, timeout, connect and resume, pause.
+"""E2B's lifecycle API (``E2B_API_URL=<service>/e2b``) over the sandbox manager: create (from a
+template, or from a snapshot: ``snapshots.py``), get, list (v1 and v2, filtered and paginated),
+kill, timeout, connect and resume, pause, fork.
 
 E2B's ``timeout`` is how long a sandbox lives without being told otherwise; here it is the
 sandbox's idle timeout (counted from the last call, reset by ``set_timeout``), after which it
@@ -19,13 +20,21 @@ from aiohttp import web
 from ...sandboxes import Sandbox, SandboxState
 from ...sandboxes.sandbox import iso_time
 from ..state import KEY_ID
-from .common import ENVD_VERSION, E2BError, access_token, lifecycle_view, runtime
+from . import snapshots
+from .common import (
+    ENVD_VERSION,
+    MAX_PAGE,
+    TEMPLATE_ALIASES,
+    E2BError,
+    access_token,
+    lifecycle_view,
+    paginate,
+    read_body,
+    runtime,
+)
 from .envs import apply_env
 
-#: E2B's default templates (the code interpreter's and the bare SDK's) are our python built-in
-TEMPLATE_ALIASES = {"code-interpreter-v1": "python", "code-interpreter": "python", "base": "python"}
 DEFAULT_TIMEOUT = 300  # E2B's, seconds
-MAX_PAGE = 1000
 
 
 def _describe(request: web.Request, sbx: Sandbox, *, secrets: bool = False) -> dict[str, Any]:
@@ -54,18 +63,6 @@ def _describe(request: web.Request, sbx: Sandbox, *, secrets: bool = False) -> d
 
 def _sandbox(request: web.Request) -> Sandbox:
     return runtime(request).manager.get(request[KEY_ID], request.match_info["sandbox_id"])
-
-
-async def _body(request: web.Request) -> dict[str, Any]:
-    if not request.can_read_body:
-        return {}
-    try:
-        body = await request.json()
-    except ValueError:
-        raise E2BError(400, "the request body is not JSON") from None
-    if not isinstance(body, dict):
-        raise E2BError(400, "the request body must be a JSON object")
-    return body
 
 
 def _timeout(body: dict[str, Any], default: int | None) -> int | None:
@@ -103,7 +100,7 @@ def _strings(body: dict[str, Any], field: str) -> dict[str, str]:
 
 @lifecycle_view
 async def create(request: web.Request) -> web.Response:
-    body = await _body(request)
+    body = await read_body(request)
     # autoPause and autoResume are what a kernelhost sandbox does when the service's
     # idle_action is hibernate (the default): paused when idle, resumed by its next call
     for unsupported, what in (("volumeMounts", "volume mounts"), ("mcp", "MCP servers in the sandbox")):
@@ -112,15 +109,14 @@ async def create(request: web.Request) -> web.Response:
     template = body.get("templateID") or "base"
     if not isinstance(template, str):
         raise E2BError(400, f"templateID={template!r} must be a template name")
-    template = TEMPLATE_ALIASES.get(template, template)
     manager = runtime(request).manager
-    sbx = await manager.create(
-        request[KEY_ID],
-        template,
-        _timeout(body, DEFAULT_TIMEOUT),
-        _strings(body, "metadata"),
-        _network(body),
-    )
+    owner, timeout, metadata = request[KEY_ID], _timeout(body, DEFAULT_TIMEOUT), _strings(body, "metadata")
+    snapshot = snapshots.find(manager, owner, template)
+    if snapshot is not None:  # a new sandbox holding the snapshot's state: a branch
+        sbx = await manager.branch(owner, snapshot, timeout, metadata, _network(body))
+    else:
+        template = TEMPLATE_ALIASES.get(template, template)
+        sbx = await manager.create(owner, template, timeout, metadata, _network(body))
     env = _strings(body, "envVars")
     if env:
         try:
@@ -169,19 +165,9 @@ async def list_v1(request: web.Request) -> web.Response:
 @lifecycle_view
 async def list_v2(request: web.Request) -> web.Response:
     found = _filtered(request)
-    try:
-        limit = int(request.query.get("limit", MAX_PAGE))
-        start = int(request.query.get("nextToken") or 0)
-    except ValueError:
-        raise E2BError(
-            400, "limit and nextToken must be whole numbers (nextToken: from x-next-token)"
-        ) from None
-    if not 1 <= limit <= MAX_PAGE or start < 0:
-        raise E2BError(400, f"limit must be 1 to {MAX_PAGE}")
     if request.query.get("order") == "desc":
         found.reverse()
-    page = found[start : start + limit]
-    headers = {"x-next-token": str(start + limit)} if start + limit < len(found) else {}
+    page, headers = paginate(request, found, MAX_PAGE)
     return web.json_response([_describe(request, s) for s in page], headers=headers)
 
 
@@ -195,7 +181,7 @@ async def kill(request: web.Request) -> web.Response:
 @lifecycle_view
 async def set_timeout(request: web.Request) -> web.Response:
     sbx = _sandbox(request)
-    timeout = _timeout(await _body(request), None)
+    timeout = _timeout(await read_body(request), None)
     if timeout is None:
         raise E2BError(400, "timeout is required (seconds)")
     runtime(request).manager.set_idle_timeout(sbx, timeout)
@@ -215,7 +201,7 @@ async def pause(request: web.Request) -> web.Response:
 async def connect(request: web.Request) -> web.Response:
     """Connect (and resume a paused sandbox): it runs again when this answers."""
     sbx = _sandbox(request)
-    body = await _body(request)
+    body = await read_body(request)
     manager = runtime(request).manager
     was_paused = sbx.record.state == SandboxState.HIBERNATED
     await manager.wake(sbx)
@@ -228,7 +214,7 @@ async def connect(request: web.Request) -> web.Response:
 @lifecycle_view
 async def fork(request: web.Request) -> web.Response:
     """``count`` children from one freeze of the sandbox (ours: the fork), which runs on."""
-    body = await _body(request)
+    body = await read_body(request)
     count = body.get("count", 1)
     if not isinstance(count, int) or isinstance(count, bool) or count < 1:
         raise E2BError(400, f"count={count!r} must be a whole number, at least 1")
@@ -264,14 +250,13 @@ def add_routes(app: web.Application, prefix: str) -> None:
     r.add_post(f"{prefix}/sandboxes/{{sandbox_id}}/connect", connect)
     r.add_post(f"{prefix}/sandboxes/{{sandbox_id}}/fork", fork)
     r.add_post(f"{prefix}/v2/sandboxes/{{sandbox_id}}/connect", connect)
+    snapshots.add_routes(app, prefix)
     for path, feature in (
         (
             "/sandboxes/{sandbox_id}/metrics",
             "per-sandbox metrics over time (kernelhost does not collect them)",
         ),
         ("/sandboxes/metrics", "metrics of several sandboxes"),
-        ("/sandboxes/{sandbox_id}/snapshots", "snapshots (fork the sandbox instead: sandbox.fork())"),
-        ("/snapshots", "snapshots"),
         ("/volumes", "volumes"),
         ("/volumes/{tail:.*}", "volumes"),
         ("/secrets", "secrets"),

@@ -8,7 +8,6 @@ caps so it drops what nobody will keep, but nothing it sends is trusted to respe
 from __future__ import annotations
 
 import dataclasses
-
 import json
 from dataclasses import dataclass
 from typing import Any

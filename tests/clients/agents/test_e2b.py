@@ -197,3 +197,48 @@ async def test_datasci_results_a_timeout_and_a_background_command(e2b: Service) 
                     await child.kill()
     finally:
         await sbx.kill()
+
+
+async def test_a_snapshot_outlives_its_sandbox_and_starts_new_ones(e2b: Service) -> None:
+    from e2b.exceptions import SandboxException
+    from e2b_code_interpreter import AsyncSandbox
+
+    sbx = await AsyncSandbox.create(metadata={"run": "snapshot"})
+    taken: list[str] = []
+    try:
+        await sbx.run_code("kept = {'answer': 42}")
+        await sbx.files.write("/home/user/snap.txt", "in the snapshot")
+        snap = await sbx.create_snapshot()
+        taken.append(snap.snapshot_id)
+        assert snap.snapshot_id.startswith("cp_") and snap.names == [], snap
+        named = await sbx.create_snapshot(name="e2b-suite-snap")
+        taken.append(named.snapshot_id)
+        assert (named.snapshot_id, named.names) == ("e2b-suite-snap", ["e2b-suite-snap"]), named
+        with pytest.raises(SandboxException, match="filesystem"):
+            await sbx.create_snapshot(mode="filesystem")
+        own = await sbx.list_snapshots().next_items()
+        assert [s.snapshot_id for s in own] == taken, own
+        assert await sbx.kill() is True
+
+        new = await AsyncSandbox.create(snap.snapshot_id)
+        try:
+            assert (await new.run_code("kept['answer']")).text == "42"
+            assert await new.files.read("/home/user/snap.txt") == "in the snapshot"
+            assert (await new.get_info()).metadata["branched_from"] == snap.snapshot_id
+        finally:
+            await new.kill()
+
+        listed = await AsyncSandbox.list_snapshots().next_items()
+        assert {snap.snapshot_id, "e2b-suite-snap"} <= {s.snapshot_id for s in listed}, listed
+        by_name = await AsyncSandbox.list_snapshots(name="e2b-suite-snap").next_items()
+        assert [s.names for s in by_name] == [["e2b-suite-snap"]]
+        assert await AsyncSandbox.delete_snapshot(snap.snapshot_id) is True
+        assert await AsyncSandbox.delete_snapshot(snap.snapshot_id) is False
+        left = {s.snapshot_id for s in await AsyncSandbox.list_snapshots().next_items()}
+        assert snap.snapshot_id not in left and "e2b-suite-snap" in left
+        with pytest.raises(SandboxException):  # another key sees none of them
+            await AsyncSandbox.create("e2b-suite-snap", api_key=e2b.other_key)
+    finally:
+        await sbx.kill()
+        for snapshot_id in taken:  # their pins would keep the shared template snapshot
+            await AsyncSandbox.delete_snapshot(snapshot_id)
