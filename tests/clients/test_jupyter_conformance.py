@@ -120,7 +120,7 @@ def test_python_kernels_pass_the_conformance_suite_with_nothing_skipped(
     result = _run(PythonSamples, _install(jupyter_env, template))
     assert not _problems(result), "\n\n".join(_problems(result))
     assert result.skipped == [], result.skipped
-    assert result.testsRun >= 14
+    assert result.testsRun >= 12  # every test of KernelTests
 
 
 def test_the_r_kernel_passes_the_conformance_suite(
