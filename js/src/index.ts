@@ -23,6 +23,7 @@ export {
 } from './errors.js';
 export type { ClientOptions } from './http.js';
 export type {
+  Checkpoint,
   Execution,
   ExecutionError,
   ExecutionStatus,

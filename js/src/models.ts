@@ -204,3 +204,37 @@ export function fileInfoFromWire(obj: unknown): FileInfo {
     modifiedAt: typeof obj.modified_at === 'string' ? obj.modified_at : null,
   };
 }
+
+/** A sandbox's whole state kept on the server: `restore` rewinds to it, `create({ checkpoint })` branches. */
+export interface Checkpoint {
+  id: string;
+  sandboxId: string;
+  label: string;
+  createdAt: string;
+  /** On the server's disk, compressed (only what differs from the template). */
+  bytes: number;
+  /** Taken by `autoCheckpoint` before a call (`beforeCall` numbers it). */
+  auto: boolean;
+  beforeCall: number | null;
+}
+
+export function checkpointFromWire(obj: unknown): Checkpoint {
+  if (!isRecord(obj) || typeof obj.id !== 'string') {
+    throw new TransportError(`expected a checkpoint object, the server sent ${JSON.stringify(obj)?.slice(0, 300)}`);
+  }
+  return {
+    id: obj.id,
+    sandboxId: String(obj.sandbox_id ?? ''),
+    label: String(obj.label ?? ''),
+    createdAt: String(obj.created_at ?? ''),
+    bytes: Number(obj.bytes ?? 0),
+    auto: Boolean(obj.auto),
+    beforeCall: typeof obj.before_call === 'number' ? obj.before_call : null,
+  };
+}
+
+export function checkpointId(cp: Checkpoint | string): string {
+  const id = typeof cp === 'string' ? cp : cp?.id;
+  if (!id) throw new TypeError(`expected a Checkpoint or a checkpoint id such as 'cp_...', got ${JSON.stringify(cp)}`);
+  return id;
+}

@@ -26,6 +26,9 @@ import {
   type SandboxInfo,
   errorFromWire,
   fileInfoFromWire,
+  type Checkpoint,
+  checkpointFromWire,
+  checkpointId,
   keepResult,
   newExecution,
   recoveryFromWire,
@@ -40,6 +43,8 @@ export const CREATE_TIMEOUT_MS = 120_000;
 export const EXECUTE_DEADLINE_MARGIN_MS = 30_000;
 /** Deadline for restarting the kernel, in milliseconds. */
 export const RESTART_TIMEOUT_MS = 120_000;
+/** Deadline of a checkpoint or a restore (a whole VM is saved or loaded), in milliseconds. */
+export const RESTORE_TIMEOUT_MS = 300_000;
 /** Deadline of one file transfer, in milliseconds. */
 export const FILE_TIMEOUT_MS = 600_000;
 
@@ -58,6 +63,10 @@ export interface CreateOptions extends ClientOptions {
   network?: NetworkMode | { mode: NetworkMode; allow?: string[] };
   /** Bounds the whole creation, boot included (default 120 s). */
   timeoutMs?: number;
+  /** Keep the state before each call so `undo()` can rewind it (true: the last 5 calls). */
+  autoCheckpoint?: boolean | number;
+  /** Start from a checkpoint's state instead of a fresh template (a branch). */
+  checkpoint?: Checkpoint | string;
 }
 
 export interface RunCodeOptions {
@@ -154,6 +163,8 @@ export class Sandbox {
     };
     if (options.idleTimeoutSeconds !== undefined) body.idle_timeout_seconds = options.idleTimeoutSeconds;
     if (options.network !== undefined) body.network = options.network;
+    if (options.autoCheckpoint) body.auto_checkpoint = options.autoCheckpoint;
+    if (options.checkpoint !== undefined) body.checkpoint = checkpointId(options.checkpoint);
     const created = await request(config, 'POST', '/v1/sandboxes', {
       body,
       timeoutMs: options.timeoutMs ?? CREATE_TIMEOUT_MS,
@@ -302,6 +313,53 @@ export class Sandbox {
       throw new TransportError(`fork answered without a 'sandboxes' list: ${JSON.stringify(payload)?.slice(0, 300)}`);
     }
     return items.map((item) => new Sandbox(this.#config, sandboxInfoFromWire(item)));
+  }
+
+  /**
+   * Keep the sandbox's whole state now (variables, imports, files, the shell), to `restore` it
+   * or start new sandboxes from it; the sandbox is paused only while it is saved.
+   */
+  async checkpoint(label?: string): Promise<Checkpoint> {
+    this.#ensureOpen();
+    const body = label === undefined ? {} : { label };
+    const reply = await request(this.#config, 'POST', sandboxPath(this.id, 'checkpoints'), { body, timeoutMs: RESTORE_TIMEOUT_MS });
+    return checkpointFromWire(reply);
+  }
+
+  /** The sandbox's checkpoints, oldest first. */
+  async checkpoints(): Promise<Checkpoint[]> {
+    this.#ensureOpen();
+    const payload = await request(this.#config, 'GET', sandboxPath(this.id, 'checkpoints'));
+    const items = (payload as { checkpoints?: unknown })?.checkpoints;
+    if (!Array.isArray(items)) throw new TransportError(`the checkpoint list came without a 'checkpoints' list`);
+    return items.map(checkpointFromWire);
+  }
+
+  /** Delete one of the sandbox's checkpoints. */
+  async deleteCheckpoint(cp: Checkpoint | string): Promise<void> {
+    this.#ensureOpen();
+    await request(this.#config, 'DELETE', sandboxPath(this.id, `checkpoints/${checkpointId(cp)}`));
+  }
+
+  /**
+   * Rewind this sandbox to one of its checkpoints: every variable, import and file as it was
+   * then (same id). A call running meanwhile ends with status `restored`.
+   */
+  async restore(cp: Checkpoint | string): Promise<Checkpoint> {
+    this.#ensureOpen();
+    return this.#rewind('restore', { checkpoint: checkpointId(cp) });
+  }
+
+  /** Rewind to before the `n`-th last `runCode` call (the sandbox needs `autoCheckpoint`). */
+  async undo(n = 1): Promise<Checkpoint> {
+    this.#ensureOpen();
+    if (!Number.isInteger(n) || n < 1) throw new RangeError(`n must be a positive integer (calls to undo), got ${n}`);
+    return this.#rewind('undo', { n });
+  }
+
+  async #rewind(action: string, body: Record<string, unknown>): Promise<Checkpoint> {
+    const reply = await request(this.#config, 'POST', sandboxPath(this.id, action), { body, timeoutMs: RESTORE_TIMEOUT_MS });
+    return checkpointFromWire((reply as { checkpoint?: unknown } | null)?.checkpoint);
   }
 
   /** Delete the sandbox and everything in it. Safe to call more than once. */

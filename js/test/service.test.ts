@@ -140,6 +140,36 @@ describe('Sandbox.fork', () => {
   });
 });
 
+describe('checkpoints', () => {
+  it('restores a checkpoint in place, branches from it, and undoes a call', async () => {
+    const box = await Sandbox.create({ template: 'python', ...service, autoCheckpoint: true });
+    try {
+      await box.runCode("state = ['kept']");
+      const cp = await box.checkpoint('js');
+      assert.equal(cp.label, 'js');
+      assert.ok(cp.id.startsWith('cp_') && cp.bytes > 0);
+      await box.runCode("state.append('lost')");
+      assert.equal((await box.restore(cp)).id, cp.id);
+      assert.equal((await box.runCode('state')).text, "['kept']");
+      await box.runCode("state.append('undone')");
+      const back = await box.undo();
+      assert.ok(back.auto);
+      assert.equal((await box.runCode('state')).text, "['kept']");
+      const branch = await Sandbox.create({ ...service, checkpoint: cp });
+      try {
+        assert.equal((await branch.runCode('state')).text, "['kept']");
+      } finally {
+        await branch.close();
+      }
+      assert.ok((await box.checkpoints()).some((c) => c.id === cp.id));
+      await box.deleteCheckpoint(cp);
+      assert.ok(!(await box.checkpoints()).some((c) => c.id === cp.id));
+    } finally {
+      await box.close();
+    }
+  });
+});
+
 describe('kernelhost/ai-sdk with ai v7', () => {
   const usage = {
     inputTokens: { total: 1, noCache: 1, cacheRead: 0, cacheWrite: 0 },
