@@ -11,6 +11,7 @@ snapshots): it goes only when deleted.
 from __future__ import annotations
 
 import json
+import re
 import secrets
 import sqlite3
 import time
@@ -60,12 +61,30 @@ def check_label(label: object) -> str:
     """A checkpoint's label as a record keeps it ("" for none)."""
     if label is None:
         return ""
-    if not isinstance(label, str) or len(label) > MAX_LABEL:
+    if not isinstance(label, str) or len(label) > MAX_LABEL or not _encodable(label):
         raise InvalidRequest(
-            f"label={str(label)[:40]!r} must be a string of at most {MAX_LABEL} characters",
+            f"label={str(label)[:40]!r} must be a string of at most {MAX_LABEL} characters, "
+            "in UTF-8 (no lone surrogates)",
             field="label",
         )
     return label
+
+
+def _encodable(text: str) -> bool:
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+CHECKPOINT_ID = re.compile(r"cp_[0-9a-f]{16}")
+
+
+def is_checkpoint_id(value: object) -> bool:
+    """Whether ``value`` can be a checkpoint's id (anything else names none: it is never looked
+    up, so no string a client sends reaches the database)."""
+    return isinstance(value, str) and CHECKPOINT_ID.fullmatch(value) is not None
 
 
 def keep_of(auto_checkpoint: object) -> int:

@@ -35,7 +35,14 @@ from hypervisor import GuestImage, HypervisorError, ImageNotFound, StreamNotUnde
 from ..channel import ChannelError
 from ..ratelimit import TokenBucket
 from .checkpoint_files import CheckpointFiles, Saving
-from .checkpoint_store import CheckpointRecord, CheckpointStore, check_label, keep_of, new_checkpoint_id
+from .checkpoint_store import (
+    CheckpointRecord,
+    CheckpointStore,
+    check_label,
+    is_checkpoint_id,
+    keep_of,
+    new_checkpoint_id,
+)
 from .context import Context
 from .errors import (
     BootFailed,
@@ -101,9 +108,9 @@ class Checkpoints:
     # -- lookups ---------------------------------------------------------------------------------
 
     def get(self, owner: str, checkpoint_id: str) -> CheckpointRecord:
-        cp = self.store.get(checkpoint_id) if isinstance(checkpoint_id, str) else None
+        cp = self.store.get(checkpoint_id) if is_checkpoint_id(checkpoint_id) else None
         if cp is None or cp.owner != owner:
-            raise CheckpointNotFound(str(checkpoint_id))
+            raise CheckpointNotFound(str(checkpoint_id)[:80])
         return cp
 
     def of(self, sbx: Sandbox) -> list[CheckpointRecord]:

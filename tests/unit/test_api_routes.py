@@ -3,6 +3,7 @@ filesystem errors mapped to clear ones, and the validation of limit settings."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -63,6 +64,20 @@ async def test_sandbox_routes_answer_404_for_an_unknown_sandbox(
     assert r.status == 404
     body = await r.json()
     assert body["error"]["code"] == "sandbox_not_found" and "sbx_nope" in body["error"]["message"]
+
+
+@pytest.mark.parametrize(
+    "checkpoint", ["cp_0123456789abcdef", "\ud800", "x" * 5000, "cp_" + "0" * 15 + "\x00"]
+)
+async def test_a_branch_from_no_such_checkpoint_is_a_404(client: ApiClient, checkpoint: str) -> None:
+    body = '{"checkpoint": ' + json.dumps(checkpoint) + '}'  # a lone surrogate stays escaped
+    r = await client.post(
+        "/v1/sandboxes",
+        data=body,
+        headers={"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"},
+    )
+    assert r.status == 404, await r.text()
+    assert (await r.json())["error"]["code"] == "checkpoint_not_found"
 
 
 async def test_sandbox_routes_need_a_key(client: ApiClient) -> None:
