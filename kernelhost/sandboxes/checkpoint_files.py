@@ -65,7 +65,9 @@ class CheckpointFiles:
         self.vms = vms
         self.dir = checkpoint_dir
         self.tmp = vms.ram_dir / "checkpoints" / vms.hv.prefix.rstrip("-")
-        self._slots = asyncio.Semaphore(STORE_CONCURRENCY)
+        #: whole states in tmpfs or being diffed at once (taken before a freeze, given back after
+        #: the diff): each is up to a VM's RAM, and a burst of checkpoints must not fill the host
+        self.slots = asyncio.Semaphore(STORE_CONCURRENCY)
         self.live: bool | None = None if live == "on" else False  # None: not tried yet
 
     def prepare(self) -> None:
@@ -117,9 +119,8 @@ class CheckpointFiles:
         """Write the checkpoint file ``dest`` from the whole state ``full``; its size and base."""
         snap = self.vms.snapshots.current(image) if self.vms.use_snapshots else None
         base = _base_of(snap) if snap is not None else {}
-        async with self._slots:
-            t0 = time.monotonic()
-            size = await asyncio.to_thread(_write, full, dest, snap.ram if snap is not None else None)
+        t0 = time.monotonic()
+        size = await asyncio.to_thread(_write, full, dest, snap.ram if snap is not None else None)
         if snap is not None:
             _pin(snap.path, checkpoint_id)
         log.info(

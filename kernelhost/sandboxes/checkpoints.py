@@ -73,6 +73,7 @@ class Frozen:
     saving: Saving
     image: GuestImage
     vm_lock: asyncio.Lock | None = None
+    slot: asyncio.Semaphore | None = None  # given back once the state is diffed
 
 
 DropVm = Callable[[Sandbox, bool], Awaitable[None]]
@@ -155,10 +156,24 @@ class Checkpoints:
             )
 
     async def _freeze(self, sbx: Sandbox) -> Frozen:
-        """The caller holds ``sbx.lock``: the saved state is the kernel between calls."""
+        """The caller holds ``sbx.lock``: the saved state is the kernel between calls. At most
+        ``STORE_CONCURRENCY`` whole states wait in tmpfs at once (each is a VM's RAM): a slot is
+        taken here and given back once ``_store`` has diffed the state."""
         await wait_replacement(sbx)
         ensure_usable(sbx)
+        slots = self.files.slots
+        await slots.acquire()
+        try:
+            frozen = await self._freeze_vm(sbx)
+        except BaseException:
+            slots.release()
+            raise
+        frozen.slot = slots
+        return frozen
+
+    async def _freeze_vm(self, sbx: Sandbox) -> Frozen:
         await sbx.vm_lock.acquire()
+        held = True
         try:
             if not self.registry.holds(sbx):
                 raise SandboxNotFound(sbx.id)
@@ -170,18 +185,17 @@ class Checkpoints:
                 link.hardlink_to(hib)  # a wake's unlink leaves this name
                 return Frozen(Saving(link), image)
             saving = await self.files.freeze(rec.domain)
+            if saving.finish is None:
+                return Frozen(saving, image)
+            held = False  # a live save: _store releases it once the file is whole
+            return Frozen(saving, image, vm_lock=sbx.vm_lock)
         except (HypervisorError, OSError) as exc:
-            sbx.vm_lock.release()
             raise BootFailed(
                 f"the state of sandbox {sbx.id} could not be saved: {exc}", sandbox_id=sbx.id
             ) from exc
-        except BaseException:
-            sbx.vm_lock.release()
-            raise
-        if saving.finish is None:
-            sbx.vm_lock.release()
-            return Frozen(saving, image)
-        return Frozen(saving, image, vm_lock=sbx.vm_lock)  # released once the file is whole
+        finally:
+            if held:
+                sbx.vm_lock.release()
 
     async def _write(
         self,
@@ -231,6 +245,8 @@ class Checkpoints:
             raise BootFailed(f"checkpoint of sandbox {sbx.id} failed: {exc}", sandbox_id=sbx.id) from exc
         finally:
             path.unlink(missing_ok=True)
+            if frozen.slot is not None:
+                frozen.slot.release()
         if not self.registry.holds(sbx):  # deleted meanwhile
             self.files.remove(Path(cp.path), cp.id, cp.base)
             raise SandboxNotFound(sbx.id)

@@ -139,6 +139,8 @@ async def test_checkpoints_survive_a_hibernation_and_a_service_restart(service: 
             assert (await r.json())["state"] == "hibernated"
         asleep = await sbx.checkpoint(label="asleep")  # from the saved state, without a wake
         assert (await sbx.info()).state == "hibernated"
+        woken = await asyncio.wait_for(sbx.run_code("stage"), 60)  # the VM is free to wake
+        assert woken.text == "'asleep'"
         service.stop()
         service.start()
         again = await AsyncSandbox.connect(sbx.id, url=service.url, api_key=service.api_key)
