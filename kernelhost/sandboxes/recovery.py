@@ -132,7 +132,8 @@ class Recoverer:
     async def drop_vm(self, sbx: Sandbox, wait: bool = True) -> None:
         """Close the sandbox's channel and destroy its VM (or its hibernated state); the
         caller holds ``sbx.vm_lock`` and gives it another VM (of another domain name).
-        ``wait=False``: the destroy runs as an owned task while the new VM comes up."""
+        ``wait=False``: the destroy runs in the background while the new VM comes up (the VM
+        factory waits for it at shutdown)."""
         old_agent, sbx.agent = sbx.agent, None
         if old_agent is not None:
             await old_agent.close()
@@ -142,11 +143,10 @@ class Recoverer:
         if not self.registry.holds(sbx):
             return
         self.ctx.hibernation_file(sbx.record).unlink(missing_ok=True)  # a hibernated one too
-        destroy = self._destroy_old(sbx.id, sbx.record.domain)
         if wait:
-            await destroy
+            await self._destroy_old(sbx.id, sbx.record.domain)
         else:
-            self.ctx.tasks.spawn(destroy, name=f"destroy-old:{sbx.record.domain}")
+            self.ctx.vms.destroy_later(sbx.record.domain)
 
     async def _destroy_old(self, sandbox_id: str, domain: str) -> None:
         try:

@@ -238,6 +238,11 @@ class VmFactory:
         task that ``close`` waits for, so a shutdown mid-launch leaves no domain behind."""
         await asyncio.shield(self._background.spawn(self.destroy(domain), name=f"destroy:{domain}"))
 
+    def destroy_later(self, domain: str) -> None:
+        """Destroy ``domain`` in the background; ``close`` waits for it (a shutdown right after
+        does not leave the domain running, as a cancelled task would)."""
+        self._background.spawn(self.destroy(domain), name=f"destroy:{domain}")
+
     async def destroy(self, domain: str) -> None:
         try:
             await asyncio.to_thread(self.hv.destroy, domain)
