@@ -160,13 +160,19 @@ class CheckpointFiles:
             )
         return Snapshot(image.template, str(meta.get("key", "")), path, image.key)
 
+    def check(self, image: GuestImage, path: Path, base: dict[str, Any]) -> Snapshot | None:
+        """``CheckpointUnusable`` unless the checkpoint's file and base are there (a restore
+        asks before it lets the sandbox's VM go); its base snapshot, if it has one."""
+        snap = self._snapshot(image, base)
+        if not path.is_file():
+            raise CheckpointUnusable(f"the file of this checkpoint is missing ({path.name})", file=str(path))
+        return snap
+
     async def launch(
         self, domain: str, image: GuestImage, path: Path, base: dict[str, Any], meta: dict[str, str]
     ) -> Launched:
         """Start ``domain`` from the checkpoint file ``path``; on failure nothing of it is left."""
-        snap = self._snapshot(image, base)
-        if not path.is_file():
-            raise CheckpointUnusable(f"the file of this checkpoint is missing ({path.name})", file=str(path))
+        snap = self.check(image, path, base)
         vms = self.vms
         t0 = time.monotonic()
         state = self.tmp / f"{domain}-load.state"

@@ -33,7 +33,7 @@ import structlog
 from hypervisor import GuestImage, HypervisorError, ImageNotFound, StreamNotUnderstood
 
 from ..channel import ChannelError
-from ..ratelimit import TokenBucket
+from .checkpoint_auto import AutoCheckpoints
 from .checkpoint_files import CheckpointFiles, Saving
 from .checkpoint_store import (
     CheckpointRecord,
@@ -90,7 +90,7 @@ class Checkpoints:
         self.drop_vm = drop_vm
         self.files = CheckpointFiles(ctx.vms, ctx.settings.checkpoint_dir, ctx.settings.live_checkpoints)
         self._writing: dict[str, set[asyncio.Task[CheckpointRecord]]] = {}
-        self._warned = TokenBucket(1 / 60, 5.0)  # failed automatic checkpoints logged
+        self.auto = AutoCheckpoints(self)
         lifecycle.on_remove.append(self.drop_all)
 
     def start(self) -> None:
@@ -140,8 +140,8 @@ class Checkpoints:
             )
         self._check_budget(sbx.record.owner, 0)
         async with sbx.lock.hold("checkpoint"):
-            frozen = await self._freeze(sbx)
-        return await self._write(sbx, frozen, label=label, keep=keep)
+            frozen = await self.freeze(sbx)
+        return await self.write(sbx, frozen, label=label, keep=keep)
 
     def _check_budget(self, owner: str, adding: int) -> None:
         used = self.store.bytes_of(owner)
@@ -155,7 +155,7 @@ class Checkpoints:
                 value=limit,
             )
 
-    async def _freeze(self, sbx: Sandbox) -> Frozen:
+    async def freeze(self, sbx: Sandbox) -> Frozen:
         """The caller holds ``sbx.lock``: the saved state is the kernel between calls. At most
         ``STORE_CONCURRENCY`` whole states wait in tmpfs at once (each is a VM's RAM): a slot is
         taken here and given back once ``_store`` has diffed the state."""
@@ -197,7 +197,7 @@ class Checkpoints:
             if held:
                 sbx.vm_lock.release()
 
-    async def _write(
+    async def write(
         self,
         sbx: Sandbox,
         frozen: Frozen,
@@ -273,49 +273,6 @@ class Checkpoints:
         if pending:
             await asyncio.gather(*[asyncio.shield(t) for t in pending], return_exceptions=True)
 
-    # -- automatic checkpoints -------------------------------------------------------------------
-
-    async def before_call(self, sbx: Sandbox) -> None:
-        """The caller holds ``sbx.lock`` and is about to run call number ``calls + 1``."""
-        if not sbx.record.auto_checkpoint or not sbx.checkpoint_stale:
-            return
-        await self._auto(sbx)
-
-    def after_call(self, sbx: Sandbox) -> None:
-        """A call ended: the state before the next one is taken now, in the background."""
-        if not sbx.record.auto_checkpoint or not self.registry.holds(sbx):
-            return
-        sbx.checkpoint_stale = True
-        self.ctx.tasks.spawn(self._auto_after(sbx), name=f"auto-checkpoint:{sbx.id}")
-
-    async def _auto_after(self, sbx: Sandbox) -> None:
-        async with sbx.lock.hold("auto-checkpoint"):
-            if not sbx.checkpoint_stale or not self.registry.holds(sbx):
-                return  # a call that came first took it
-            await self._auto(sbx)
-
-    async def _auto(self, sbx: Sandbox) -> None:
-        sbx.checkpoint_stale = False
-        index = sbx.record.calls + 1
-        try:
-            frozen = await self._freeze(sbx)
-        except SandboxError as exc:
-            self._warn(sbx, exc)
-            return
-        task = self._write(sbx, frozen, label=f"before call {index}", auto=True, call_index=index)
-        # written in the background; the call runs meanwhile
-        self.ctx.tasks.spawn(self._log_failure(sbx, task), name=f"auto-checkpoint-write:{sbx.id}")
-
-    async def _log_failure(self, sbx: Sandbox, write: Awaitable[CheckpointRecord]) -> None:
-        try:
-            await write
-        except SandboxError as exc:
-            self._warn(sbx, exc)
-
-    def _warn(self, sbx: Sandbox, exc: SandboxError) -> None:
-        if self._warned.take():
-            log.warning("checkpoint.auto_failed", sandbox_id=sbx.id, error=exc.message)
-
     # -- restore, undo, branch -------------------------------------------------------------------
 
     async def restore(self, sbx: Sandbox, checkpoint_id: str, *, stale: bool = True) -> CheckpointRecord:
@@ -358,6 +315,7 @@ class Checkpoints:
                 return False
             t0 = time.monotonic()
             image = self._image(cp)
+            self.files.check(image, Path(cp.path), cp.base)  # an unusable one loses nothing
             await self.drop_vm(sbx, False)  # the old VM goes while the new one loads
             if not self.registry.holds(sbx):
                 return False

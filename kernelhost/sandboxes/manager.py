@@ -349,7 +349,7 @@ class SandboxManager:
             await wait_replacement(sbx)
             ensure_usable(sbx)
             await self._hibernation.ensure_awake(sbx)
-            await self._checkpoints.before_call(sbx)
+            await self._checkpoints.auto.before_call(sbx)
             agent = sbx.agent
             assert agent is not None
             sbx.call = RunningCall(cell.language)
@@ -375,4 +375,4 @@ class SandboxManager:
             finally:
                 sbx.call = None
                 registry.touch(sbx)
-                self._checkpoints.after_call(sbx)
+                self._checkpoints.auto.after_call(sbx)

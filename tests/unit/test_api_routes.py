@@ -70,7 +70,7 @@ async def test_sandbox_routes_answer_404_for_an_unknown_sandbox(
     "checkpoint", ["cp_0123456789abcdef", "\ud800", "x" * 5000, "cp_" + "0" * 15 + "\x00"]
 )
 async def test_a_branch_from_no_such_checkpoint_is_a_404(client: ApiClient, checkpoint: str) -> None:
-    body = '{"checkpoint": ' + json.dumps(checkpoint) + '}'  # a lone surrogate stays escaped
+    body = '{"checkpoint": ' + json.dumps(checkpoint) + "}"  # a lone surrogate stays escaped
     r = await client.post(
         "/v1/sandboxes",
         data=body,
