@@ -261,7 +261,7 @@ def create_server(
     idle_timeout_seconds: int | None = None,
     delete_on_exit: bool = False,
     name: str = "kernelhost",
-    auto_checkpoint: bool | int = True,
+    auto_checkpoint: bool | int = False,
 ) -> MCPServer[Any]:
     """Build the MCP server. ``credentials`` says which service and key each call uses.
 
@@ -271,7 +271,8 @@ def create_server(
     ``auto_checkpoint``: the sandboxes it creates keep their state before each of their last 5
     ``run_code`` calls (an int: that many), so the ``undo`` tool works: after each call the VM
     pauses briefly while its state is saved, and the kept states take disk within the key's
-    ``max_checkpoint_bytes_per_key``. With False, ``undo`` answers that it is off (and how to do
+    ``max_checkpoint_bytes_per_key``; each save also maps a whole VM state in the service for
+    a moment, so it is off by default. With False, ``undo`` answers that it is off (and how to do
     without it); ``checkpoint`` and ``restore`` work either way.
     """
     handles = Handles(template, idle_timeout_seconds, auto_checkpoint)

@@ -226,7 +226,7 @@ def mcp_client(**options: Any) -> Client:
 
 
 async def test_mcp_lists_the_checkpoint_tools_with_their_schemas(sdk: FakeSdk) -> None:
-    async with mcp_client() as client:
+    async with mcp_client(auto_checkpoint=True) as client:
         tools = {tool.name: tool for tool in (await client.list_tools()).tools}
     assert set(NAMES) <= set(tools) and len(tools) == 12
     checkpoint, restore, undo = (tools[name] for name in NAMES)
@@ -246,10 +246,10 @@ async def test_mcp_lists_the_checkpoint_tools_with_their_schemas(sdk: FakeSdk) -
 
 
 async def test_mcp_checkpoint_restore_and_undo(sdk: FakeSdk) -> None:
-    async with mcp_client() as client:
+    async with mcp_client(auto_checkpoint=True) as client:
         created = await client.call_tool("create_sandbox", {})
         sandbox_id = created.structured_content["sandbox_id"]
-        assert sdk.created[0]["auto_checkpoint"] is True  # on by default: undo works
+        assert sdk.created[0]["auto_checkpoint"] is True  # asked for: undo works
         saved = await client.call_tool("checkpoint", {"sandbox_id": sandbox_id, "label": "before"})
         assert not saved.is_error
         assert saved.structured_content is not None and saved.structured_content["checkpoint_id"] == "cp_1"
@@ -269,7 +269,7 @@ async def test_mcp_checkpoint_restore_and_undo(sdk: FakeSdk) -> None:
 async def test_mcp_checkpoint_failures_are_tool_errors_in_its_terms(sdk: FakeSdk) -> None:
     sdk.add(FakeSandbox(sandbox_id="sbx_elsewhere"))  # created without auto_checkpoint
     sdk.add(FakeSandbox(sandbox_id="sbx_auto", auto_checkpoint=True))
-    async with mcp_client() as client:
+    async with mcp_client(auto_checkpoint=True) as client:
         no_auto = await client.call_tool("undo", {"sandbox_id": "sbx_elsewhere"})
         unknown = await client.call_tool("restore", {"sandbox_id": "sbx_elsewhere", "checkpoint_id": "cp_7"})
         bad_n = await client.call_tool("undo", {"sandbox_id": "sbx_auto", "n": 0})
