@@ -78,6 +78,10 @@ class CheckpointFiles:
         for part in self.dir.glob("*/*.part"):
             part.unlink(missing_ok=True)
 
+    def close(self) -> None:
+        """At shutdown: this service's tmpfs directory goes (a state a cancelled write left too)."""
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
     def path_for(self, sandbox_id: str, checkpoint_id: str) -> Path:
         return self.dir / sandbox_id / f"{checkpoint_id}.zst"
 

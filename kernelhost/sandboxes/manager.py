@@ -133,6 +133,7 @@ class SandboxManager:
         ctx = self._ctx
         await ctx.tasks.close(timeout=ctx.settings.timeouts.cleanup)
         await ctx.vms.close()
+        self._checkpoints.files.close()
         for sbx in ctx.registry:
             if sbx.agent is not None:
                 await sbx.agent.close()
