@@ -66,6 +66,15 @@ def _hand_fd(dom: libvirt.virDomain, fd: int, fdname: str) -> None:
     qmp(dom, "getfd", files=[fd], fdname=fdname)
 
 
+def _hand_new_file(dom: libvirt.virDomain, path: Path, fdname: str) -> None:
+    """Create ``path`` (0600) and hand QEMU a descriptor of it named ``fdname``."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+    try:
+        _hand_fd(dom, fd, fdname)
+    finally:
+        os.close(fd)  # QEMU holds its own copy now
+
+
 def _wait_migration(dom: libvirt.virDomain, timeout: float) -> dict[str, Any]:
     deadline = time.monotonic() + timeout
     delay = 0.002
@@ -90,11 +99,7 @@ def save_state(dom: libvirt.virDomain, path: Path, *, ignore_shared: bool, timeo
     # QEMU throttles migration to 128 MiB/s by default; a paused VM writing to a local file
     # has no reason to wait
     qmp(dom, "migrate-set-parameters", args={"max-bandwidth": UNTHROTTLED})
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-    try:
-        _hand_fd(dom, fd, "khsave")
-    finally:
-        os.close(fd)  # QEMU holds its own copy now
+    _hand_new_file(dom, path, "khsave")
     qmp(dom, "migrate", uri="fd:khsave")
     _wait_migration(dom, timeout)
     _set_ignore_shared(dom, False)
@@ -158,11 +163,7 @@ def begin_live_save(dom: libvirt.virDomain, path: Path, *, timeout: float = 10.0
     try:
         _set_ignore_shared(dom, False)
         qmp(dom, "migrate-set-parameters", args={"max-bandwidth": UNTHROTTLED})
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-        try:
-            _hand_fd(dom, fd, "khlive")
-        finally:
-            os.close(fd)
+        _hand_new_file(dom, path, "khlive")
         # paused by us, resumed by QEMU once the devices are saved: the resume is the sign that
         # the state being written is this moment's
         dom.suspend()

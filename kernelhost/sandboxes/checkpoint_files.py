@@ -43,7 +43,7 @@ from hypervisor import MEM_ID, GuestImage, HypervisorError, LiveSaveUnavailable,
 
 from .errors import CheckpointUnusable
 from .snapshots import Snapshot
-from .vms import Launched, VmFactory, VmTimings
+from .vms import Launched, VmFactory
 
 log = structlog.get_logger("kernelhost.checkpoints")
 
@@ -189,20 +189,13 @@ class CheckpointFiles:
             finally:
                 await started
             await asyncio.to_thread(vms.hv.load_into, domain, state, ignore_shared=False)
-            t1 = time.monotonic()
-            agent = await vms.connect_agent(spec.channel_socket, vms.timeouts.attach)
-            t2 = time.monotonic()
-            try:
-                await vms.hygiene(agent)
-            except BaseException:
-                await agent.close()
-                raise
+            launched = await vms.attach_fresh(spec.channel_socket, "checkpoint", t0)
         except BaseException:
             await vms.destroy_tracked(domain)
             raise
         finally:
             state.unlink(missing_ok=True)
-        timings = VmTimings("checkpoint", t1 - t0, t2 - t1, time.monotonic() - t2)
+        timings = launched.timings
         log.info(
             "checkpoint.loaded",
             domain=domain,
@@ -210,7 +203,7 @@ class CheckpointFiles:
             attach_ms=round(timings.attach * 1000),
             hygiene_ms=round(timings.hygiene * 1000),
         )
-        return Launched(agent, timings)
+        return launched
 
 
 def _base_of(snap: Snapshot) -> dict[str, Any]:

@@ -223,25 +223,31 @@ class VmFactory:
         t0 = time.monotonic()
         spec = self._spec(domain, image, meta, mem_path=ram or snap.ram, incoming=True)
         await asyncio.to_thread(self.hv.start_from_state, spec, state or snap.state, ignore_shared=True)
+        return await self.attach_fresh(spec.channel_socket, "clone", t0)
+
+    async def attach_fresh(self, socket: Path, how: str, t0: float) -> Launched:
+        """The agent of a VM that was just loaded from a saved state (started at ``t0``), with
+        the clone hygiene done: fresh clock, entropy and seeds. The agent is closed on failure;
+        the caller destroys the domain."""
         t1 = time.monotonic()
-        agent = await self.connect_agent(spec.channel_socket, self.timeouts.attach)
+        agent = await self.connect_agent(socket, self.timeouts.attach)
         t2 = time.monotonic()
         try:
             await self.hygiene(agent)
         except BaseException:
             await agent.close()
             raise
-        return Launched(agent, VmTimings("clone", t1 - t0, t2 - t1, time.monotonic() - t2))
+        return Launched(agent, VmTimings(how, t1 - t0, t2 - t1, time.monotonic() - t2))
 
     async def destroy_tracked(self, domain: str) -> None:
         """Destroy ``domain`` even if the caller is cancelled meanwhile: the destroy runs as a
         task that ``close`` waits for, so a shutdown mid-launch leaves no domain behind."""
-        await asyncio.shield(self._background.spawn(self.destroy(domain), name=f"destroy:{domain}"))
+        await asyncio.shield(self.destroy_later(domain))
 
-    def destroy_later(self, domain: str) -> None:
+    def destroy_later(self, domain: str) -> asyncio.Task[None]:
         """Destroy ``domain`` in the background; ``close`` waits for it (a shutdown right after
         does not leave the domain running, as a cancelled task would)."""
-        self._background.spawn(self.destroy(domain), name=f"destroy:{domain}")
+        return self._background.spawn(self.destroy(domain), name=f"destroy:{domain}")
 
     async def destroy(self, domain: str) -> None:
         try:
@@ -281,18 +287,10 @@ class VmFactory:
         spec = self._spec(domain, image, meta, incoming=True)
         try:
             await asyncio.to_thread(self.hv.start_from_state, spec, path, ignore_shared=False)
-            t1 = time.monotonic()
-            agent = await self.connect_agent(spec.channel_socket, self.timeouts.attach)
-            t2 = time.monotonic()
-            try:
-                await self.hygiene(agent)
-            except BaseException:
-                await agent.close()
-                raise
+            return await self.attach_fresh(spec.channel_socket, "wake", t0)
         except BaseException:
             await self.destroy_tracked(domain)
             raise
-        return Launched(agent, VmTimings("wake", t1 - t0, t2 - t1, time.monotonic() - t2))
 
     # -- fork ----------------------------------------------------------------------------------
 

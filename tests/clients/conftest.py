@@ -17,6 +17,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from jupyter_client.blocking.client import BlockingKernelClient
+from jupyter_client.manager import start_new_kernel
 
 from ..harness import REPO, Service, running_service
 from .jupyter_support import JupyterLab
@@ -176,3 +178,19 @@ def jupyter_template(jupyter_service: Service) -> Iterator[str]:
             if sbx.template == info.name:
                 Sandbox.connect(sbx.id, url=url, api_key=key).close()
         Template.delete(info.name, url=url, api_key=key)
+
+
+# -- a kernel through the provisioner, for the protocol-level tests ------------------------------
+
+
+@pytest.fixture
+def vm_kernel(jupyter_env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> Iterator[BlockingKernelClient]:
+    """A ``kernelhost-python`` kernel started by jupyter_client (the provisioner), its client."""
+    for key, value in jupyter_env.items():
+        monkeypatch.setenv(key, value)
+    km, kc = start_new_kernel(kernel_name=JUPYTER_KERNEL, startup_timeout=120)
+    try:
+        yield kc
+    finally:
+        kc.stop_channels()
+        km.shutdown_kernel(now=True)

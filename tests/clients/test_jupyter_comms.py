@@ -6,14 +6,10 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from jupyter_client.blocking.client import BlockingKernelClient
-from jupyter_client.manager import start_new_kernel
-
-from .conftest import JUPYTER_KERNEL
 
 pytestmark = [pytest.mark.clients, pytest.mark.timeout(600)]
 
@@ -28,18 +24,6 @@ def _echo(comm, open_msg):
         comm.send({"echo": msg["content"]["data"]["value"] * 2})
 get_ipython().kernel.comm_manager.register_target("kh-echo", _echo)
 """
-
-
-@pytest.fixture
-def kernel(jupyter_env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> Iterator[BlockingKernelClient]:
-    for key, value in jupyter_env.items():
-        monkeypatch.setenv(key, value)
-    km, kc = start_new_kernel(kernel_name=JUPYTER_KERNEL, startup_timeout=TIMEOUT)
-    try:
-        yield kc
-    finally:
-        kc.stop_channels()
-        km.shutdown_kernel(now=True)
 
 
 def _iopub(kc: BlockingKernelClient, msg_type: str, comm_id: str | None = None) -> dict[str, Any]:
@@ -58,19 +42,23 @@ def _run(kc: BlockingKernelClient, code: str) -> dict[str, Any]:
     return reply
 
 
-def test_comms_go_both_ways(kernel: BlockingKernelClient) -> None:
-    _run(kernel, TARGET)
+def test_comms_go_both_ways(vm_kernel: BlockingKernelClient) -> None:
+    _run(vm_kernel, TARGET)
     comm_id = uuid.uuid4().hex
-    kernel.shell_channel.send(
-        kernel.session.msg("comm_open", {"comm_id": comm_id, "target_name": "kh-echo", "data": {"hello": 1}})
+    vm_kernel.shell_channel.send(
+        vm_kernel.session.msg(
+            "comm_open", {"comm_id": comm_id, "target_name": "kh-echo", "data": {"hello": 1}}
+        )
     )
-    kernel.shell_channel.send(kernel.session.msg("comm_msg", {"comm_id": comm_id, "data": {"value": 21}}))
-    assert _iopub(kernel, "comm_msg", comm_id)["data"] == {"echo": 42}
-    assert _printed(kernel, "print(seen)").strip() == "[{'hello': 1}, {'value': 21}]"
+    vm_kernel.shell_channel.send(
+        vm_kernel.session.msg("comm_msg", {"comm_id": comm_id, "data": {"value": 21}})
+    )
+    assert _iopub(vm_kernel, "comm_msg", comm_id)["data"] == {"echo": 42}
+    assert _printed(vm_kernel, "print(seen)").strip() == "[{'hello': 1}, {'value': 21}]"
 
     # the kernel opens one; the client answers on it; the kernel hears it
     opens: list[dict[str, Any]] = []  # the cell's iopub messages: its comm_open is among them
-    reply = kernel.execute_interactive(
+    reply = vm_kernel.execute_interactive(
         "from ipykernel.comm import Comm\n"
         "heard = []\n"
         "c = Comm(target_name='kh-client', data={'from': 'kernel'})\n"
@@ -81,13 +69,13 @@ def test_comms_go_both_ways(kernel: BlockingKernelClient) -> None:
     assert reply["content"]["status"] == "ok", reply["content"]
     (opened,) = opens
     assert opened["target_name"] == "kh-client" and opened["data"] == {"from": "kernel"}
-    kernel.shell_channel.send(
-        kernel.session.msg("comm_msg", {"comm_id": opened["comm_id"], "data": {"x": 7}})
+    vm_kernel.shell_channel.send(
+        vm_kernel.session.msg("comm_msg", {"comm_id": opened["comm_id"], "data": {"x": 7}})
     )
     deadline = time.monotonic() + TIMEOUT
     printed = ""
     while time.monotonic() < deadline:
-        printed = _printed(kernel, "print(heard)")
+        printed = _printed(vm_kernel, "print(heard)")
         if printed.strip() == "[{'x': 7}]":
             break
         time.sleep(0.5)

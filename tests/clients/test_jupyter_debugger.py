@@ -6,14 +6,10 @@ value, a step moves to the next line, and continue lets the cell finish."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from jupyter_client.blocking.client import BlockingKernelClient
-from jupyter_client.manager import KernelManager, start_new_kernel
-
-from .conftest import JUPYTER_KERNEL
 
 pytestmark = [pytest.mark.clients, pytest.mark.timeout(600)]
 
@@ -57,21 +53,8 @@ class Debugger:
         return {v["name"]: v["value"] for v in variables}
 
 
-@pytest.fixture
-def kernel(jupyter_env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> Iterator[BlockingKernelClient]:
-    for key, value in jupyter_env.items():
-        monkeypatch.setenv(key, value)
-    km: KernelManager
-    km, kc = start_new_kernel(kernel_name=JUPYTER_KERNEL, startup_timeout=TIMEOUT)
-    try:
-        yield kc
-    finally:
-        kc.stop_channels()
-        km.shutdown_kernel(now=True)
-
-
-def test_a_breakpoint_in_a_cell_stops_it_and_shows_its_locals(kernel: BlockingKernelClient) -> None:
-    dbg = Debugger(kernel)
+def test_a_breakpoint_in_a_cell_stops_it_and_shows_its_locals(vm_kernel: BlockingKernelClient) -> None:
+    dbg = Debugger(vm_kernel)
     init = dbg.request(
         "initialize",
         {
@@ -97,7 +80,7 @@ def test_a_breakpoint_in_a_cell_stops_it_and_shows_its_locals(kernel: BlockingKe
     assert dbg.request("debugInfo")["body"]["isStarted"]
     assert dbg.request("configurationDone")["success"]
 
-    msg_id = kernel.execute(CELL)
+    msg_id = vm_kernel.execute(CELL)
     stopped = dbg.event("stopped")
     assert stopped["body"]["reason"] == "breakpoint", stopped
     thread = stopped["body"]["threadId"]
@@ -111,7 +94,7 @@ def test_a_breakpoint_in_a_cell_stops_it_and_shows_its_locals(kernel: BlockingKe
     assert dbg.request("continue", {"threadId": thread})["success"]
     deadline = time.monotonic() + TIMEOUT
     while time.monotonic() < deadline:
-        reply = kernel.get_shell_msg(timeout=TIMEOUT)
+        reply = vm_kernel.get_shell_msg(timeout=TIMEOUT)
         if reply["parent_header"].get("msg_id") == msg_id:
             assert reply["content"]["status"] == "ok", reply
             break
