@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
+import socket
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -114,11 +116,25 @@ class Settings:
     restart_timeout: float = 60.0  # seconds a kernel restart may take before the VM is replaced
     agent_timeout: float = 10.0  # seconds the agent gets to answer before its VM is replaced
     api_keys: tuple[str, ...] = ()
+    operator_keys: tuple[str, ...] = ()  # keys that may also run the cluster (nodes, drain)
     # docs/network.md: host[:port] entries every allowlist sandbox may reach (besides the host's
     # pip indexes), and that may be private addresses; outbound sandboxes too
     network_allow: tuple[str, ...] = ()
     log_format: str = "auto"  # auto | json | console
     log_level: str = "info"
+    # docs/cluster.md: nodes sharing one PostgreSQL store. Empty store_url: SQLite in state_dir
+    store_url: str = ""
+    node_id: str = ""  # this node's name in the cluster; default: the host name
+    advertise_url: str = ""  # the URL other nodes reach this one at; default: url
+    cluster_secret: str = ""  # what node-to-node calls carry; clients never see it
+    node_lease_seconds: float = 15.0  # a node whose heartbeat is older is dead
+    hibernate_dir: Path = Path()  # hibernated VMs; default state_dir/hibernated (shared: wake anywhere)
+
+    def __post_init__(self) -> None:
+        if self.hibernate_dir == Path():
+            object.__setattr__(self, "hibernate_dir", self.state_dir / "hibernated")
+        if not self.node_id:
+            object.__setattr__(self, "node_id", socket.gethostname())
 
     @property
     def db_path(self) -> Path:
@@ -129,10 +145,6 @@ class Settings:
         """Where the images of the templates this service builds go: the image dir too, which
         libvirt's QEMU user can read (a state dir of mode 0700 it could not; vm-facts.md)."""
         return self.image_dir
-
-    @property
-    def hibernate_dir(self) -> Path:
-        return self.state_dir / "hibernated"
 
     @property
     def checkpoint_dir(self) -> Path:
@@ -165,6 +177,16 @@ class Settings:
     @property
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
+
+    @property
+    def cluster(self) -> bool:
+        """Whether this node shares its store with others (a PostgreSQL ``store_url``)."""
+        return self.store_url.startswith(("postgresql://", "postgres://"))
+
+    @property
+    def peer_url(self) -> str:
+        """Where other nodes reach this one."""
+        return (self.advertise_url or self.url).rstrip("/")
 
     @classmethod
     def load(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> Settings:
@@ -265,9 +287,31 @@ class Settings:
             raise ConfigError(f"header_timeout has value {self.header_timeout}; use seconds > 0")
         if bool(self.tls_cert_file) != bool(self.tls_key_file):
             raise ConfigError("tls_cert_file and tls_key_file go together: set both, or neither")
-        for key in self.api_keys:
+        self._validate_cluster()
+        for key in self.api_keys + self.operator_keys:
             if len(key) < 16:
                 raise ConfigError("every API key must be at least 16 characters long")
+
+    def _validate_cluster(self) -> None:
+        if self.store_url and not self.store_url.startswith(("postgresql://", "postgres://", "sqlite:///")):
+            raise ConfigError(
+                "store_url must be postgresql://user:password@host/db (a cluster's shared store), "
+                "sqlite:///path, or empty (SQLite in state_dir)"
+            )
+        if not self.node_lease_seconds >= 2:
+            raise ConfigError(f"node_lease_seconds has value {self.node_lease_seconds}; use at least 2")
+        if self.cluster and len(self.cluster_secret) < 16:
+            raise ConfigError(
+                "a cluster node (a postgresql:// store_url) needs cluster_secret "
+                "(KERNELHOST_CLUSTER_SECRET), the same on every node, at least 16 characters"
+            )
+        if self.advertise_url and not self.advertise_url.startswith(("http://", "https://")):
+            raise ConfigError(f"advertise_url has value {self.advertise_url!r}; use http://host:port")
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}", self.node_id):
+            raise ConfigError(
+                f"node_id has value {self.node_id!r}; use letters, digits, '.', '_' or '-' "
+                "(at most 63), starting with a letter or digit"
+            )
 
 
 def _bool(raw: Any) -> bool:

@@ -111,14 +111,12 @@ def run_checks(settings: Settings, probe_timeout: float = 20.0) -> list[Check]:
 
 def _templates(settings: Settings) -> Check:
     """The operator's and the keys' templates, by state, as the service's records have them."""
-    import sqlite3
-
+    from .sandboxes.db import SQLite
     from .sandboxes.template_store import TemplateStore
 
     if not settings.db_path.is_file():
         return Check("templates", True, "no template built yet (docs/templates.md)")
-    db = sqlite3.connect(settings.db_path)
-    db.row_factory = sqlite3.Row
+    db = SQLite(settings.db_path)
     try:
         records = TemplateStore(db).all()
     finally:

@@ -14,10 +14,11 @@ from hypervisor import Hypervisor, ImageNotFound, ImageStore, LibvirtUnavailable
 
 from ..config import Settings
 from ..metrics import StateCollector
-from ..sandboxes import BackendUnavailable, SandboxManager, Store
+from ..sandboxes import BackendUnavailable, SandboxManager, Store, open_database
 from ..servicelock import ServiceLock
 from .auth import KeyRing
 from .checkpoints import checkpoint_routes
+from .cluster import cluster_middleware, setup_cluster
 from .console import setup_console
 from .e2b import setup_e2b
 from .errors import error_middleware
@@ -49,7 +50,8 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
 
 @contextlib.asynccontextmanager
 async def _service(app: web.Application, settings: Settings) -> AsyncIterator[None]:
-    store = Store(settings.db_path)
+    db = await asyncio.to_thread(open_database, settings.store_url, settings.db_path)
+    store = Store(db, settings.node_id)
     hv = Hypervisor(settings.libvirt_uri, settings.domain_prefix, settings.run_dir)
     images = ImageStore(settings.image_dir, settings.built_image_dir)
     try:
@@ -90,7 +92,7 @@ async def _service(app: web.Application, settings: Settings) -> AsyncIterator[No
 
 def init_app(settings: Settings, keys: KeyRing | None = None) -> web.Application:
     app = web.Application(
-        middlewares=[error_middleware, auth_middleware, request_limits(settings)],
+        middlewares=[error_middleware, auth_middleware, request_limits(settings), cluster_middleware],
         client_max_size=settings.max_code_bytes + 1024 * 1024,
     )
     app.on_response_prepare.append(add_security_headers)
@@ -100,6 +102,7 @@ def init_app(settings: Settings, keys: KeyRing | None = None) -> web.Application
     app.add_routes(routes)
     app.add_routes(checkpoint_routes)
     app.add_routes(template_routes)
+    setup_cluster(app)  # /v1/cluster: nodes, drain; forwarding to the node of a sandbox
     setup_openapi(app)
     setup_mcp(app, settings)  # /mcp: the MCP server over streamable HTTP
     setup_gateway(app)  # /api/kernels, /api/kernelspecs: the Kernel Gateway API (Jupyter)

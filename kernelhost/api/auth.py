@@ -17,6 +17,7 @@ class KeyRing:
     digests: dict[str, str]  # key_id -> sha256 hex of the key
     dev_key: str | None = None  # set when the development key is in use
     dev_key_created: bool = False  # made by this start (printed once, never again)
+    operators: frozenset[str] = frozenset()  # key ids of operator keys (docs/cluster.md)
 
     @classmethod
     def from_settings(cls, settings: Settings) -> KeyRing:
@@ -25,7 +26,9 @@ class KeyRing:
         if not keys:
             dev_key, created = load_or_create_dev_key(settings)
             keys = [dev_key]
-        return cls({key_id(k): _digest(k) for k in keys}, dev_key, created)
+        keys += settings.operator_keys
+        operators = frozenset(key_id(k) for k in settings.operator_keys)
+        return cls({key_id(k): _digest(k) for k in keys}, dev_key, created, operators)
 
     def identify(self, presented: str) -> str | None:
         """The key id of a presented key, or None. Constant-time per configured key."""

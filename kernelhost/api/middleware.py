@@ -10,7 +10,7 @@ from aiohttp import web
 from aiohttp.typedefs import Middleware
 
 from ..config import Settings
-from . import e2b
+from . import cluster, e2b
 from .console import PATHS as CONSOLE_PATHS
 from .errors import Handler, error_response
 from .state import KEY_ID, KEYS, SETTINGS
@@ -36,6 +36,11 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
     if request.path == e2b.PREFIX or request.path.startswith(e2b.PREFIX + "/"):
         refused = e2b.identify(request)  # E2B's headers, and its error shapes
         return refused if refused is not None else await handler(request)
+    peer = cluster.peer_auth(request)  # another node of the cluster, forwarding a client's call
+    if peer is not None:
+        return peer
+    if request.get(cluster.PEER):
+        return await handler(request)
     header = request.headers.get("Authorization", "")
     scheme, _, presented = header.partition(" ")
     if scheme.lower() not in ("bearer", "token") or not presented.strip():

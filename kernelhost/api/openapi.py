@@ -43,9 +43,16 @@ ERRORS = {
     "401": _err("missing or unknown API key"),
     "404": _err("no such sandbox for this key (or no such file)"),
     "409": _err("the sandbox is not running (dead or being replaced), or busy"),
-    "410": _err("the checkpoint cannot be loaded any more (its base snapshot is gone)"),
+    "403": _err("the route needs an operator key (operator_keys)"),
+    "410": _err(
+        "the checkpoint cannot be loaded any more (its base snapshot is gone), or the cluster node "
+        "that held the sandbox failed (its state is lost)"
+    ),
     "429": _err("a per-key limit was reached; the message names it"),
-    "503": _err("a VM failed to start, or libvirt is unreachable"),
+    "503": _err(
+        "a VM failed to start, libvirt is unreachable, or (a cluster) the sandbox's node did not "
+        "answer or no node has room"
+    ),
 }
 
 
@@ -297,6 +304,54 @@ def _file_paths() -> dict[str, Any]:
     }
 
 
+def _cluster_paths() -> dict[str, Any]:
+    node = {
+        "type": "object",
+        "properties": {
+            "id": {"type": "string"},
+            "url": {"type": "string"},
+            "alive": {"type": "boolean"},
+            "draining": {"type": "boolean"},
+            "heartbeat_age_seconds": {"type": "number"},
+            "memory_mib": {"type": "integer"},
+            "committed_mib": {"type": "integer"},
+            "free_mib": {"type": "integer"},
+            "sandboxes": {"type": "integer"},
+            "templates": {"type": "array", "items": {"type": "string"}},
+            "accel": {"type": "string"},
+            "version": {"type": "string"},
+        },
+    }
+    listed = {
+        "description": "the cluster's nodes (docs/cluster.md); cluster false on a single host",
+        "content": {
+            "application/json": {
+                "schema": {
+                    "type": "object",
+                    "properties": {
+                        "cluster": {"type": "boolean"},
+                        "node": {"type": "string"},
+                        "nodes": {"type": "array", "items": node},
+                    },
+                }
+            }
+        },
+    }
+    node_id = {"name": "node_id", "in": "path", "required": True, "schema": {"type": "string"}}
+    drained = {"description": "the node takes no new sandboxes; its running ones were hibernated"}
+    return {
+        "/v1/cluster/nodes": {"get": _op("The cluster's nodes", {"200": listed}, errors=("401", "403"))},
+        "/v1/cluster/nodes/{node_id}/drain": {
+            "post": _op(
+                "Drain a node: no new sandboxes, its sandboxes hibernated to wake elsewhere",
+                {"200": drained},
+                params=[node_id],
+                errors=("400", "401", "403", "503"),
+            )
+        },
+    }
+
+
 def document() -> dict[str, Any]:
     return {
         "openapi": "3.1.0",
@@ -317,6 +372,7 @@ def document() -> dict[str, Any]:
             **_file_paths(),
             **checkpoint_paths(_op, ID),
             **template_paths(_op),
+            **_cluster_paths(),
         },
     }
 

@@ -12,6 +12,7 @@ from aiohttp import web
 
 from ..metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from ..sandboxes import End, Event, InvalidRequest, Sandbox, SandboxError
+from .cluster import remote_views
 from .errors import error_body, status_for
 from .state import KEY_ID, RUNTIME, Runtime, json_object
 
@@ -91,7 +92,8 @@ async def create_sandbox(request: web.Request) -> web.Response:
 @routes.get("/v1/sandboxes")
 async def list_sandboxes(request: web.Request) -> web.Response:
     sandboxes = _runtime(request).manager.owned(request[KEY_ID])
-    return web.json_response({"sandboxes": [s.to_dict() for s in sandboxes]})
+    elsewhere = await asyncio.to_thread(remote_views, request)  # a cluster's other nodes
+    return web.json_response({"sandboxes": [s.to_dict() for s in sandboxes] + elsewhere})
 
 
 @routes.get("/v1/sandboxes/{sandbox_id}")

@@ -2,6 +2,8 @@
 channel, not HTTP. ``SandboxManager`` is its public API; docs/architecture.md maps its modules.
 """
 
+from .cluster import FORWARDED_RESERVATION, HOST_FAILED, ClusterNode, Location, Node, Placement
+from .db import Database, StoreUnavailable, open_database
 from .errors import (
     AgentUnresponsive,
     BackendUnavailable,
@@ -11,7 +13,10 @@ from .errors import (
     CheckpointUnusable,
     FileOperationFailed,
     FileTooLarge,
+    HostFailed,
     InvalidRequest,
+    NodeFull,
+    NodeUnreachable,
     NotSupportedByImage,
     PathNotFound,
     Remedy,
@@ -34,6 +39,8 @@ from .store import SandboxRecord, Store, key_id, new_api_key
 from .template_views import TemplateView
 
 __all__ = [
+    "FORWARDED_RESERVATION",
+    "HOST_FAILED",
     "INDEX_HOST",
     "AgentUnresponsive",
     "BackendUnavailable",
@@ -42,17 +49,25 @@ __all__ = [
     "CheckpointNotFound",
     "CheckpointUnusable",
     "ClearOutput",
+    "ClusterNode",
+    "Database",
     "End",
     "Error",
     "Event",
     "ExecutionStatus",
     "FileOperationFailed",
     "FileTooLarge",
+    "HostFailed",
     "HostNetwork",
     "InvalidRequest",
     "KernelSession",
+    "Location",
+    "Node",
+    "NodeFull",
+    "NodeUnreachable",
     "NotSupportedByImage",
     "PathNotFound",
+    "Placement",
     "Recovery",
     "Remedy",
     "Result",
@@ -68,6 +83,7 @@ __all__ = [
     "SessionClient",
     "SessionEnd",
     "Store",
+    "StoreUnavailable",
     "Stream",
     "TemplateConflict",
     "TemplateNotFound",
@@ -75,4 +91,5 @@ __all__ = [
     "UnknownTemplate",
     "key_id",
     "new_api_key",
+    "open_database",
 ]

@@ -13,11 +13,11 @@ from __future__ import annotations
 import json
 import re
 import secrets
-import sqlite3
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from .db import Database
 from .errors import InvalidRequest
 
 MAX_LABEL = 200
@@ -42,7 +42,7 @@ CREATE TABLE IF NOT EXISTS checkpoints (
     network TEXT NOT NULL DEFAULT '{}'
 );
 CREATE INDEX IF NOT EXISTS checkpoints_sandbox ON checkpoints(sandbox_id);
-CREATE INDEX IF NOT EXISTS checkpoints_owner ON checkpoints(owner);
+CREATE INDEX IF NOT EXISTS checkpoints_owner ON checkpoints(owner)
 """
 # Columns added after the first release: an older database gains them at start (its checkpoints
 # are not kept past their sandbox, and a branch takes its network mode from the sandbox record).
@@ -136,13 +136,10 @@ class CheckpointRecord:
 
 
 class CheckpointStore:
-    def __init__(self, db: sqlite3.Connection) -> None:
+    def __init__(self, db: Database) -> None:
         self.db = db
-        db.executescript(SCHEMA)
-        have = {row[1] for row in db.execute("PRAGMA table_info(checkpoints)")}
-        for column, definition in MIGRATIONS.items():
-            if column not in have:
-                db.execute(f"ALTER TABLE checkpoints ADD COLUMN {column} {definition}")
+        db.script(SCHEMA)
+        db.migrate("checkpoints", MIGRATIONS)
 
     def insert(self, rec: CheckpointRecord) -> None:
         row = {**rec.__dict__, "auto": int(rec.auto), "keep": int(rec.keep)}
@@ -153,13 +150,13 @@ class CheckpointStore:
         self.db.execute(f"INSERT INTO checkpoints ({cols}) VALUES ({marks})", row)
 
     def get(self, checkpoint_id: str) -> CheckpointRecord | None:
-        row = self.db.execute("SELECT * FROM checkpoints WHERE id = ?", (checkpoint_id,)).fetchone()
+        row = self.db.one("SELECT * FROM checkpoints WHERE id = ?", (checkpoint_id,))
         return _record(row) if row else None
 
     def of_sandbox(self, sandbox_id: str) -> list[CheckpointRecord]:
         rows = self.db.execute(
             "SELECT * FROM checkpoints WHERE sandbox_id = ? ORDER BY created_at", (sandbox_id,)
-        ).fetchall()
+        )
         return [_record(r) for r in rows]
 
     def of_owner(self, owner: str, *, kept_only: bool = False) -> list[CheckpointRecord]:
@@ -167,21 +164,21 @@ class CheckpointStore:
         kept = " AND keep = 1" if kept_only else ""
         rows = self.db.execute(
             f"SELECT * FROM checkpoints WHERE owner = ?{kept} ORDER BY created_at, id", (owner,)
-        ).fetchall()
+        )
         return [_record(r) for r in rows]
 
     def all(self) -> list[CheckpointRecord]:
-        return [_record(r) for r in self.db.execute("SELECT * FROM checkpoints").fetchall()]
+        return [_record(r) for r in self.db.execute("SELECT * FROM checkpoints")]
 
     def bytes_of(self, owner: str) -> int:
-        row = self.db.execute("SELECT COALESCE(SUM(bytes), 0) FROM checkpoints WHERE owner = ?", (owner,))
-        return int(row.fetchone()[0])
+        sql = "SELECT COALESCE(SUM(bytes), 0) AS n FROM checkpoints WHERE owner = ?"
+        return int(self.db.scalar(sql, (owner,)))
 
     def delete(self, checkpoint_id: str) -> None:
         self.db.execute("DELETE FROM checkpoints WHERE id = ?", (checkpoint_id,))
 
 
-def _record(row: sqlite3.Row) -> CheckpointRecord:
+def _record(row: dict[str, Any]) -> CheckpointRecord:
     data = dict(row)
     data["auto"] = bool(data["auto"])
     data["keep"] = bool(data["keep"])

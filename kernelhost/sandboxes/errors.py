@@ -114,6 +114,24 @@ class CapacityExceeded(SandboxError):
     code = "capacity_exceeded"
 
 
+class NodeFull(CapacityExceeded):
+    """No live node of the cluster (or not the one asked for) has room for what is asked."""
+
+    code = "cluster_full"
+
+
+class HostFailed(SandboxError):
+    """The cluster node that held the sandbox's VM died: its state is lost."""
+
+    code = "host_failed"
+
+
+class NodeUnreachable(SandboxError):
+    """The live node that holds the sandbox did not answer the node the client called."""
+
+    code = "node_unreachable"
+
+
 class BootFailed(SandboxError):
     code = "boot_failed"
 

@@ -332,7 +332,9 @@ class Lifecycle:
     def _remove_stray_hibernations(self) -> None:
         known = {self.ctx.hibernation_file(s.record) for s in self.registry}
         directory = self.ctx.settings.hibernate_dir
+        store = self.registry.store
         if directory.is_dir():
             for path in directory.iterdir():
-                if path not in known:
+                # a shared directory holds other nodes' sandboxes too: only a file no record names
+                if path not in known and not (store.shared and store.get(path.name.split(".")[0])):
                     path.unlink(missing_ok=True)

@@ -30,6 +30,7 @@ from ..tasks import TaskSet
 from ..templates.builds import Build
 from .checkpoint_store import CheckpointRecord, CheckpointStore
 from .checkpoints import Checkpoints
+from .cluster import ClusterNode, Location, Placement
 from .context import Context
 from .errors import InvalidRequest
 from .execution import LANGUAGES, Cell, CellPolicy, End, Event, OutputLimits, RunningCall, run_cell
@@ -99,12 +100,16 @@ class SandboxManager:
             agent_timeout=settings.agent_timeout,
         )
         self._background: list[asyncio.Task[Any]] = []
+        # a node of a cluster: its store is shared (docs/cluster.md)
+        self.cluster = ClusterNode(ctx, store) if store.shared else None
 
     # -- start-up and shutdown -----------------------------------------------------------------
 
     async def start(self) -> None:
         """Reattach to running VMs, destroy strays, start the reaper and the warm pools."""
         await self._ctx.vms.prepare()
+        if self.cluster is not None:
+            await self.cluster.start()  # before the reconcile: what the cluster gave up goes
         await self._lifecycle.reconcile()
         self._checkpoints.start()
         await asyncio.to_thread(self._templates.start)
@@ -157,6 +162,38 @@ class SandboxManager:
 
     def all(self) -> list[Sandbox]:
         return list(self._ctx.registry)
+
+    # -- the cluster (docs/cluster.md) ------------------------------------------------------------
+
+    def locate(self, sandbox_id: str) -> Location | None:
+        """Where a sandbox of any node is (None: no such sandbox); only on a cluster node."""
+        return self.cluster.locate(sandbox_id) if self.cluster is not None else None
+
+    def place(self, owner: str, template: str, count: int = 1) -> Placement | None:
+        """Choose the node for a create of ``owner``'s ``template`` and reserve room there
+        (None: this service is not a cluster node)."""
+        if self.cluster is None:
+            return None
+        name, image = self._templates.resolve(owner, template)
+        return self.cluster.place(owner, name, count, self._ctx.shape_for(image).memory_mib)
+
+    def take_over(self, loc: Location) -> Sandbox | None:
+        """Adopt a hibernated sandbox of a dead or draining node (it wakes here on its next call)."""
+        return self.cluster.take_over(loc) if self.cluster is not None else None
+
+    async def drain(self) -> int:
+        """Take no new sandboxes here and hibernate the running ones, so they wake elsewhere;
+        returns how many were hibernated."""
+        if self.cluster is not None:
+            await asyncio.to_thread(self.cluster.set_draining, self.cluster.id, True)
+        count = 0
+        for sbx in self.all():
+            if sbx.live_agent is not None:
+                with contextlib.suppress(Exception):
+                    await self.hibernate(sbx)
+                    count += 1
+        log.info("node.drained", hibernated=count)
+        return count
 
     def templates(self) -> list[str]:
         """The templates every key may use that are ready: built-ins and the operator's."""

@@ -13,12 +13,15 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .errors import CapacityExceeded, SandboxNotFound
 from .sandbox import Sandbox
 from .states import SandboxState
 from .store import SandboxRecord, Store
+
+if TYPE_CHECKING:
+    from .cluster.quota import ClusterQuota
 
 
 @dataclass(frozen=True)
@@ -74,6 +77,7 @@ class Registry:
         self._live: dict[str, Sandbox] = {}
         self._reserved: Counter[str] = Counter()  # sandboxes being created, per key
         self._reserved_mib: Counter[str] = Counter()
+        self.cluster: ClusterQuota | None = None  # a cluster node: limits in the shared store
 
     # -- lookups ---------------------------------------------------------------------------------
 
@@ -106,6 +110,10 @@ class Registry:
         """Hold room for ``count`` new sandboxes of ``owner`` (each of ``memory_mib`` MiB; with
         ``count=0``, for one sandbox waking up) while they are made; raises
         ``CapacityExceeded`` (naming the setting) if the key has no room for them."""
+        if self.cluster is not None:
+            with self.cluster.reserve(owner, count, memory_mib):
+                yield
+            return
         mine = self.owned(owner)
         held = len(mine) + self._reserved[owner]
         limit = self.quota.max_sandboxes
@@ -142,7 +150,10 @@ class Registry:
 
     def record(self, rec: SandboxRecord) -> None:
         """Store the record of a sandbox being made (it is not live yet)."""
-        self.store.insert(rec)
+        if self.cluster is not None:
+            self.cluster.record(self.store, rec)
+        else:
+            self.store.insert(rec)
 
     def forget(self, sandbox_id: str) -> None:
         """Delete a stored record (a sandbox that never became live, or is gone)."""

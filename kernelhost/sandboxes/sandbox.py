@@ -109,22 +109,27 @@ class Sandbox:
 
     def to_dict(self) -> dict[str, Any]:
         """The sandbox as every interface describes it."""
-        r = self.record
-        return {
-            "id": r.id,
-            "template": r.template.split("@", 1)[0],  # a key's own template: its name, not its image
-            "state": r.state.value,
-            "created_at": iso_time(r.created_at),
-            "last_active_at": iso_time(r.last_active_at),
-            "idle_timeout_seconds": r.idle_timeout_seconds,
-            "accel": r.accel,
-            "memory_mib": r.memory_mib,
-            "vcpus": r.vcpus,
-            "metadata": r.metadata,
-            "network": NetworkSpec.from_dict(r.network).to_dict(),
-            "auto_checkpoint": r.auto_checkpoint,
-            **({"detail": r.detail} if r.detail else {}),
-        }
+        return record_view(self.record)
+
+
+def record_view(r: SandboxRecord) -> dict[str, Any]:
+    """A sandbox's record as every interface describes it (a cluster lists other nodes' too)."""
+    return {
+        "id": r.id,
+        "template": r.template.split("@", 1)[0],  # a key's own template: its name, not its image
+        "state": r.state.value,
+        "created_at": iso_time(r.created_at),
+        "last_active_at": iso_time(r.last_active_at),
+        "idle_timeout_seconds": r.idle_timeout_seconds,
+        "accel": r.accel,
+        "memory_mib": r.memory_mib,
+        "vcpus": r.vcpus,
+        "metadata": r.metadata,
+        "network": NetworkSpec.from_dict(r.network).to_dict(),
+        "auto_checkpoint": r.auto_checkpoint,
+        **({"node": r.node} if r.node else {}),
+        **({"detail": r.detail} if r.detail else {}),
+    }
 
 
 def ensure_usable(sbx: Sandbox) -> None:

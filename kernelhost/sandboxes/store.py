@@ -1,6 +1,9 @@
-"""SQLite (WAL) persistence of sandbox records and API keys.
+"""Sandbox records, in the service's database (``db.py``: SQLite by default, PostgreSQL for a
+cluster), and API key ids.
 
-Calls are short single-row statements; they run inline on the event loop (sub-millisecond).
+Calls are short single-row statements; they run inline on the event loop (sub-millisecond on
+SQLite, a round trip on PostgreSQL). In a shared (PostgreSQL) database every record names the
+``node`` whose VM it is, and a node's ``all()`` is its own records.
 """
 
 from __future__ import annotations
@@ -8,12 +11,12 @@ from __future__ import annotations
 import hashlib
 import json
 import secrets
-import sqlite3
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .db import Database, SQLite
 from .states import SandboxState
 
 SCHEMA = """
@@ -34,9 +37,11 @@ CREATE TABLE IF NOT EXISTS sandboxes (
     detail TEXT NOT NULL DEFAULT '',
     network TEXT NOT NULL DEFAULT '{"mode": "none", "allow": []}',
     auto_checkpoint INTEGER NOT NULL DEFAULT 0,
-    calls INTEGER NOT NULL DEFAULT 0
+    calls INTEGER NOT NULL DEFAULT 0,
+    node TEXT NOT NULL DEFAULT ''
 );
 CREATE INDEX IF NOT EXISTS sandboxes_owner ON sandboxes(owner);
+CREATE INDEX IF NOT EXISTS sandboxes_node ON sandboxes(node)
 """
 # Columns added after the first release, with their definitions: an older database gains them
 # at start (its sandboxes get the default: network mode "none", what they had).
@@ -44,6 +49,7 @@ MIGRATIONS = {
     "network": """TEXT NOT NULL DEFAULT '{"mode": "none", "allow": []}'""",
     "auto_checkpoint": "INTEGER NOT NULL DEFAULT 0",
     "calls": "INTEGER NOT NULL DEFAULT 0",
+    "node": "TEXT NOT NULL DEFAULT ''",
 }
 JSON_FIELDS = ("metadata", "network")
 
@@ -76,26 +82,25 @@ class SandboxRecord:
     network: dict[str, Any] = field(default_factory=lambda: {"mode": "none", "allow": []})
     auto_checkpoint: int = 0  # checkpoints kept before calls (undo); 0: none are taken
     calls: int = 0  # executions started (what undo counts back from)
+    node: str = ""  # the node whose VM it is (docs/cluster.md); the store sets it
 
 
 class Store:
-    def __init__(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self.path = path
-        self.db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
-        self.db.row_factory = sqlite3.Row
-        self.db.execute("PRAGMA journal_mode=WAL")
-        self.db.execute("PRAGMA synchronous=NORMAL")
-        self.db.executescript(SCHEMA)
-        have = {row["name"] for row in self.db.execute("PRAGMA table_info(sandboxes)")}
-        for column, definition in MIGRATIONS.items():
-            if column not in have:
-                self.db.execute(f"ALTER TABLE sandboxes ADD COLUMN {column} {definition}")
+    def __init__(self, db: Database | Path, node: str = "") -> None:
+        self.db = SQLite(db) if isinstance(db, Path) else db
+        self.node = node
+        self.shared = self.db.dialect == "postgresql"  # other nodes' records live here too
+        # the sandboxes table is created before the node index on its (possibly migrated) column
+        first, _, rest = SCHEMA.partition("CREATE INDEX IF NOT EXISTS sandboxes_node")
+        self.db.script(first)
+        self.db.migrate("sandboxes", MIGRATIONS)
+        self.db.script("CREATE INDEX IF NOT EXISTS sandboxes_node" + rest)
 
     def close(self) -> None:
         self.db.close()
 
     def insert(self, rec: SandboxRecord) -> None:
+        rec.node = self.node
         row = asdict(rec)
         for name in JSON_FIELDS:
             row[name] = json.dumps(row[name])
@@ -117,15 +122,24 @@ class Store:
         self.db.execute("DELETE FROM sandboxes WHERE id = ?", (sandbox_id,))
 
     def get(self, sandbox_id: str) -> SandboxRecord | None:
-        row = self.db.execute("SELECT * FROM sandboxes WHERE id = ?", (sandbox_id,)).fetchone()
+        row = self.db.one("SELECT * FROM sandboxes WHERE id = ?", (sandbox_id,))
         return _record(row) if row else None
 
     def all(self) -> list[SandboxRecord]:
-        rows = self.db.execute("SELECT * FROM sandboxes ORDER BY created_at").fetchall()
+        """This node's records (every record, in a database of its own)."""
+        if self.shared:
+            rows = self.db.execute("SELECT * FROM sandboxes WHERE node = ? ORDER BY created_at", (self.node,))
+        else:
+            rows = self.db.execute("SELECT * FROM sandboxes ORDER BY created_at")
+        return [_record(r) for r in rows]
+
+    def of_owner(self, owner: str) -> list[SandboxRecord]:
+        """Every record of ``owner``, on any node."""
+        rows = self.db.execute("SELECT * FROM sandboxes WHERE owner = ? ORDER BY created_at", (owner,))
         return [_record(r) for r in rows]
 
 
-def _record(row: sqlite3.Row) -> SandboxRecord:
+def _record(row: dict[str, Any]) -> SandboxRecord:
     data = dict(row)
     data["metadata"] = json.loads(data["metadata"] or "{}")
     data["network"] = json.loads(data.get("network") or '{"mode": "none", "allow": []}')

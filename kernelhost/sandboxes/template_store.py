@@ -8,10 +8,11 @@ are images only (``make image``) and have no record.
 from __future__ import annotations
 
 import json
-import sqlite3
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
+
+from .db import Database
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS templates (
@@ -39,7 +40,7 @@ CREATE TABLE IF NOT EXISTS template_builds (
     started_at REAL,
     finished_at REAL
 );
-CREATE INDEX IF NOT EXISTS template_builds_template ON template_builds(owner, name);
+CREATE INDEX IF NOT EXISTS template_builds_template ON template_builds(owner, name)
 """
 
 
@@ -57,9 +58,9 @@ class TemplateRecord:
 
 
 class TemplateStore:
-    def __init__(self, db: sqlite3.Connection) -> None:
+    def __init__(self, db: Database) -> None:
         self.db = db
-        self.db.executescript(SCHEMA)
+        self.db.script(SCHEMA)
 
     # -- templates -------------------------------------------------------------------------------
 
@@ -69,12 +70,10 @@ class TemplateStore:
         row["spec"] = json.dumps(row["spec"])
         cols = ", ".join(row)
         marks = ", ".join(f":{k}" for k in row)
-        self.db.execute(f"INSERT OR REPLACE INTO templates ({cols}) VALUES ({marks})", row)
+        self.db.execute(f"INSERT INTO templates ({cols}) VALUES ({marks}) {_upsert(row, 'owner, name')}", row)
 
     def get(self, owner: str, name: str) -> TemplateRecord | None:
-        row = self.db.execute(
-            "SELECT * FROM templates WHERE owner = ? AND name = ?", (owner, name)
-        ).fetchone()
+        row = self.db.one("SELECT * FROM templates WHERE owner = ? AND name = ?", (owner, name))
         return _template(row) if row else None
 
     def all(self) -> list[TemplateRecord]:
@@ -92,10 +91,10 @@ class TemplateStore:
         row["error"] = row["error"] or ""
         cols = ", ".join(row)
         marks = ", ".join(f":{k}" for k in row)
-        self.db.execute(f"INSERT OR REPLACE INTO template_builds ({cols}) VALUES ({marks})", row)
+        self.db.execute(f"INSERT INTO template_builds ({cols}) VALUES ({marks}) {_upsert(row, 'id')}", row)
 
     def build(self, build_id: str) -> dict[str, Any] | None:
-        row = self.db.execute("SELECT * FROM template_builds WHERE id = ?", (build_id,)).fetchone()
+        row = self.db.one("SELECT * FROM template_builds WHERE id = ?", (build_id,))
         return _build(row) if row else None
 
     def builds(self, owner: str, name: str) -> list[dict[str, Any]]:
@@ -115,13 +114,20 @@ _BUILD_COLUMNS = (
 )  # fmt: skip
 
 
-def _template(row: sqlite3.Row) -> TemplateRecord:
+def _upsert(row: dict[str, Any], key: str) -> str:
+    """The ``ON CONFLICT`` clause that makes an insert of ``row`` replace the row with its key."""
+    keys = {k.strip() for k in key.split(",")}
+    sets = ", ".join(f"{k} = excluded.{k}" for k in row if k not in keys)
+    return f"ON CONFLICT ({key}) DO UPDATE SET {sets}"
+
+
+def _template(row: dict[str, Any]) -> TemplateRecord:
     data = dict(row)
     data["spec"] = json.loads(data["spec"])
     return TemplateRecord(**data)
 
 
-def _build(row: sqlite3.Row) -> dict[str, Any]:
+def _build(row: dict[str, Any]) -> dict[str, Any]:
     data = dict(row)
     data["stages"] = json.loads(data["stages"] or "[]")
     return data

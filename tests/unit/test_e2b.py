@@ -6,7 +6,6 @@ needs one, the tests under tests/clients/agents/test_e2b.py make them)."""
 from __future__ import annotations
 
 import json
-import sqlite3
 import struct
 import time
 from collections.abc import AsyncIterator
@@ -24,6 +23,7 @@ from kernelhost.api.e2b.process import command_line, script
 from kernelhost.api.state import RUNTIME
 from kernelhost.sandboxes.checkpoint_store import CheckpointRecord, CheckpointStore, new_checkpoint_id
 from kernelhost.sandboxes.checkpoints import Checkpoints
+from kernelhost.sandboxes.db import SQLite
 from kernelhost.sandboxes.prune import BY_CHECKPOINT, InUse, Reference, referenced_builds, stale_images
 from kernelhost.sandboxes.store import Store, key_id
 
@@ -247,8 +247,7 @@ async def test_kept_checkpoints_survive_the_start_up_clean_up(tmp_path: Path) ->
 
 
 def test_an_older_checkpoint_table_gains_keep_and_network(tmp_path: Path) -> None:
-    db = sqlite3.connect(tmp_path / "old.sqlite3")
-    db.row_factory = sqlite3.Row
+    db = SQLite(tmp_path / "old.sqlite3")
     db.execute(
         "CREATE TABLE checkpoints (id TEXT PRIMARY KEY, sandbox_id TEXT NOT NULL, owner TEXT NOT NULL, "
         "label TEXT NOT NULL DEFAULT '', auto INTEGER NOT NULL DEFAULT 0, call_index INTEGER NOT NULL "

@@ -1,0 +1,239 @@
+"""A node of a cluster, as HTTP (docs/cluster.md): any node serves the whole API.
+
+- A call for a sandbox on another live node is forwarded to it (``forward.py``), streamed both
+  ways; the client's key was checked here, once, and the peer trusts the cluster secret and the
+  key id it carries. A sandbox whose node died answers 410; a hibernated one of a dead or
+  draining node is taken over here and wakes on its next call.
+- ``POST /v1/sandboxes`` is placed: the node with the template and the most room, reserved in one
+  transaction with the key's limits; the reservation goes along to the node that makes it.
+- ``GET /v1/cluster/nodes`` and ``POST /v1/cluster/nodes/{node_id}/drain``: operator keys, or
+  the cluster secret (``kernelhost nodes`` and ``kernelhost node drain``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import structlog
+from aiohttp import web
+
+from ..sandboxes import (
+    FORWARDED_RESERVATION,
+    HOST_FAILED,
+    HostFailed,
+    InvalidRequest,
+    NodeUnreachable,
+    Remedy,
+    SandboxManager,
+)
+from ..sandboxes.sandbox import record_view
+from .errors import Handler, error_response
+from .forward import PeerUnreachable, forward, new_session
+from .gateway.kernels import kernel_id
+from .state import KEY_ID, KEYS, RUNTIME, SETTINGS
+
+log = structlog.get_logger("kernelhost.cluster")
+
+SECRET = "X-Kernelhost-Cluster-Secret"
+OWNER = "X-Kernelhost-Owner"
+RESERVATION = "X-Kernelhost-Reservation"
+FORWARDED_BY = "X-Kernelhost-Forwarded-By"
+PEERS = web.AppKey("cluster_peers", aiohttp.ClientSession)
+PEER = "cluster_peer"  # request key: the call came from another node
+OPERATOR = "cluster_operator"  # request key: an operator key, or the cluster secret
+
+
+def peer_auth(request: web.Request) -> web.StreamResponse | None:
+    """For a call from another node: check its secret and take the key id it carries. None when
+    the call is not one (the usual key check follows)."""
+    presented = request.headers.get(SECRET)
+    if presented is None:
+        return None
+    secret = request.app[SETTINGS].cluster_secret
+    if not secret or not hmac.compare_digest(presented.encode(), secret.encode()):
+        return error_response(
+            401, "unauthorized", f"wrong {SECRET}; every node needs the same cluster_secret"
+        )
+    request[KEY_ID] = request.headers.get(OWNER, "")
+    request[PEER] = True
+    request[OPERATOR] = True
+    structlog.contextvars.bind_contextvars(key_id=request[KEY_ID], peer=request.headers.get(FORWARDED_BY, ""))
+    return None  # accepted
+
+
+def is_operator(request: web.Request) -> bool:
+    return bool(request.get(OPERATOR)) or request.get(KEY_ID) in request.app[KEYS].operators
+
+
+async def _sessions(app: web.Application) -> AsyncIterator[None]:
+    app[PEERS] = new_session()
+    yield
+    await app[PEERS].close()
+
+
+def _manager(request: web.Request) -> SandboxManager | None:
+    rt = request.app.get(RUNTIME)
+    return rt.manager if rt is not None and rt.manager.cluster is not None else None
+
+
+def _target(request: web.Request, manager: SandboxManager) -> str | None:
+    """The sandbox a call is about, from its route: a sandbox id or a kernel id."""
+    info = request.match_info
+    if "sandbox_id" in info:
+        return info["sandbox_id"]
+    wanted = info.get("kernel_id")
+    if wanted is None or wanted.startswith("sbx_"):
+        return wanted
+    cluster = manager.cluster
+    assert cluster is not None
+    for rec in cluster.store.of_owner(request[KEY_ID]):
+        if kernel_id(rec.id) == wanted:
+            return rec.id
+    return wanted
+
+
+def _headers(request: web.Request, manager: SandboxManager, reservation: str = "") -> dict[str, str]:
+    cluster = manager.cluster
+    assert cluster is not None
+    headers = {SECRET: request.app[SETTINGS].cluster_secret, OWNER: request[KEY_ID], FORWARDED_BY: cluster.id}
+    if reservation:
+        headers[RESERVATION] = reservation
+    return headers
+
+
+@web.middleware
+async def cluster_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    manager = _manager(request)
+    if manager is None or request.get(KEY_ID) is None:
+        return await handler(request)
+    if request.get(PEER):  # forwarded here by the node the client called: served here, always
+        if RESERVATION in request.headers:
+            FORWARDED_RESERVATION.set(request.headers[RESERVATION])
+        return await handler(request)
+    if request.method == "POST" and request.path == "/v1/sandboxes":
+        return await _create(request, handler, manager)
+    sandbox_id = _target(request, manager)
+    if sandbox_id is None or manager.find(sandbox_id) is not None:
+        return await handler(request)
+    loc = await asyncio.to_thread(manager.locate, sandbox_id)
+    here = manager.cluster.id if manager.cluster is not None else ""
+    if loc is None or loc.record.owner != request[KEY_ID] or loc.node is None or loc.node.id == here:
+        return await handler(request)  # unknown, another key's, or ours: answered as usual
+    if loc.movable and await asyncio.to_thread(manager.take_over, loc) is not None:
+        return await handler(request)  # hibernated on a dead or draining node: wakes here
+    if loc.lost:
+        raise HostFailed(HOST_FAILED, sandbox_id=sandbox_id, node=loc.node.id, remedy=Remedy.RECREATE)
+    return await _forward(request, manager, loc.node.url, loc.node.id)
+
+
+async def _forward(
+    request: web.Request,
+    manager: SandboxManager,
+    url: str,
+    node: str,
+    reservation: str = "",
+    body: bytes | None = None,
+) -> web.StreamResponse:
+    try:
+        return await forward(request.app[PEERS], request, url, _headers(request, manager, reservation), body)
+    except PeerUnreachable as exc:
+        log.warning("cluster.forward_failed", node=node, error=str(exc))
+        raise NodeUnreachable(
+            f"node {node} holds this sandbox and did not answer ({exc}); retry, or see "
+            "GET /v1/cluster/nodes: a node that stays silent past its lease is declared dead",
+            node=node,
+        ) from None
+
+
+async def _create(request: web.Request, handler: Handler, manager: SandboxManager) -> web.StreamResponse:
+    body = await request.read()
+    try:
+        fields = json.loads(body or b"{}")
+    except ValueError:
+        return await handler(request)  # the handler words the error
+    if not isinstance(fields, dict) or fields.get("checkpoint") is not None:
+        return await handler(request)  # a checkpoint's sandbox starts where its file is
+    template = fields.get("template", "python")
+    if not isinstance(template, str):
+        return await handler(request)
+    try:
+        placement = await asyncio.to_thread(manager.place, request[KEY_ID], template)
+    except InvalidRequest:
+        return await handler(request)  # an unknown template: the handler's error names the valid ones
+    assert placement is not None and manager.cluster is not None
+    rid = placement.reservation
+    try:
+        if placement.node.id == manager.cluster.id:
+            FORWARDED_RESERVATION.set(rid)
+            return await handler(request)
+        log.info("cluster.placed", node=placement.node.id, template=template)
+        return await _forward(request, manager, placement.node.url, placement.node.id, rid, body)
+    finally:
+        await asyncio.to_thread(manager.cluster.quota.release, rid)  # idempotent: the maker released it
+
+
+def remote_views(request: web.Request) -> list[dict[str, Any]]:
+    """The caller's sandboxes on other nodes (a dead node's as lost), for the list route."""
+    manager = _manager(request)
+    if manager is None or manager.cluster is None:
+        return []
+    cluster = manager.cluster
+    nodes = {n.id: n for n in cluster.nodes.all()}
+    views = []
+    for rec in cluster.store.of_owner(request[KEY_ID]):
+        if manager.find(rec.id) is not None:
+            continue
+        view = record_view(rec)
+        node = nodes.get(rec.node)
+        if (node is None or not node.alive) and rec.state != "hibernated":
+            view.update(state="dead", detail=HOST_FAILED)
+        views.append(view)
+    return views
+
+
+routes = web.RouteTableDef()
+
+
+def _operator(request: web.Request) -> SandboxManager:
+    if not is_operator(request):
+        raise web.HTTPForbidden(
+            text="cluster routes need an operator key (operator_keys, KERNELHOST_OPERATOR_KEYS)"
+        )
+    rt = request.app[RUNTIME]
+    return rt.manager
+
+
+@routes.get("/v1/cluster/nodes")
+async def list_nodes(request: web.Request) -> web.Response:
+    manager = _operator(request)
+    if manager.cluster is None:
+        return web.json_response({"cluster": False, "nodes": []})
+    nodes = await asyncio.to_thread(manager.cluster.nodes.all)
+    views = [n.to_dict() for n in nodes]
+    return web.json_response({"cluster": True, "node": manager.cluster.id, "nodes": views})
+
+
+@routes.post("/v1/cluster/nodes/{node_id}/drain")
+async def drain_node(request: web.Request) -> web.StreamResponse:
+    manager = _operator(request)
+    cluster = manager.cluster
+    node_id = request.match_info["node_id"]
+    if cluster is None:
+        raise InvalidRequest("this service is not a cluster node (store_url is not postgresql://)")
+    if node_id != cluster.id:
+        node = await asyncio.to_thread(cluster.nodes.get, node_id)
+        if node is None:
+            raise InvalidRequest(f"no node {node_id!r} in the cluster; list them with GET /v1/cluster/nodes")
+        return await _forward(request, manager, node.url, node.id)
+    hibernated = await manager.drain()
+    return web.json_response({"node": node_id, "draining": True, "hibernated": hibernated})
+
+
+def setup_cluster(app: web.Application) -> None:
+    app.cleanup_ctx.append(_sessions)
+    app.add_routes(routes)
