@@ -31,7 +31,7 @@ serve: image libvirt
 	@KERNELHOST_IMAGE_DIR=$(IMAGE_DIR) $(VENV)/bin/kernelhost serve
 
 test: image libvirt js-deps
-	@KERNELHOST_IMAGE_DIR=$(IMAGE_DIR) $(PY) -m pytest -m "unit or vm or clients" $(PYTEST_ARGS)
+	@KERNELHOST_IMAGE_DIR=$(IMAGE_DIR) $(PY) -m pytest -m "unit or vm or clients or cluster" $(PYTEST_ARGS)
 
 # The npm package: dependencies from the lockfile (npm ci, only when the lockfile changed),
 # then a tsc build. Its tests run in the clients tier (tests/clients/agents/test_js.py).

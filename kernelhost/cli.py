@@ -10,6 +10,7 @@ import sys
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
+from .cli_cluster import add_cluster_commands
 from .cli_templates import add_template_commands
 from .config import ConfigError, Settings
 
@@ -486,6 +487,7 @@ def main(argv: list[str] | None = None) -> int:
     where.add_argument("--system", action="store_true", help="install system-wide")
     kinstall.set_defaults(func=_kernelspec_install)
     _add_operator_commands(sub)
+    add_cluster_commands(sub)
     add_template_commands(sub, _client_options, _client_call)
     args = parser.parse_args(argv)
     return int(args.func(args))

@@ -9,6 +9,7 @@ APT_PACKAGES=(
   libvirt-dev pkg-config gcc python3-dev python3-venv
   mmdebstrap erofs-utils squashfs-tools busybox-static tini cpio zstd
   chromium  # the JupyterLab browser test (tests/clients/test_jupyter_lab.py)
+  postgresql  # the cluster's store in the tests (tests/pg.py) and bench/bench_cluster.py
 )
 VENV=${VENV:-.venv}
 PYTHON=${PYTHON:-python3}

@@ -61,8 +61,11 @@ async def forward(
     if request.headers.get("Upgrade", "").lower() == "websocket":
         return await _bridge(session, request, base_url, extra)
     data: bytes | AsyncIterator[bytes] | None = body
+    extra = dict(extra)
     if data is None and request.body_exists:
         data = _body(request)
+        if request.content_length is not None:  # the peer checks sizes up front, as we would
+            extra["Content-Length"] = str(request.content_length)
     url = base_url + request.rel_url.path_qs
     try:
         upstream_cm = session.request(

@@ -18,6 +18,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from .errors import BackendUnavailable
+
 Params = Sequence[Any] | Mapping[str, Any]
 
 # A quoted literal, a named placeholder, a positional one, or a literal percent sign.
@@ -26,7 +28,7 @@ _TYPES = {"INTEGER": "BIGINT", "REAL": "DOUBLE PRECISION"}
 _TYPE_WORDS = re.compile(r"\b(INTEGER|REAL)\b")
 
 
-class StoreUnavailable(RuntimeError):
+class StoreUnavailable(BackendUnavailable):
     """The database cannot be opened or reached; the message names the URL's host and the fix."""
 
 
@@ -161,13 +163,15 @@ class PostgreSQL(Database):
     def _run(self, sql: str, params: Params) -> list[dict[str, Any]]:
         if self.conn.closed and not self._depth:  # the server restarted or dropped us: once more
             self.conn = self._reconnect()
+        # without parameters psycopg sends the text as it is: a '%' must not be doubled then
+        query = to_pyformat(sql) if params else sql
         try:
-            cur = self.conn.execute(to_pyformat(sql), params or None)
+            cur = self.conn.execute(query, params or None)
         except self._psycopg.OperationalError:
             if self._depth or not self.conn.closed:
                 raise
             self.conn = self._reconnect()
-            cur = self.conn.execute(to_pyformat(sql), params or None)
+            cur = self.conn.execute(query, params or None)
         return list(cur.fetchall()) if cur.description else []
 
     @contextlib.contextmanager

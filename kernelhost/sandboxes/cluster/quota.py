@@ -14,6 +14,7 @@ wake elsewhere.
 from __future__ import annotations
 
 import contextlib
+import random
 import secrets
 from collections.abc import Iterator
 from contextvars import ContextVar
@@ -73,11 +74,15 @@ class ClusterQuota:
     def place(self, owner: str, image: str, count: int, memory_mib: int, key: str | None = None) -> Placement:
         """Choose a node for ``count`` sandboxes of ``image`` and reserve room there."""
         want = max(count, 1) * memory_mib
-        tried = 0
-        for node, room in self.candidates(image, key):
-            if room < want or tried >= 3:
-                break
-            tried += 1
+        found = [(node, room) for node, room in self.candidates(image, key) if room >= want]
+        # Concurrent creates read the same candidates: each tries those within one placement of the
+        # most room (as even a spread) in a random order, then others that fit, so they do not all
+        # queue for the same few nodes and give up while the cluster has room.
+        near = [node for node, room in found if room > found[0][1] - want]
+        rest = [node for node, _ in found[len(near) :]]
+        random.shuffle(near)
+        random.shuffle(rest)
+        for node in (near + rest)[:3]:
             try:
                 return Placement(node, self.take(owner, node.id, count, memory_mib))
             except NodeFull:
@@ -102,6 +107,13 @@ class ClusterQuota:
             node = db.one(f"SELECT memory_mib, draining FROM nodes WHERE id = ?{lock}", (node_id,))
             if node is None:
                 raise NodeFull(f"node {node_id!r} is not part of the cluster", limit="node", value=0)
+            if node["draining"] and count > 0:
+                raise NodeFull(
+                    f"node {node_id} is draining and takes no new sandboxes; create through "
+                    "another node, or undrain this one",
+                    limit="draining",
+                    value=0,
+                )
             self._check_key(db, owner, count, want)
             committed = self._committed(db, node_id)
             if committed + want > int(node["memory_mib"]):

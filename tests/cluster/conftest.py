@@ -1,0 +1,113 @@
+"""Fixtures for the cluster tier: one real PostgreSQL (``tests/pg.py``) and three real
+``kernelhost serve`` nodes on this machine (own ports, state directories, domain prefixes and
+run directories; one libvirt), sharing one hibernation directory. The tests drive node A only.
+
+Every node has the same two client keys and an operator key; a key holds at most 5 sandboxes
+(the quota test needs a limit), and no node keeps a warm pool (three pools would not fit the
+machine's two cores).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import secrets
+import shutil
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from ..harness import REPO, Service
+from ..pg import PostgresServer, running_postgres
+
+LEASE = 6.0
+LIMIT = 5
+
+
+@dataclass
+class Cluster:
+    a: Service
+    b: Service
+    c: Service
+    operator_key: str
+    pg: PostgresServer
+    hibernate_dir: Path
+
+    @property
+    def nodes(self) -> dict[str, Service]:
+        return {"node-a": self.a, "node-b": self.b, "node-c": self.c}
+
+
+def _delete_all(svc: Service) -> None:
+    for key in (svc.api_key, svc.other_key):
+        headers = {"Authorization": f"Bearer {key}"}
+        req = urllib.request.Request(svc.url + "/v1/sandboxes", headers=headers)
+        with contextlib.suppress(OSError), urllib.request.urlopen(req, timeout=30) as r:
+            for sbx in json.load(r)["sandboxes"]:
+                if sbx.get("node") == svc.env["KERNELHOST_NODE_ID"]:
+                    gone = urllib.request.Request(
+                        f"{svc.url}/v1/sandboxes/{sbx['id']}", headers=headers, method="DELETE"
+                    )
+                    with contextlib.suppress(OSError), urllib.request.urlopen(gone, timeout=60):
+                        pass
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[PostgresServer]:
+    with running_postgres() as pg:
+        yield pg
+
+
+@pytest.fixture(scope="session")
+def cluster(tmp_path_factory: pytest.TempPathFactory, postgres: PostgresServer) -> Iterator[Cluster]:
+    url = postgres.new_database("cluster_tier")
+    shared = tmp_path_factory.mktemp("hibernated-shared")
+    key, other = "test-key-" + secrets.token_hex(12), "other-key-" + secrets.token_hex(12)
+    operator = "operator-key-" + secrets.token_hex(12)
+    secret = secrets.token_hex(16)
+    services: list[Service] = []
+    run_dirs: list[Path] = []
+    try:
+        for name in ("node-a", "node-b", "node-c"):
+            state = tmp_path_factory.mktemp(f"state-{name}")
+            # QEMU (libvirt's user) must reach it: not under pytest's private temp directory
+            run_dir = Path(f"/run/kernelhost/cluster-{name}-{secrets.token_hex(3)}")
+            run_dir.mkdir(mode=0o755, parents=True)
+            run_dirs.append(run_dir)
+            svc = Service.make(
+                state,
+                KERNELHOST_RUN_DIR=str(run_dir),
+                KERNELHOST_STORE_URL=url,
+                KERNELHOST_NODE_ID=name,
+                KERNELHOST_CLUSTER_SECRET=secret,
+                KERNELHOST_NODE_LEASE_SECONDS=str(LEASE),
+                KERNELHOST_HIBERNATE_DIR=str(shared),
+                KERNELHOST_API_KEYS=f"{key},{other}",
+                KERNELHOST_OPERATOR_KEYS=operator,
+                KERNELHOST_MAX_SANDBOXES_PER_KEY=str(LIMIT),
+                KERNELHOST_POOL_SIZE="0",
+                KERNELHOST_REAPER_INTERVAL="1",
+            )
+            svc.api_key, svc.other_key = key, other
+            svc.env["KERNELHOST_ADVERTISE_URL"] = svc.url
+            svc.start(timeout=180)
+            services.append(svc)
+        a, b, c = services
+        yield Cluster(a, b, c, operator_key=operator, pg=postgres, hibernate_dir=shared)
+    finally:
+        for svc in services:  # what the tests kept: each live node deletes its own
+            if svc.proc is not None and svc.proc.poll() is None:
+                _delete_all(svc)
+        leaks = []
+        results = REPO / "results"
+        results.mkdir(exist_ok=True)
+        for n, svc in enumerate(services):
+            leaked, leaked_dirs = svc.cleanup()
+            leaks += leaked + leaked_dirs
+            shutil.copy(svc.log_path, results / f"cluster-node-{'abc'[n]}-service.log")
+        for run_dir in run_dirs:
+            shutil.rmtree(run_dir, ignore_errors=True)
+        assert not leaks, f"the cluster tier left VMs or VM directories behind: {leaks}"

@@ -1,0 +1,257 @@
+"""A cluster of three nodes on one PostgreSQL, driven only through node A (docs/cluster.md).
+
+The tests run in order and share the cluster: sandboxes land on every node; a streaming execute,
+a 50 MB upload and download and a Kernel Gateway WebSocket reach node C's sandbox through A;
+20 concurrent creates against a limit of 5 yield exactly 5; node C dies (service and VMs): its
+running sandbox answers 410 within the lease, its key's quota is freed, creates go on, and its
+hibernated sandbox wakes on another node with its variables; a drained node takes no new sandbox.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import io
+import json
+import os
+import signal
+import time
+import uuid
+from typing import Any
+
+import aiohttp
+import pytest
+
+from .conftest import LEASE, LIMIT, Cluster
+
+pytestmark = [pytest.mark.cluster, pytest.mark.timeout(900)]
+
+KEEP: dict[str, str] = {}  # node id -> a sandbox of the main key on it (shared by the tests)
+
+
+def _auth(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+async def _call(
+    http: aiohttp.ClientSession, cl: Cluster, method: str, path: str, *, key: str = "", **kw: Any
+) -> tuple[int, Any]:
+    async with http.request(method, cl.a.url + path, headers=_auth(key or cl.a.api_key), **kw) as r:
+        body = await r.read()
+        return r.status, (json.loads(body) if body and r.content_type == "application/json" else body)
+
+
+async def _create(http: aiohttp.ClientSession, cl: Cluster, key: str = "") -> dict[str, Any]:
+    status, body = await _call(http, cl, "POST", "/v1/sandboxes", key=key, json={"template": "python"})
+    assert status == 201, body
+    return dict(body)
+
+
+async def _execute(http: aiohttp.ClientSession, cl: Cluster, sid: str, code: str) -> list[dict[str, Any]]:
+    events = []
+    url = f"{cl.a.url}/v1/sandboxes/{sid}/execute"
+    async with http.post(url, headers=_auth(cl.a.api_key), json={"code": code}) as r:
+        assert r.status == 200, await r.text()
+        async for line in r.content:
+            if line.strip():
+                events.append(json.loads(line))
+    return events
+
+
+def _stdout(events: list[dict[str, Any]]) -> str:
+    return "".join(e["text"] for e in events if e["type"] == "stdout")
+
+
+async def test_nodes_and_placement(cluster: Cluster) -> None:
+    async with aiohttp.ClientSession() as http:
+        status, body = await _call(http, cluster, "GET", "/v1/cluster/nodes", key=cluster.operator_key)
+        assert status == 200, body
+        alive = {n["id"]: n["alive"] for n in body["nodes"]}
+        assert alive == {"node-a": True, "node-b": True, "node-c": True}
+        status, body = await _call(http, cluster, "GET", "/v1/cluster/nodes")
+        assert status == 403, "a client key is not an operator key"
+        made = [await _create(http, cluster) for _ in range(3)]
+        assert sorted(s["node"] for s in made) == ["node-a", "node-b", "node-c"], made
+        KEEP.update({s["node"]: s["id"] for s in made})
+        status, listed = await _call(http, cluster, "GET", "/v1/sandboxes")
+        assert {s["id"] for s in listed["sandboxes"]} >= set(KEEP.values())
+
+
+async def test_streaming_execute_reaches_node_c_through_a(cluster: Cluster) -> None:
+    sid = KEEP["node-c"]
+    async with aiohttp.ClientSession() as http:
+        t0 = time.monotonic()
+        arrivals: list[float] = []
+        url = f"{cluster.a.url}/v1/sandboxes/{sid}/execute"
+        code = "import time\nfor i in range(5):\n    print(i, flush=True)\n    time.sleep(0.3)\nx = 41"
+        events = []
+        async with http.post(url, headers=_auth(cluster.a.api_key), json={"code": code}) as r:
+            async for line in r.content:
+                if line.strip():
+                    events.append(json.loads(line))
+                    arrivals.append(time.monotonic() - t0)
+        assert _stdout(events) == "".join(f"{i}\n" for i in range(5))
+        assert events[-1]["type"] == "end" and events[-1]["status"] == "ok"
+        firsts = [t for t, e in zip(arrivals, events, strict=True) if e["type"] == "stdout"]
+        assert firsts[-1] - firsts[0] > 0.6, f"output arrived all at once, not streamed: {firsts}"
+        answer = await _execute(http, cluster, sid, "x + 1")
+        assert [e["data"]["text/plain"] for e in answer if e["type"] == "result"] == ["42"]
+        status, got = await _call(http, cluster, "GET", f"/v1/sandboxes/{sid}")
+        assert status == 200 and got["node"] == "node-c"
+
+
+async def test_50_mb_upload_and_download_through_a(cluster: Cluster) -> None:
+    sid = KEEP["node-c"]
+    payload = os.urandom(50 * 1024 * 1024)
+    want = hashlib.sha256(payload).hexdigest()
+    async with aiohttp.ClientSession() as http:
+        status, body = await _call(
+            http, cluster, "PUT", f"/v1/sandboxes/{sid}/files?path=/tmp/big.bin", data=io.BytesIO(payload)
+        )
+        assert status == 201, body
+        code = "import hashlib; print(hashlib.sha256(open('/tmp/big.bin', 'rb').read()).hexdigest())"
+        inside = await _execute(http, cluster, sid, code)
+        assert _stdout(inside).strip() == want
+        digest = hashlib.sha256()
+        url = f"{cluster.a.url}/v1/sandboxes/{sid}/files?path=/tmp/big.bin"
+        async with http.get(url, headers=_auth(cluster.a.api_key)) as r:
+            assert r.status == 200
+            async for chunk in r.content.iter_chunked(1 << 20):
+                digest.update(chunk)
+        assert digest.hexdigest() == want
+
+
+async def test_gateway_websocket_reaches_node_c_through_a(cluster: Cluster) -> None:
+    sid = KEEP["node-c"]
+    ws_url = cluster.a.url.replace("http://", "ws://") + f"/api/kernels/{sid}/channels"
+    msg_id = uuid.uuid4().hex
+    request = {
+        "header": {
+            "msg_id": msg_id,
+            "msg_type": "execute_request",
+            "session": "cluster-test",
+            "username": "",
+            "version": "5.3",
+            "date": "",
+        },
+        "parent_header": {},
+        "metadata": {},
+        "content": {"code": "print('via', x + 1)", "silent": False},
+        "channel": "shell",
+    }
+    async with aiohttp.ClientSession() as http:
+        async with http.ws_connect(ws_url, headers=_auth(cluster.a.api_key)) as ws:
+            await ws.send_str(json.dumps(request))
+            seen, status = "", None
+            deadline = time.monotonic() + 60
+            while status is None and time.monotonic() < deadline:
+                msg = await ws.receive(timeout=60)
+                assert msg.type == aiohttp.WSMsgType.TEXT, msg
+                frame = json.loads(msg.data)
+                if frame.get("parent_header", {}).get("msg_id") != msg_id:
+                    continue
+                if frame["msg_type"] == "stream":
+                    seen += frame["content"]["text"]
+                elif frame["msg_type"] == "execute_reply":
+                    status = frame["content"]["status"]
+        assert status == "ok" and seen == "via 42\n"
+
+
+async def test_concurrent_creates_never_pass_the_key_limit(cluster: Cluster) -> None:
+    key = cluster.a.other_key
+    async with aiohttp.ClientSession() as http:
+
+        async def one() -> tuple[int, Any]:
+            return await _call(http, cluster, "POST", "/v1/sandboxes", key=key, json={"template": "python"})
+
+        answers = await asyncio.gather(*(one() for _ in range(20)))
+        made = [b for s, b in answers if s == 201]
+        refused = [b for s, b in answers if s != 201]
+        try:
+            assert len(made) == LIMIT, answers
+            assert all(b["error"]["limit"] == "max_sandboxes_per_key" for b in refused), refused
+            assert len({s["node"] for s in made}) > 1, "the creates were not spread over the nodes"
+        finally:
+            for s in made:
+                await _call(http, cluster, "DELETE", f"/v1/sandboxes/{s['id']}", key=key)
+
+
+async def test_a_dead_node(cluster: Cluster) -> None:
+    """Node C dies: its running sandbox answers 410 within the lease and leaves the quota, a
+    create still works, and its hibernated sandbox wakes on another node with its state."""
+    async with aiohttp.ClientSession() as http:
+        hib = KEEP["node-c"]  # x == 41 in it
+        status, body = await _call(http, cluster, "POST", f"/v1/sandboxes/{hib}/fork", json={"n": 1})
+        assert status == 201, body
+        running = body["sandboxes"][0]
+        assert running["node"] == "node-c", "a fork's child goes to its parent's node"
+        KEEP["lost"] = running["id"]
+        status, body = await _call(http, cluster, "POST", f"/v1/sandboxes/{hib}/hibernate")
+        assert status == 200 and body["state"] == "hibernated", body
+        fifth = await _create(http, cluster)  # the key now holds its limit of 5
+        status, body = await _call(http, cluster, "POST", "/v1/sandboxes", json={"template": "python"})
+        assert status == 429, body
+        _kill_node(cluster)
+        t0 = time.monotonic()
+        while True:
+            status, body = await _call(http, cluster, "GET", f"/v1/sandboxes/{running['id']}")
+            if status == 410 or time.monotonic() - t0 > LEASE * 3:
+                break
+            await asyncio.sleep(0.25)
+        assert status == 410, body
+        assert "the host of this sandbox failed; its state is lost" in body["error"]["message"]
+        assert time.monotonic() - t0 <= LEASE * 2
+        replacement = await _create(http, cluster)  # C's running child left the quota
+        assert replacement["node"] in ("node-a", "node-b")
+        woken = await _execute(http, cluster, hib, "x + 1")
+        assert [e["data"]["text/plain"] for e in woken if e["type"] == "result"] == ["42"], woken
+        status, body = await _call(http, cluster, "GET", f"/v1/sandboxes/{hib}")
+        assert body["node"] in ("node-a", "node-b") and body["state"] == "running", body
+        for sid in (fifth["id"], replacement["id"]):
+            await _call(http, cluster, "DELETE", f"/v1/sandboxes/{sid}")
+
+
+def _kill_node(cluster: Cluster) -> None:
+    """Node C's service killed outright, and every VM of its prefix destroyed."""
+    svc = cluster.c
+    assert svc.proc is not None
+    svc.proc.send_signal(signal.SIGKILL)
+    svc.proc.wait(30)
+    hv = svc.hypervisor()
+    try:
+        hv.reconcile(set())
+    finally:
+        hv.close()
+
+
+async def test_a_drained_node_takes_no_new_sandbox(cluster: Cluster) -> None:
+    async with aiohttp.ClientSession() as http:
+        status, body = await _call(
+            http, cluster, "POST", "/v1/cluster/nodes/node-b/drain", key=cluster.operator_key
+        )
+        assert status == 200 and body["draining"] is True, body
+        status, body = await _call(http, cluster, "GET", f"/v1/sandboxes/{KEEP['node-b']}")
+        assert body["state"] == "hibernated", body
+        made = await _create(http, cluster)
+        assert made["node"] == "node-a", made
+        woken = await _execute(http, cluster, KEEP["node-b"], "print('moved')")
+        assert _stdout(woken) == "moved\n"
+        status, body = await _call(http, cluster, "GET", f"/v1/sandboxes/{KEEP['node-b']}")
+        assert body["node"] == "node-a", body
+        await _call(http, cluster, "DELETE", f"/v1/sandboxes/{made['id']}")
+
+
+async def test_a_node_back_after_its_lease_gives_up_what_the_cluster_gave_up(cluster: Cluster) -> None:
+    """Node C restarts long after its lease: the sandbox that answered 410 is gone for good, and
+    C destroyed what was left of it; C takes new sandboxes again."""
+    cluster.c.start(timeout=180)
+    async with aiohttp.ClientSession() as http:
+        status, body = await _call(http, cluster, "GET", "/v1/cluster/nodes", key=cluster.operator_key)
+        assert {n["id"]: n["alive"] for n in body["nodes"]}["node-c"] is True, body
+        status, body = await _call(http, cluster, "GET", f"/v1/sandboxes/{KEEP['lost']}")
+        assert status == 404, body
+    hv = cluster.c.hypervisor()
+    try:
+        assert [d.name for d in hv.domains()] == []
+    finally:
+        hv.close()
