@@ -32,6 +32,8 @@ from ..sandboxes import (
     SandboxManager,
 )
 from ..sandboxes.sandbox import record_view
+from .e2b import snapshots as e2b_snapshots
+from .e2b.common import TEMPLATE_ALIASES
 from .errors import Handler, error_response
 from .forward import PeerUnreachable, forward, new_session
 from .gateway.kernels import kernel_id
@@ -44,6 +46,7 @@ OWNER = "X-Kernelhost-Owner"
 RESERVATION = "X-Kernelhost-Reservation"
 FORWARDED_BY = "X-Kernelhost-Forwarded-By"
 PEERS = web.AppKey("cluster_peers", aiohttp.ClientSession)
+CREATES = frozenset({"/v1/sandboxes", "/e2b/sandboxes"})  # placed on the node with room
 PEER = "cluster_peer"  # request key: the call came from another node
 OPERATOR = "cluster_operator"  # request key: an operator key, or the cluster secret
 
@@ -115,8 +118,19 @@ async def cluster_middleware(request: web.Request, handler: Handler) -> web.Stre
         if RESERVATION in request.headers:
             FORWARDED_RESERVATION.set(request.headers[RESERVATION])
         return await handler(request)
-    if request.method == "POST" and request.path == "/v1/sandboxes":
+    if request.method == "POST" and request.path in CREATES:
         return await _create(request, handler, manager)
+    try:
+        return await _route(request, handler, manager)
+    except (HostFailed, NodeUnreachable) as exc:
+        if not request.path.startswith("/e2b/"):
+            raise
+        status = 410 if isinstance(exc, HostFailed) else 503  # in E2B's shape, which its SDKs parse
+        return web.json_response({"code": status, "message": exc.message}, status=status)
+
+
+async def _route(request: web.Request, handler: Handler, manager: SandboxManager) -> web.StreamResponse:
+    """A call about one sandbox: served here, taken over, refused (410) or forwarded."""
     sandbox_id = _target(request, manager)
     if sandbox_id is None or manager.find(sandbox_id) is not None:
         return await handler(request)
@@ -150,16 +164,29 @@ async def _forward(
         ) from None
 
 
+def _template_of(request: web.Request, fields: dict[str, Any]) -> str | None:
+    """The template a create asks for (None: a create that is not placed, such as a branch from
+    a checkpoint, which starts where the checkpoint's file is)."""
+    if request.path == "/v1/sandboxes":
+        template = fields.get("template", "python") if fields.get("checkpoint") is None else None
+    else:  # E2B's: an alias of ours, or a snapshot's name (a branch)
+        template = fields.get("templateID") or "base"
+        if isinstance(template, str):
+            owner = request[KEY_ID]
+            if e2b_snapshots.find(request.app[RUNTIME].manager, owner, template) is not None:
+                return None
+            template = TEMPLATE_ALIASES.get(template, template)
+    return template if isinstance(template, str) else None
+
+
 async def _create(request: web.Request, handler: Handler, manager: SandboxManager) -> web.StreamResponse:
     body = await request.read()
     try:
         fields = json.loads(body or b"{}")
     except ValueError:
         return await handler(request)  # the handler words the error
-    if not isinstance(fields, dict) or fields.get("checkpoint") is not None:
-        return await handler(request)  # a checkpoint's sandbox starts where its file is
-    template = fields.get("template", "python")
-    if not isinstance(template, str):
+    template = _template_of(request, fields) if isinstance(fields, dict) else None
+    if template is None:
         return await handler(request)
     try:
         placement = await asyncio.to_thread(manager.place, request[KEY_ID], template)
@@ -175,6 +202,28 @@ async def _create(request: web.Request, handler: Handler, manager: SandboxManage
         return await _forward(request, manager, placement.node.url, placement.node.id, rid, body)
     finally:
         await asyncio.to_thread(manager.cluster.quota.release, rid)  # idempotent: the maker released it
+
+
+async def forward_e2b_sandbox(request: web.Request) -> web.StreamResponse | None:
+    """An E2B in-sandbox call (envd, the code interpreter) for a sandbox on another node: passed
+    on as it came, and the node that holds the sandbox checks its access token. None when the
+    sandbox is this node's (or unknown): it is answered here."""
+    manager = _manager(request)
+    sandbox_id = request.headers.get("E2b-Sandbox-Id", "")
+    if manager is None or manager.cluster is None or not sandbox_id or manager.find(sandbox_id):
+        return None
+    loc = await asyncio.to_thread(manager.locate, sandbox_id)
+    if loc is None or loc.node is None or loc.node.id == manager.cluster.id:
+        return None
+    if loc.movable and await asyncio.to_thread(manager.take_over, loc) is not None:
+        return None
+    if loc.lost:
+        return web.json_response({"code": 410, "message": HOST_FAILED}, status=410)
+    try:
+        return await forward(request.app[PEERS], request, loc.node.url, {FORWARDED_BY: manager.cluster.id})
+    except PeerUnreachable as exc:
+        message = f"node {loc.node.id} holds this sandbox and did not answer ({exc}); retry"
+        return web.json_response({"code": 503, "message": message}, status=503)
 
 
 def remote_views(request: web.Request) -> list[dict[str, Any]]:

@@ -29,18 +29,22 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
     sandbox_id = request.match_info.get("sandbox_id")
     if sandbox_id:
         structlog.contextvars.bind_contextvars(sandbox_id=sandbox_id)
+    refused = cluster.peer_auth(request)  # another node of the cluster, forwarding a client's call
+    if refused is not None:
+        return refused
+    if request.get(cluster.PEER):
+        return await handler(request)
     if request.path in PUBLIC_PATHS or (
         request.path in HEALTH_PATHS and not request.app[SETTINGS].metrics_require_key
     ):
         return await handler(request)
     if request.path == e2b.PREFIX or request.path.startswith(e2b.PREFIX + "/"):
+        if request.path.startswith(e2b.SANDBOX_PREFIX + "/"):  # a sandbox on another node?
+            elsewhere = await cluster.forward_e2b_sandbox(request)
+            if elsewhere is not None:
+                return elsewhere
         refused = e2b.identify(request)  # E2B's headers, and its error shapes
         return refused if refused is not None else await handler(request)
-    peer = cluster.peer_auth(request)  # another node of the cluster, forwarding a client's call
-    if peer is not None:
-        return peer
-    if request.get(cluster.PEER):
-        return await handler(request)
     header = request.headers.get("Authorization", "")
     scheme, _, presented = header.partition(" ")
     if scheme.lower() not in ("bearer", "token") or not presented.strip():

@@ -144,6 +144,8 @@ def _schemas() -> dict[str, Any]:
                         "allow": {"type": "array", "items": {"type": "string"}},
                     },
                 },
+                "node": {"type": "string", "description": "the node whose VM it is (docs/cluster.md)"},
+                "detail": {"type": "string", "description": "why it is dead, when it is"},
             },
         },
         "SandboxList": {

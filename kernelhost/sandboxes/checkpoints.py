@@ -98,6 +98,8 @@ class Checkpoints:
         checkpoints stay)."""
         self.files.prepare()
         live = {s.id for s in self.registry}
+        if self.registry.store.shared:  # a cluster: other nodes' sandboxes keep theirs
+            live |= self.registry.store.ids()
         for cp in self.store.all():
             if cp.sandbox_id not in live and not cp.keep:
                 self._delete(cp)

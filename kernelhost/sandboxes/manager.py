@@ -80,7 +80,7 @@ class SandboxManager:
             tasks=TaskSet("sandboxes"),
             accel=accel,
         )
-        self._templates = TemplateService(ctx, TemplateStore(store.db))
+        self._templates = TemplateService(ctx, TemplateStore(store.db, store.node))
         self._lifecycle = Lifecycle(ctx, self._templates.resolve)
         self._hibernation = Hibernation(ctx, self._lifecycle)
         self._reaper = Reaper(ctx, self._lifecycle, self._hibernation)
@@ -137,6 +137,8 @@ class SandboxManager:
         """Stop background work and close channels; VMs keep running for the next start."""
         ctx = self._ctx
         await ctx.tasks.close(timeout=ctx.settings.timeouts.cleanup)
+        if self.cluster is not None:
+            self.cluster.close()
         await ctx.vms.close()
         self._checkpoints.files.close()
         for sbx in ctx.registry:

@@ -133,6 +133,10 @@ class Store:
             rows = self.db.execute("SELECT * FROM sandboxes ORDER BY created_at")
         return [_record(r) for r in rows]
 
+    def ids(self) -> set[str]:
+        """The ids of every record, on any node."""
+        return {r["id"] for r in self.db.execute("SELECT id FROM sandboxes")}
+
     def of_owner(self, owner: str) -> list[SandboxRecord]:
         """Every record of ``owner``, on any node."""
         rows = self.db.execute("SELECT * FROM sandboxes WHERE owner = ? ORDER BY created_at", (owner,))

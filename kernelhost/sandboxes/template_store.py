@@ -58,9 +58,11 @@ class TemplateRecord:
 
 
 class TemplateStore:
-    def __init__(self, db: Database) -> None:
+    def __init__(self, db: Database, node: str = "") -> None:
         self.db = db
+        self.node = node  # builds run on the node that got them; a cluster's others leave them be
         self.db.script(SCHEMA)
+        self.db.migrate("template_builds", {"node": "TEXT NOT NULL DEFAULT ''"})
 
     # -- templates -------------------------------------------------------------------------------
 
@@ -87,6 +89,7 @@ class TemplateStore:
 
     def put_build(self, build: dict[str, Any]) -> None:
         row = {k: build.get(k) for k in _BUILD_COLUMNS}
+        row["node"] = build.get("node") or self.node
         row["stages"] = json.dumps(row["stages"] or [])
         row["error"] = row["error"] or ""
         cols = ", ".join(row)
@@ -104,7 +107,11 @@ class TemplateStore:
         return [_build(r) for r in rows]
 
     def unfinished_builds(self) -> list[dict[str, Any]]:
-        rows = self.db.execute("SELECT * FROM template_builds WHERE state IN ('queued', 'running')")
+        """This node's builds that were queued or running (every build, on a single host)."""
+        rows = self.db.execute(
+            "SELECT * FROM template_builds WHERE state IN ('queued', 'running') AND (node = ? OR ? = '')",
+            (self.node, self.node if self.db.dialect == "postgresql" else ""),
+        )
         return [_build(r) for r in rows]
 
 

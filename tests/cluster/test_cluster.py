@@ -176,6 +176,53 @@ async def test_concurrent_creates_never_pass_the_key_limit(cluster: Cluster) -> 
                 await _call(http, cluster, "DELETE", f"/v1/sandboxes/{s['id']}", key=key)
 
 
+def test_an_unmodified_e2b_program_runs_on_node_b_through_a(cluster: Cluster) -> None:
+    """E2B's SDK pointed at node A only; its sandbox is placed on node B, so every lifecycle,
+    envd and code-interpreter call of the program crosses from A to B."""
+    import subprocess
+    import sys
+
+    from ..clients.agents import test_e2b as e2b_tests
+
+    async def fill_a() -> dict[str, Any]:
+        async with aiohttp.ClientSession() as http:
+            return await _create(http, cluster)  # equal nodes: the tie goes to node-a
+
+    extra = asyncio.run(fill_a())
+    try:
+        assert extra["node"] == "node-a", extra
+        env = {k: v for k, v in os.environ.items() if not k.startswith("E2B_")}
+        env.update(
+            E2B_API_URL=f"{cluster.a.url}/e2b",
+            E2B_SANDBOX_URL=f"{cluster.a.url}/e2b/sandbox",
+            E2B_API_KEY=cluster.a.other_key,
+        )
+        done = subprocess.run(
+            [sys.executable, str(e2b_tests.HERE / "e2b_program.py")],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+        seen = json.loads(done.stdout.strip().splitlines()[-1])
+        assert seen["text"] == "42" and seen["stdout"] == ["hello\n"], seen
+        assert seen["read"] == "written by E2B code" and seen["exit_code"] == 0, seen
+        made_on_b = [
+            json.loads(line)
+            for line in cluster.b.log_path.read_text().splitlines()
+            if seen["id"] in line and '"sandbox.created"' in line
+        ]
+        assert made_on_b and made_on_b[0].get("peer") == "node-a", made_on_b
+    finally:
+
+        async def drop() -> None:
+            async with aiohttp.ClientSession() as http:
+                await _call(http, cluster, "DELETE", f"/v1/sandboxes/{extra['id']}")
+
+        asyncio.run(drop())
+
+
 async def test_a_dead_node(cluster: Cluster) -> None:
     """Node C dies: its running sandbox answers 410 within the lease and leaves the quota, a
     create still works, and its hibernated sandbox wakes on another node with its state."""

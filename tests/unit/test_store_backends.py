@@ -21,7 +21,7 @@ import pytest
 
 from kernelhost.sandboxes.checkpoint_store import CheckpointRecord, CheckpointStore, new_checkpoint_id
 from kernelhost.sandboxes.cluster import ClusterQuota, Figures, NodeTable
-from kernelhost.sandboxes.db import Database, PostgreSQL, SQLite, to_pyformat
+from kernelhost.sandboxes.db import Database, Params, PostgreSQL, SQLite, to_pyformat
 from kernelhost.sandboxes.errors import CapacityExceeded, NodeFull
 from kernelhost.sandboxes.registry import Quota, VmShape, new_record
 from kernelhost.sandboxes.states import SandboxState
@@ -373,6 +373,46 @@ def test_concurrent_takes_never_overbook_a_node(db: Database) -> None:
     assert int(reserved) == 2048
 
 
+class Interleaved(PostgreSQL):
+    """A connection that runs ``between`` once, right after its first statement containing
+    ``read``: what another create may commit while a take is in the middle of its transaction."""
+
+    def __init__(self, url: str, read: str) -> None:
+        super().__init__(url)
+        self.read = read
+        self.between: Callable[[], None] | None = None
+
+    def _run(self, sql: str, params: Params) -> list[dict[str, Any]]:
+        rows = super()._run(sql, params)
+        if self.between is not None and self.read in sql:
+            between, self.between = self.between, None
+            between()
+        return rows
+
+
+@postgresql_only
+@pytest.mark.parametrize("limit", ["max_sandboxes_per_key", "node_memory"])
+def test_a_record_replacing_its_reservation_during_a_take_counts_once(db: Database, limit: str) -> None:
+    """Another create's record() (its record in, its reservation's share out, one commit) lands
+    between a take's reads: the take counts that sandbox once, not in neither."""
+    assert isinstance(db, PostgreSQL)
+    by_key = limit == "max_sandboxes_per_key"
+    nodes = cluster(db, {"a": Figures(memory_mib=1 << 20 if by_key else 512)})
+    quota = Quota(max_sandboxes=1, max_memory_mib=1 << 20) if by_key else PLENTY
+    other = ClusterQuota(db, nodes, "a", quota, 60)
+    conn = Interleaved(db.url, "FROM sandboxes WHERE owner" if by_key else "FROM sandboxes WHERE node")
+    try:
+        take = ClusterQuota(conn, NodeTable(conn, 30), "a", quota, 60).take
+        with other.reserve("key_o", 1, 512):
+            conn.between = functools.partial(other.record, Store(db, node="a"), make_record("key_o"))
+            with pytest.raises(CapacityExceeded) as exc:
+                take("key_o" if by_key else "key_p", "a", 1, 512)
+            assert conn.between is None  # the other create's record went in meanwhile
+    finally:
+        conn.close()
+    assert exc.value.details["limit"] == limit
+
+
 def test_a_dead_nodes_running_sandboxes_stop_counting(db: Database) -> None:
     nodes = cluster(db, {"a": Figures(memory_mib=8192), "b": Figures(memory_mib=8192)}, lease=2)
     on_b = Store(db, node="b")
@@ -441,3 +481,22 @@ def test_place_spreads_over_live_undrained_nodes_with_the_template(db: Database)
         quota.place("key_z", "python", 1, 4096)  # no candidate has 4 GiB left
     assert exc.value.details["limit"] == "cluster_capacity"
     assert quota.place("key_z", "r", 1, 512).node.id == "d"  # the one node with that template
+
+
+@postgresql_only
+def test_concurrent_placements_spread_instead_of_giving_up(db: Database) -> None:
+    """Ten creates read the same candidates (thirty nodes, each with room for one more): they do
+    not all try the same three nodes and give up while the cluster has room."""
+    node_ids = [f"n{i:02d}" for i in range(30)]
+    cluster(db, {n: Figures(memory_mib=512, templates={"python": "img_1"}) for n in node_ids})
+    conns = [connect_again(db) for _ in range(10)]
+    try:
+        quotas = [ClusterQuota(c, NodeTable(c, 30), "n00", PLENTY, 60) for c in conns]
+        places = [functools.partial(q.place, f"key_{i}", "python", 1, 512) for i, q in enumerate(quotas)]
+        results = concurrently(places)
+    finally:
+        for c in conns:
+            c.close()
+    placed = [r.node.id for r in results if not isinstance(r, BaseException)]
+    assert len(placed) >= 7, results  # in the most-room order alone, three would (a refusal is ~3%)
+    assert len(set(placed)) == len(placed)  # and never two on a node with room for one

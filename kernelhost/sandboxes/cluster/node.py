@@ -12,12 +12,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from importlib import metadata
+from typing import Any, TypeVar
 
 import structlog
 
 from ..context import Context
+from ..db import open_database
 from ..registry import Quota
 from ..sandbox import Sandbox
 from ..states import SandboxState
@@ -31,6 +36,8 @@ try:
     __version__ = metadata.version("kernelhost")
 except metadata.PackageNotFoundError:  # run from a tree that was never installed
     __version__ = "0"
+
+T = TypeVar("T")
 
 HOST_FAILED = "the host of this sandbox failed; its state is lost; create a new sandbox"
 
@@ -66,6 +73,11 @@ class ClusterNode:
         ctx.registry.cluster = self.quota
         self.draining = False
         self._task: asyncio.Task[None] | None = None
+        # heartbeats on a thread and a connection of their own: a burst of creates (each holding
+        # the shared connection for its transaction, and the default executor's threads) must
+        # never make this node look dead
+        self._beat_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cluster-heartbeat")
+        self._beat_table: NodeTable | None = None
 
     # -- start, heartbeat, stop ------------------------------------------------------------------
 
@@ -81,18 +93,34 @@ class ClusterNode:
 
     async def start(self) -> None:
         await asyncio.to_thread(self.rejoin)
-        await asyncio.to_thread(self.nodes.heartbeat, self.id, self.url, self.figures(), fresh=True)
+        s = self.ctx.settings
+        db = await self._on_beat_thread(open_database, s.store_url, s.db_path)
+        self._beat_table = NodeTable(db, self.nodes.lease)
+        await self._on_beat_thread(self._beat_table.heartbeat, self.id, self.url, self.figures(), fresh=True)
         self._task = self.ctx.tasks.spawn(self._beat(), name="cluster-heartbeat")
         log.info("cluster.joined", node=self.id, url=self.url, nodes=len(self.nodes.live()))
 
+    async def _on_beat_thread(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._beat_thread, functools.partial(fn, *args, **kwargs))
+
+    def close(self) -> None:
+        """After the heartbeat task was cancelled: its thread and connection go (idempotent)."""
+        self._beat_thread.shutdown(wait=False, cancel_futures=True)
+        if self._beat_table is not None:
+            with contextlib.suppress(Exception):
+                self._beat_table.db.close()
+            self._beat_table = None
+
     async def _beat(self) -> None:
         interval = max(0.5, self.nodes.lease / 3)
+        table = self._beat_table
+        assert table is not None
         while True:
             await asyncio.sleep(interval)
             try:
-                await asyncio.wait_for(
-                    asyncio.to_thread(self.nodes.heartbeat, self.id, self.url, self.figures()), interval * 2
-                )
+                beat = self._on_beat_thread(table.heartbeat, self.id, self.url, self.figures())
+                await asyncio.wait_for(beat, interval * 2)
             except Exception as exc:  # the store is away: the next beat tries again
                 log.warning("cluster.heartbeat_failed", node=self.id, error=str(exc))
                 continue

@@ -75,14 +75,13 @@ class ClusterQuota:
         """Choose a node for ``count`` sandboxes of ``image`` and reserve room there."""
         want = max(count, 1) * memory_mib
         found = [(node, room) for node, room in self.candidates(image, key) if room >= want]
-        # Concurrent creates read the same candidates: each tries those within one placement of the
-        # most room (as even a spread) in a random order, then others that fit, so they do not all
-        # queue for the same few nodes and give up while the cluster has room.
-        near = [node for node, room in found if room > found[0][1] - want]
-        rest = [node for node, _ in found[len(near) :]]
-        random.shuffle(near)
-        random.shuffle(rest)
-        for node in (near + rest)[:3]:
+        # Concurrent creates read the same candidates: each tries first one of the nodes within one
+        # placement of the most room (as even a spread), then two others that fit, at random, so
+        # they do not all queue for the same few nodes and give up while the cluster has room.
+        fits = [node for node, _ in found]
+        near = sum(1 for _, room in found if room > found[0][1] - want)  # a prefix: most room first
+        order = [fits.pop(random.randrange(near))] if fits else []
+        for node in order + random.sample(fits, min(2, len(fits))):
             try:
                 return Placement(node, self.take(owner, node.id, count, memory_mib))
             except NodeFull:
@@ -132,19 +131,19 @@ class ClusterQuota:
         return rid
 
     def _check_key(self, db: Database, owner: str, count: int, want: int) -> None:
-        held = db.one(
-            "SELECT COUNT(*) AS n, COALESCE(SUM(CASE WHEN state != 'hibernated' THEN memory_mib "
+        # One statement, so one snapshot: a record that replaces its reservation meanwhile (record(),
+        # on another connection) counts once, never in neither the records nor the reservations.
+        row = db.one(
+            "SELECT h.n + r.n AS n, h.mib + r.mib AS mib FROM "
+            "(SELECT COUNT(*) AS n, COALESCE(SUM(CASE WHEN state != 'hibernated' THEN memory_mib "
             "ELSE 0 END), 0) AS mib FROM sandboxes WHERE owner = ? AND (state = 'hibernated' "
-            f"OR node IN ({self._live()}))",
-            (owner,),
+            f"OR node IN ({self._live()}))) h, "
+            "(SELECT COALESCE(SUM(count), 0) AS n, COALESCE(SUM(memory_mib), 0) AS mib FROM "
+            f"reservations WHERE owner = ? AND expires_at > {self.db.now}) r",
+            (owner, owner),
         )
-        reserved = db.one(
-            "SELECT COALESCE(SUM(count), 0) AS n, COALESCE(SUM(memory_mib), 0) AS mib FROM "
-            f"reservations WHERE owner = ? AND expires_at > {self.db.now}",
-            (owner,),
-        )
-        assert held is not None and reserved is not None
-        n = int(held["n"]) + int(reserved["n"])
+        assert row is not None
+        n = int(row["n"])
         if n + count > self.quota.max_sandboxes:
             raise CapacityExceeded(
                 f"this API key holds {n} sandboxes and asked for {count} more, over its limit of "
@@ -152,7 +151,7 @@ class ClusterQuota:
                 limit="max_sandboxes_per_key",
                 value=self.quota.max_sandboxes,
             )
-        used = int(held["mib"]) + int(reserved["mib"])
+        used = int(row["mib"])
         if used + want > self.quota.max_memory_mib:
             raise CapacityExceeded(
                 f"this API key's running sandboxes use {used} MiB of VM memory; {want} MiB more "
@@ -163,17 +162,13 @@ class ClusterQuota:
             )
 
     def _committed(self, db: Database, node_id: str) -> int:
-        mib = db.scalar(
-            "SELECT COALESCE(SUM(memory_mib), 0) AS mib FROM sandboxes "
-            "WHERE node = ? AND state != 'hibernated'",
-            (node_id,),
+        mib = db.scalar(  # one statement, one snapshot (see _check_key)
+            "SELECT (SELECT COALESCE(SUM(memory_mib), 0) FROM sandboxes "
+            "WHERE node = ? AND state != 'hibernated') + (SELECT COALESCE(SUM(memory_mib), 0) "
+            f"FROM reservations WHERE node = ? AND expires_at > {self.db.now}) AS mib",
+            (node_id, node_id),
         )
-        reserved = db.scalar(
-            "SELECT COALESCE(SUM(memory_mib), 0) AS mib FROM reservations WHERE node = ? AND "
-            f"expires_at > {self.db.now}",
-            (node_id,),
-        )
-        return int(mib) + int(reserved)
+        return int(mib)
 
     def release(self, reservation: str) -> None:
         self.db.execute("DELETE FROM reservations WHERE id = ?", (reservation,))
