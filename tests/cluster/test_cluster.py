@@ -176,19 +176,22 @@ async def test_concurrent_creates_never_pass_the_key_limit(cluster: Cluster) -> 
                 await _call(http, cluster, "DELETE", f"/v1/sandboxes/{s['id']}", key=key)
 
 
-def test_an_unmodified_e2b_program_runs_on_node_b_through_a(cluster: Cluster) -> None:
-    """E2B's SDK pointed at node A only; its sandbox is placed on node B, so every lifecycle,
-    envd and code-interpreter call of the program crosses from A to B."""
+def test_an_unmodified_e2b_program_runs_on_another_node_through_a(cluster: Cluster) -> None:
+    """E2B's SDK pointed at node A only; its sandbox is placed on node B or C, so every
+    lifecycle, envd and code-interpreter call of the program crosses from A to that node."""
     import subprocess
     import sys
 
     from ..clients.agents import test_e2b as e2b_tests
 
     async def fill_a() -> dict[str, Any]:
-        async with aiohttp.ClientSession() as http:
-            return await _create(http, cluster)  # equal nodes: the tie goes to node-a
+        async with aiohttp.ClientSession() as http:  # a fork's child stays on its parent's node
+            path = f"/v1/sandboxes/{KEEP['node-a']}/fork"
+            status, body = await _call(http, cluster, "POST", path, json={"n": 1})
+            assert status == 201, body
+            return dict(body["sandboxes"][0])
 
-    extra = asyncio.run(fill_a())
+    extra = asyncio.run(fill_a())  # node A now holds the most: the E2B sandbox goes to B or C
     try:
         assert extra["node"] == "node-a", extra
         env = {k: v for k, v in os.environ.items() if not k.startswith("E2B_")}
@@ -208,12 +211,13 @@ def test_an_unmodified_e2b_program_runs_on_node_b_through_a(cluster: Cluster) ->
         seen = json.loads(done.stdout.strip().splitlines()[-1])
         assert seen["text"] == "42" and seen["stdout"] == ["hello\n"], seen
         assert seen["read"] == "written by E2B code" and seen["exit_code"] == 0, seen
-        made_on_b = [
+        made_elsewhere = [
             json.loads(line)
-            for line in cluster.b.log_path.read_text().splitlines()
+            for svc in (cluster.b, cluster.c)
+            for line in svc.log_path.read_text().splitlines()
             if seen["id"] in line and '"sandbox.created"' in line
         ]
-        assert made_on_b and made_on_b[0].get("peer") == "node-a", made_on_b
+        assert made_elsewhere and made_elsewhere[0].get("peer") == "node-a", made_elsewhere
     finally:
 
         async def drop() -> None:
