@@ -118,9 +118,10 @@ class NodeTable:
 
     def _select(self, where: str, params: tuple[Any, ...]) -> list[Node]:
         rows = self.db.execute(f"SELECT *, {self.db.now} - heartbeat_at AS age FROM nodes {where}", params)
-        return [self._node(r) for r in rows]
+        return [self.node(r) for r in rows]
 
-    def _node(self, row: dict[str, Any]) -> Node:
+    def node(self, row: dict[str, Any]) -> Node:
+        """A node from its row (with ``age``, seconds since its heartbeat on the database's clock)."""
         data = dict(row)
         data["templates"] = json.loads(data["templates"] or "{}")
         data["draining"] = bool(data["draining"])

@@ -14,6 +14,7 @@ wake elsewhere.
 from __future__ import annotations
 
 import contextlib
+import json
 import random
 import secrets
 from collections.abc import Iterator
@@ -55,21 +56,27 @@ class ClusterQuota:
     def candidates(self, image: str, key: str | None = None) -> list[tuple[Node, int]]:
         """Live, undrained nodes that have ``image`` (its build ``key`` if given), most room first."""
         now = self.db.now
+        # the templates' JSON holds the name as a key: LIKE narrows the rows, the check is exact
+        pattern = "%" + json.dumps(image) + ": %"
         rows = self.db.execute(
-            "SELECT n.id, n.memory_mib - COALESCE(s.mib, 0) - COALESCE(r.mib, 0) AS room FROM nodes n "
+            f"SELECT n.*, {now} - n.heartbeat_at AS age, "
+            "n.memory_mib - COALESCE(s.mib, 0) - COALESCE(r.mib, 0) AS room FROM nodes n "
             "LEFT JOIN (SELECT node, SUM(memory_mib) AS mib FROM sandboxes WHERE state != 'hibernated' "
             "GROUP BY node) s ON s.node = n.id "
             f"LEFT JOIN (SELECT node, SUM(memory_mib) AS mib FROM reservations WHERE expires_at > {now} "
             "GROUP BY node) r ON r.node = n.id "
-            f"WHERE n.id IN ({self._live()}) AND n.draining = 0 ORDER BY room DESC, n.id"
+            f"WHERE n.heartbeat_at > {now} - {float(self.nodes.lease)} AND n.draining = 0 "
+            "AND n.templates LIKE ? ORDER BY room DESC, n.id",
+            (pattern,),
         )
-        room = {r["id"]: int(r["room"]) for r in rows}
         found = []
-        for node in self.nodes.all():
+        for row in rows:
+            room = int(row.pop("room"))
+            node = self.nodes.node(row)
             have = node.templates.get(image)
-            if node.id in room and have is not None and (key is None or have == key):
-                found.append((node, room[node.id]))
-        return sorted(found, key=lambda nr: (-nr[1], nr[0].id))
+            if have is not None and (key is None or have == key):
+                found.append((node, room))
+        return found
 
     def place(self, owner: str, image: str, count: int, memory_mib: int, key: str | None = None) -> Placement:
         """Choose a node for ``count`` sandboxes of ``image`` and reserve room there."""
