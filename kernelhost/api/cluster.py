@@ -46,7 +46,7 @@ OWNER = "X-Kernelhost-Owner"
 RESERVATION = "X-Kernelhost-Reservation"
 FORWARDED_BY = "X-Kernelhost-Forwarded-By"
 PEERS = web.AppKey("cluster_peers", aiohttp.ClientSession)
-CREATES = frozenset({"/v1/sandboxes", "/e2b/sandboxes"})  # placed on the node with room
+CREATES = frozenset({"/v1/sandboxes", "/e2b/sandboxes", "/e2b/v2/sandboxes"})  # placed on the node with room
 PEER = "cluster_peer"  # request key: the call came from another node
 OPERATOR = "cluster_operator"  # request key: an operator key, or the cluster secret
 
@@ -194,11 +194,11 @@ async def _create(request: web.Request, handler: Handler, manager: SandboxManage
         return await handler(request)  # an unknown template: the handler's error names the valid ones
     assert placement is not None and manager.cluster is not None
     rid = placement.reservation
+    log.info("cluster.placed", node=placement.node.id, template=template, path=request.path)
     try:
         if placement.node.id == manager.cluster.id:
             FORWARDED_RESERVATION.set(rid)
             return await handler(request)
-        log.info("cluster.placed", node=placement.node.id, template=template)
         return await _forward(request, manager, placement.node.url, placement.node.id, rid, body)
     finally:
         await asyncio.to_thread(manager.cluster.quota.release, rid)  # idempotent: the maker released it

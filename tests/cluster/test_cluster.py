@@ -15,6 +15,8 @@ import io
 import json
 import os
 import signal
+import subprocess
+import sys
 import time
 import uuid
 from typing import Any
@@ -179,9 +181,6 @@ async def test_concurrent_creates_never_pass_the_key_limit(cluster: Cluster) -> 
 def test_an_unmodified_e2b_program_runs_on_another_node_through_a(cluster: Cluster) -> None:
     """E2B's SDK pointed at node A only; its sandbox is placed on node B or C, so every
     lifecycle, envd and code-interpreter call of the program crosses from A to that node."""
-    import subprocess
-    import sys
-
     from ..clients.agents import test_e2b as e2b_tests
 
     async def fill_a() -> dict[str, Any]:
@@ -217,7 +216,8 @@ def test_an_unmodified_e2b_program_runs_on_another_node_through_a(cluster: Clust
             for line in svc.log_path.read_text().splitlines()
             if seen["id"] in line and '"sandbox.created"' in line
         ]
-        assert made_elsewhere and made_elsewhere[0].get("peer") == "node-a", made_elsewhere
+        on_a = [line for line in cluster.a.log_path.read_text().splitlines() if seen["id"] in line]
+        assert made_elsewhere and made_elsewhere[0].get("peer") == "node-a", (seen["id"], on_a[:5])
     finally:
 
         async def drop() -> None:
@@ -275,20 +275,34 @@ def _kill_node(cluster: Cluster) -> None:
         hv.close()
 
 
+def _cli(cluster: Cluster, *args: str) -> str:
+    """``kernelhost ...`` with node A's settings, as an operator runs it on that node."""
+    done = subprocess.run(
+        [sys.executable, "-m", "kernelhost.cli", *args],
+        env=cluster.a.env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
 async def test_a_drained_node_takes_no_new_sandbox(cluster: Cluster) -> None:
+    drained = await asyncio.to_thread(_cli, cluster, "node", "drain", "--node", "node-b")
+    assert "node node-b drains: 1 sandboxes hibernated" in drained, drained
+    listed = await asyncio.to_thread(_cli, cluster, "nodes")
+    states = {line.split()[0]: line.split()[1] for line in listed.splitlines()[1:]}
+    assert states == {"node-a": "alive", "node-b": "draining", "node-c": "dead"}, listed
     async with aiohttp.ClientSession() as http:
-        status, body = await _call(
-            http, cluster, "POST", "/v1/cluster/nodes/node-b/drain", key=cluster.operator_key
-        )
-        assert status == 200 and body["draining"] is True, body
         status, body = await _call(http, cluster, "GET", f"/v1/sandboxes/{KEEP['node-b']}")
-        assert body["state"] == "hibernated", body
+        assert status == 200 and body["state"] == "hibernated", body
         made = await _create(http, cluster)
         assert made["node"] == "node-a", made
         woken = await _execute(http, cluster, KEEP["node-b"], "print('moved')")
         assert _stdout(woken) == "moved\n"
         status, body = await _call(http, cluster, "GET", f"/v1/sandboxes/{KEEP['node-b']}")
-        assert body["node"] == "node-a", body
+        assert status == 200 and body["node"] == "node-a", body
         await _call(http, cluster, "DELETE", f"/v1/sandboxes/{made['id']}")
 
 
