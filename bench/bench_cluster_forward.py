@@ -5,7 +5,9 @@
 
 A real PostgreSQL (tests/pg.py) and two real nodes, A and B, on this machine. One sandbox
 placed on B. ``1+1`` executes, interleaved: through A (forwarded to B) and straight to B (the
-reference, same run), medians and p95; the difference is what a forward adds on loopback. Then
+reference, same run), medians and p95; the difference is what a forward adds on loopback. The
+forward alone: ``GET /v1/sandboxes/{id}`` (answered without the VM) through A and straight to
+B, ten times the rounds. Then
 B is killed (service and VMs) and the time until A answers 410 for its sandbox is measured
 (the lease is 6 s here; the default is 15).
 """
@@ -86,7 +88,21 @@ async def measure(a: Service, b: Service, rounds: int, out: dict[str, Any]) -> N
         report(out, "forwarded_1plus1", fa, "1+1 through A (forwarded to B)")
         report(out, "direct_1plus1", fb, "1+1 straight to B (reference)")
         added = (fa["median"] - fb["median"]) * 1000
-        report(out, "forward_added_ms", round(added, 2), "what a forward adds, median (ms)")
+        report(out, "forward_added_ms", round(added, 2), "what a forward adds to 1+1, median (ms)")
+        # the forward alone: a call the node answers without its VM, 10x the rounds
+        get_a: list[float] = []
+        get_b: list[float] = []
+        for _ in range(rounds * 10):
+            for base, into in ((a.url, get_a), (b.url, get_b)):
+                t0 = time.perf_counter()
+                async with http.get(f"{base}/v1/sandboxes/{sid}", headers=auth) as r:
+                    await r.read()
+                into.append(time.perf_counter() - t0)
+        ga, gb = summary(get_a), summary(get_b)
+        report(out, "forwarded_get", ga, "GET the sandbox through A (forwarded)")
+        report(out, "direct_get", gb, "GET the sandbox straight from B (reference)")
+        alone = round((ga["median"] - gb["median"]) * 1000, 2)
+        report(out, "forward_alone_ms", alone, "a forward alone, median (ms)")
         assert b.proc is not None
         b.proc.send_signal(signal.SIGKILL)
         b.proc.wait(30)

@@ -134,6 +134,10 @@ async def _route(request: web.Request, handler: Handler, manager: SandboxManager
     sandbox_id = _target(request, manager)
     if sandbox_id is None or manager.find(sandbox_id) is not None:
         return await handler(request)
+    assert manager.cluster is not None
+    known = manager.cluster.peer_of(sandbox_id, request[KEY_ID])
+    if known is not None:  # located before, on a node alive at the last heartbeat
+        return await _forward(request, manager, known.url, known.id)
     loc = await asyncio.to_thread(manager.locate, sandbox_id)
     here = manager.cluster.id if manager.cluster is not None else ""
     if loc is None or loc.record.owner != request[KEY_ID] or loc.node is None or loc.node.id == here:

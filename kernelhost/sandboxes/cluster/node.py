@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -38,6 +39,8 @@ except metadata.PackageNotFoundError:  # run from a tree that was never installe
     __version__ = "0"
 
 T = TypeVar("T")
+
+WHERE_CACHE = 100_000  # sandbox locations kept in memory (oldest dropped first)
 
 HOST_FAILED = "the host of this sandbox failed; its state is lost; create a new sandbox"
 
@@ -78,6 +81,11 @@ class ClusterNode:
         # never make this node look dead
         self._beat_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cluster-heartbeat")
         self._beat_table: NodeTable | None = None
+        # where other nodes' sandboxes are, and the node table as the last heartbeat read it:
+        # a forwarded call asks the store nothing (a node that dies or drains is read anew)
+        self._where: dict[str, tuple[str, str]] = {}
+        self._peers: dict[str, Node] = {}
+        self._peers_read_at = 0.0
 
     # -- start, heartbeat, stop ------------------------------------------------------------------
 
@@ -121,6 +129,9 @@ class ClusterNode:
             try:
                 beat = self._on_beat_thread(table.heartbeat, self.id, self.url, self.figures())
                 await asyncio.wait_for(beat, interval * 2)
+                read_at = time.time()
+                peers = await asyncio.wait_for(self._on_beat_thread(table.all), interval * 2)
+                self._peers, self._peers_read_at = {n.id: n for n in peers}, read_at
             except Exception as exc:  # the store is away: the next beat tries again
                 log.warning("cluster.heartbeat_failed", node=self.id, error=str(exc))
                 continue
@@ -167,7 +178,28 @@ class ClusterNode:
         rec = self.store.get(sandbox_id)
         if rec is None:
             return None
-        return Location(rec, self.nodes.get(rec.node))
+        loc = Location(rec, self.nodes.get(rec.node))
+        if loc.node is not None and loc.node.alive and not loc.node.draining and not loc.movable:
+            self._where[sandbox_id] = (rec.owner, loc.node.id)
+            while len(self._where) > WHERE_CACHE:
+                self._where.pop(next(iter(self._where)))
+        return loc
+
+    def peer_of(self, sandbox_id: str, owner: str) -> Node | None:
+        """The live, undrained node that holds ``owner``'s sandbox, from memory: what was located
+        before and the node table the heartbeat last read (None: ask the store)."""
+        where = self._where.get(sandbox_id)
+        if where is None or where[0] != owner:
+            return None
+        node = self._peers.get(where[1])
+        since = time.time() - self._peers_read_at  # the read's age, on this node's clock
+        lease = self.nodes.lease
+        if node is None or node.draining or since > lease / 2 or node.age + since > lease:
+            return None
+        return node
+
+    def forget_location(self, sandbox_id: str) -> None:
+        self._where.pop(sandbox_id, None)
 
     def place(self, owner: str, image: str, count: int, memory_mib: int) -> Placement:
         return self.quota.place(owner, image, count, memory_mib)
