@@ -117,6 +117,7 @@ async def cluster_middleware(request: web.Request, handler: Handler) -> web.Stre
     if request.get(PEER):  # forwarded here by the node the client called: served here, always
         if RESERVATION in request.headers:
             FORWARDED_RESERVATION.set(request.headers[RESERVATION])
+        await _take_over_for_peer(request, manager)
         return await handler(request)
     if request.method == "POST" and request.path in CREATES:
         return await _create(request, handler, manager)
@@ -142,11 +143,25 @@ async def _route(request: web.Request, handler: Handler, manager: SandboxManager
     here = manager.cluster.id if manager.cluster is not None else ""
     if loc is None or loc.record.owner != request[KEY_ID] or loc.node is None or loc.node.id == here:
         return await handler(request)  # unknown, another key's, or ours: answered as usual
-    if loc.movable and await asyncio.to_thread(manager.take_over, loc) is not None:
-        return await handler(request)  # hibernated on a dead or draining node: wakes here
+    if loc.movable:  # hibernated on a dead or draining node: it wakes where there is room
+        target = await asyncio.to_thread(manager.wake_node, loc)
+        if target is not None and target.id != here:
+            return await _forward(request, manager, target.url, target.id)
+        if await asyncio.to_thread(manager.take_over, loc) is not None:
+            return await handler(request)
     if loc.lost:
         raise HostFailed(HOST_FAILED, sandbox_id=sandbox_id, node=loc.node.id, remedy=Remedy.RECREATE)
     return await _forward(request, manager, loc.node.url, loc.node.id)
+
+
+async def _take_over_for_peer(request: web.Request, manager: SandboxManager) -> None:
+    """A peer sent a call for a movable sandbox here, to wake it here: this node takes it over."""
+    sandbox_id = _target(request, manager)
+    if sandbox_id is None or manager.find(sandbox_id) is not None:
+        return
+    loc = await asyncio.to_thread(manager.locate, sandbox_id)
+    if loc is not None and loc.movable and loc.record.owner == request[KEY_ID]:
+        await asyncio.to_thread(manager.take_over, loc)
 
 
 async def _forward(

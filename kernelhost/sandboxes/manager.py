@@ -30,7 +30,7 @@ from ..tasks import TaskSet
 from ..templates.builds import Build
 from .checkpoint_store import CheckpointRecord, CheckpointStore
 from .checkpoints import Checkpoints
-from .cluster import ClusterNode, Location, Placement
+from .cluster import ClusterNode, Location, Node, Placement
 from .context import Context
 from .errors import InvalidRequest
 from .execution import LANGUAGES, Cell, CellPolicy, End, Event, OutputLimits, RunningCall, run_cell
@@ -178,6 +178,10 @@ class SandboxManager:
             return None
         name, image = self._templates.resolve(owner, template)
         return self.cluster.place(owner, name, count, self._ctx.shape_for(image).memory_mib)
+
+    def wake_node(self, loc: Location) -> Node | None:
+        """The node a movable sandbox (hibernated on a dead or draining node) should wake on."""
+        return self.cluster.wake_node(loc) if self.cluster is not None else None
 
     def take_over(self, loc: Location) -> Sandbox | None:
         """Adopt a hibernated sandbox of a dead or draining node (it wakes here on its next call)."""

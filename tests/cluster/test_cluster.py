@@ -229,7 +229,8 @@ def test_an_unmodified_e2b_program_runs_on_another_node_through_a(cluster: Clust
 
 async def test_a_dead_node(cluster: Cluster) -> None:
     """Node C dies: its running sandbox answers 410 within the lease and leaves the quota, a
-    create still works, and its hibernated sandbox wakes on another node with its state."""
+    create still works, and its hibernated sandbox wakes with its state on the live node with the
+    most room (placed like a create, whichever node the call reached)."""
     async with aiohttp.ClientSession() as http:
         hib = KEEP["node-c"]  # x == 41 in it
         status, body = await _call(http, cluster, "POST", f"/v1/sandboxes/{hib}/fork", json={"n": 1})
@@ -254,10 +255,16 @@ async def test_a_dead_node(cluster: Cluster) -> None:
         assert time.monotonic() - t0 <= LEASE * 2
         replacement = await _create(http, cluster)  # C's running child left the quota
         assert replacement["node"] in ("node-a", "node-b")
+        _, listed = await _call(http, cluster, "GET", "/v1/sandboxes")
+        running = {n: 0 for n in ("node-a", "node-b")}
+        for s in listed["sandboxes"]:
+            if s["state"] == "running" and s.get("node") in running:
+                running[s["node"]] += 1
+        roomiest = {n for n, k in running.items() if k == min(running.values())}
         woken = await _execute(http, cluster, hib, "x + 1")
         assert [e["data"]["text/plain"] for e in woken if e["type"] == "result"] == ["42"], woken
         status, body = await _call(http, cluster, "GET", f"/v1/sandboxes/{hib}")
-        assert body["node"] in ("node-a", "node-b") and body["state"] == "running", body
+        assert body["node"] in roomiest and body["state"] == "running", (body, running)
         for sid in (fifth["id"], replacement["id"]):
             await _call(http, cluster, "DELETE", f"/v1/sandboxes/{sid}")
 

@@ -224,6 +224,15 @@ class ClusterNode:
         log.info("cluster.took_over", sandbox_id=rec.id, from_node=loc.node.id if loc.node else None)
         return sbx
 
+    def wake_node(self, loc: Location) -> Node | None:
+        """Where a movable sandbox should wake: the live, undrained node with its exact build and
+        the most room (None: no node has both)."""
+        rec = loc.record
+        for node, room in self.quota.candidates(rec.template, rec.image_key):
+            if room >= rec.memory_mib:
+                return node
+        return None
+
     def _has_build(self, rec: SandboxRecord) -> bool:
         try:
             self.ctx.images.get_by_key(rec.template, rec.image_key)
