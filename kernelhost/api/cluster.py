@@ -3,7 +3,8 @@
 - A call for a sandbox on another live node is forwarded to it (``forward.py``), streamed both
   ways; the client's key was checked here, once, and the peer trusts the cluster secret and the
   key id it carries. A sandbox whose node died answers 410; a hibernated one of a dead or
-  draining node is taken over here and wakes on its next call.
+  draining node is taken over by the live node with its build and the most room (this one, or
+  the peer the call is forwarded to) and wakes there.
 - ``POST /v1/sandboxes`` is placed: the node with the template and the most room, reserved in one
   transaction with the key's limits; the reservation goes along to the node that makes it.
 - ``GET /v1/cluster/nodes`` and ``POST /v1/cluster/nodes/{node_id}/drain``: operator keys, or
