@@ -19,7 +19,6 @@ import asyncio
 import json
 import secrets
 import shutil
-import signal
 import sys
 import time
 from pathlib import Path
@@ -31,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import REPO, RESULTS, Service, machine_facts, now_utc, report, summary
 
+from tests.harness import cluster_node
 from tests.pg import running_postgres
 
 LEASE = 6.0
@@ -41,19 +41,8 @@ def _node(name: str, url: str, secret: str, key: str, shared: Path) -> Service:
     state.mkdir(mode=0o700)
     run_dir = Path(f"/run/kernelhost/bench-{name}-{secrets.token_hex(3)}")
     run_dir.mkdir(mode=0o755, parents=True)
-    svc = Service.make(
-        state,
-        KERNELHOST_RUN_DIR=str(run_dir),
-        KERNELHOST_STORE_URL=url,
-        KERNELHOST_NODE_ID=name,
-        KERNELHOST_CLUSTER_SECRET=secret,
-        KERNELHOST_NODE_LEASE_SECONDS=str(LEASE),
-        KERNELHOST_HIBERNATE_DIR=str(shared),
-        KERNELHOST_API_KEYS=key,
-        KERNELHOST_POOL_SIZE="0",
-    )
+    svc = cluster_node(state, run_dir, name, url, secret, LEASE, shared, KERNELHOST_API_KEYS=key)
     svc.api_key = key
-    svc.env["KERNELHOST_ADVERTISE_URL"] = svc.url
     return svc
 
 
@@ -103,14 +92,7 @@ async def measure(a: Service, b: Service, rounds: int, out: dict[str, Any]) -> N
         report(out, "direct_get", gb, "GET the sandbox straight from B (reference)")
         alone = round((ga["median"] - gb["median"]) * 1000, 2)
         report(out, "forward_alone_ms", alone, "a forward alone, median (ms)")
-        assert b.proc is not None
-        b.proc.send_signal(signal.SIGKILL)
-        b.proc.wait(30)
-        hv = b.hypervisor()
-        try:
-            hv.reconcile(set())
-        finally:
-            hv.close()
+        b.kill()
         t0 = time.monotonic()
         while time.monotonic() - t0 < LEASE * 4:
             async with http.get(f"{a.url}/v1/sandboxes/{sid}", headers=auth) as r:

@@ -79,6 +79,18 @@ class Service:
             self.proc.kill()
             self.proc.wait(10)
 
+    def kill(self) -> None:
+        """The service killed outright (SIGKILL: a host that dies) and every VM of its prefix
+        destroyed with it."""
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(30)
+        hv = self.hypervisor()
+        try:
+            hv.reconcile(set())
+        finally:
+            hv.close()
+
     def save_evidence(self, dest: Path) -> None:
         """Copy the service log, and each of its VMs' domain XML and serial console, to
         ``dest``; what cannot be read is noted, never raised (a test has failed already)."""
@@ -165,6 +177,33 @@ class Service:
             for snap in (ram_dir / "templates").glob(f"{name}-*"):
                 if re.fullmatch(r".*-\d+m\d+c[a-z]+-[0-9a-f]+", snap.name):
                     shutil.rmtree(snap, ignore_errors=True)
+
+
+def cluster_node(
+    state_dir: Path,
+    run_dir: Path,
+    name: str,
+    store_url: str,
+    secret: str,
+    lease: float,
+    shared: Path,
+    **env: str,
+) -> Service:
+    """A node of a test cluster (docs/cluster.md), not started: its store, id, secret, lease and
+    the shared hibernation directory set, and its advertised URL its own."""
+    svc = Service.make(
+        state_dir,
+        KERNELHOST_RUN_DIR=str(run_dir),
+        KERNELHOST_STORE_URL=store_url,
+        KERNELHOST_NODE_ID=name,
+        KERNELHOST_CLUSTER_SECRET=secret,
+        KERNELHOST_NODE_LEASE_SECONDS=str(lease),
+        KERNELHOST_HIBERNATE_DIR=str(shared),
+        KERNELHOST_POOL_SIZE="0",
+        **env,
+    )
+    svc.env["KERNELHOST_ADVERTISE_URL"] = svc.url
+    return svc
 
 
 def _free_port() -> int:

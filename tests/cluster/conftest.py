@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from ..harness import REPO, Service
+from ..harness import REPO, Service, cluster_node
 from ..pg import PostgresServer, running_postgres
 
 LEASE = 6.0
@@ -77,22 +77,20 @@ def cluster(tmp_path_factory: pytest.TempPathFactory, postgres: PostgresServer) 
             run_dir = Path(f"/run/kernelhost/cluster-{name}-{secrets.token_hex(3)}")
             run_dir.mkdir(mode=0o755, parents=True)
             run_dirs.append(run_dir)
-            svc = Service.make(
+            svc = cluster_node(
                 state,
-                KERNELHOST_RUN_DIR=str(run_dir),
-                KERNELHOST_STORE_URL=url,
-                KERNELHOST_NODE_ID=name,
-                KERNELHOST_CLUSTER_SECRET=secret,
-                KERNELHOST_NODE_LEASE_SECONDS=str(LEASE),
-                KERNELHOST_HIBERNATE_DIR=str(shared),
+                run_dir,
+                name,
+                url,
+                secret,
+                LEASE,
+                shared,
                 KERNELHOST_API_KEYS=f"{key},{other}",
                 KERNELHOST_OPERATOR_KEYS=operator,
                 KERNELHOST_MAX_SANDBOXES_PER_KEY=str(LIMIT),
-                KERNELHOST_POOL_SIZE="0",
                 KERNELHOST_REAPER_INTERVAL="1",
             )
             svc.api_key, svc.other_key = key, other
-            svc.env["KERNELHOST_ADVERTISE_URL"] = svc.url
             svc.start(timeout=180)
             services.append(svc)
         a, b, c = services
