@@ -10,7 +10,8 @@ and architecture), so an unchanged template is never rebuilt. ``DIR`` defaults t
 ``$KERNELHOST_IMAGE_DIR`` or ``/var/cache/kernelhost/images``.
 
 Stages: rootfs (mmdebstrap from the host's apt sources) -> kernel (the distribution's cloud
-kernel, taken out of that rootfs) -> overlay (agent, codec, init, kernelspec) -> erofs ->
+kernel, taken out of that rootfs) -> overlay (agent, codec, init, kernelspec) -> pip (a
+template's pinned ``pip`` packages, fetched by the host's pip, installed offline) -> erofs ->
 initramfs (static busybox + the virtio/erofs/overlay modules in dependency order).
 
 On a terminal the stages show as a progress bar (``kernelhost/progress.py``, loaded by path);
@@ -73,7 +74,7 @@ EXCLUDED_PATHS = [
 ]
 
 
-STAGES = ["rootfs", "kernel", "overlay", "warm-up", "erofs", "initramfs"]
+STAGES = ["rootfs", "kernel", "overlay", "pip", "warm-up", "erofs", "initramfs"]
 _BAR: Stages | None = None  # the build's progress bar while one is drawn on a terminal
 
 
@@ -268,6 +269,46 @@ def install_overlay(root: Path) -> None:
     run(["chroot", str(root), "python3", "-m", "compileall", "-q", "/opt/kernelhost"])
 
 
+def host_pip() -> list[str]:
+    """A pip on the host (it reads the host's own index configuration): this interpreter's, or
+    the project's virtualenv's (``make image`` makes it first)."""
+    for python in (sys.executable, str(REPO / ".venv" / "bin" / "python")):
+        probe = subprocess.run([python, "-m", "pip", "--version"], capture_output=True, check=False)
+        if probe.returncode == 0:
+            return [python, "-m", "pip"]
+    raise SystemExit(
+        "templates.json asks for pip packages, and no pip was found on the host to fetch them: "
+        "install python3-pip, or run `make image` (it makes the project's virtualenv first)"
+    )
+
+
+def install_wheels(root: Path, requirements: list[str], work: Path) -> dict[str, str]:
+    """The template's ``pip`` packages (pinned, pure Python): the host's pip fetches their
+    wheels from the index it is configured with, and the guest's pip installs exactly those,
+    offline, with no dependency of theirs beyond what the distribution's packages give.
+    Returns {name: version} for the manifest."""
+    if not requirements:
+        return {}
+    unpinned = [r for r in requirements if not re.fullmatch(r"[A-Za-z0-9_.-]+==[A-Za-z0-9_.+!-]+", r)]
+    if unpinned:
+        raise SystemExit(f"templates.json: pip entries must be pinned as name==version: {unpinned}")
+    stage("pip", ", ".join(requirements))
+    wheels = root / "tmp" / "kernelhost-wheels"
+    wheels.mkdir(parents=True)
+    fetch = ["download", "--quiet", "--no-deps", "--only-binary=:all:", "--disable-pip-version-check"]
+    run([*host_pip(), *fetch, "--dest", str(wheels), *requirements], cwd=work)
+    names = sorted(p.name for p in wheels.glob("*.whl"))
+    run(
+        [
+            "chroot", str(root), "python3", "-m", "pip", "install", "--quiet", "--no-index", "--no-deps",
+            "--break-system-packages", "--root-user-action=ignore", "--disable-pip-version-check",
+            *[f"/tmp/kernelhost-wheels/{n}" for n in names],
+        ]
+    )  # fmt: skip
+    shutil.rmtree(wheels)
+    return {r.split("==")[0].lower().replace("_", "-"): r.split("==")[1] for r in requirements}
+
+
 def kernel_info(root: Path, template: str, spec: dict[str, Any]) -> dict[str, str]:
     """The kernel a template runs: the image's own Python kernelspec, or (``kernel`` in
     templates.json) an installed one, written to /etc/kernelhost/template.json for the agent
@@ -381,6 +422,7 @@ def _build(
         kernel_version, modules = take_kernel(root, out)
         stage("overlay", "agent, codec, init, kernelspec")
         install_overlay(root)
+        pip = install_wheels(root, list(spec.get("pip", [])), work)
         kernel = kernel_info(root, template, spec)
         warm_up(root, list(spec.get("preload", [])))
         stage("erofs", "packing the root (lz4hc)")
@@ -409,6 +451,7 @@ def _build(
             "build_seconds": round(time.monotonic() - t0, 1),
             "sizes": {p.name: p.stat().st_size for p in out.iterdir()},
             "packages": [p for p in packages if p],
+            "pip": pip,
         }
         (out / "manifest.json").write_text(json.dumps(manifest, indent=1))
         for p in out.iterdir():

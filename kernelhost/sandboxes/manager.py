@@ -91,7 +91,7 @@ class SandboxManager:
         )
         self.files = FileService(settings, self._hibernation.settle)
         self.sessions = Sessions(
-            registry, self._hibernation.ensure_awake, send_timeout=settings.agent_timeout
+            registry, self._hibernation.ensure_awake, send_timeout=settings.agent_timeout, tasks=ctx.tasks
         )
         self._policy = CellPolicy(
             OutputLimits(settings.max_output_bytes, settings.max_result_bytes),

@@ -15,6 +15,12 @@ forwarded at once while the session holds the lease, so the kernel queues them a
 ended (its idle status or its reply), or when the channel changes under it (kernel died or
 restarted, VM lost or replaced), because replies in flight then never come.
 
+A debugger session (ipykernel's, driven by debug_request on control) does not outlive the
+clients that attached it: when the last of them leaves, the session sends the kernel the
+``disconnect`` request JupyterLab sends when its debugger is switched off (breakpoints cleared,
+stopped threads resumed), so a cell stopped at a breakpoint finishes and the lease ends, instead
+of holding every other caller of the sandbox behind it forever.
+
 Everything the channel delivers runs on its reader task: nothing here may block or raise.
 """
 
@@ -31,6 +37,7 @@ import structlog
 
 from ..channel import AgentClient, ChannelListener, Event, JupyterMessage
 from ..channel.protocol import jupyter_message
+from ..tasks import TaskSet
 from .errors import Remedy, SandboxNotFound, SandboxNotRunning
 from .registry import Registry
 from .sandbox import Sandbox, ensure_usable, wait_replacement
@@ -39,6 +46,8 @@ from .states import SandboxState
 log = structlog.get_logger("kernelhost.session")
 
 ORIGINS_KEPT = 8192  # request msg_ids remembered for routing replies
+#: the debug_request that ends a debugger session without ending the kernel (JupyterLab's own)
+DEBUG_DISCONNECT = {"restart": False, "terminateDebuggee": False}
 TOUCH_EVERY = 5.0  # seconds between activity writes to the store
 
 #: ``wake(sbx)``: wake a hibernated sandbox (the caller holds its execution lock)
@@ -72,6 +81,7 @@ class KernelSession(ChannelListener):
         self.origin: OrderedDict[str, SessionClient] = OrderedDict()  # request msg_id -> sender
         self.outstanding: set[str] = set()  # clients' execute_requests the kernel has not ended
         self.holding = False  # we hold the lease of sbx.lock on behalf of ``outstanding``
+        self.debuggers: set[SessionClient] = set()  # clients with a debugger session attached
         self.quiet_restart = False  # a restart whose clients reconnect by themselves runs
         self.session_id = uuid.uuid4().hex  # of the status messages the session writes itself
         self.execution_state = "busy" if sbx.busy else "idle"
@@ -205,6 +215,8 @@ class KernelSession(ChannelListener):
 
     async def send(self, client: SessionClient, channel: str, msg: dict[str, Any]) -> None:
         """Send a client's message on control or stdin (or shell, through ``send_shell``)."""
+        if channel == "control" and msg["header"]["msg_type"] == "debug_request":
+            self._note_debugger(client, msg["content"].get("command"))
         self.origin[msg["header"]["msg_id"]] = client
         while len(self.origin) > ORIGINS_KEPT:
             self.origin.popitem(last=False)
@@ -235,17 +247,47 @@ class KernelSession(ChannelListener):
 
     def detach(self, client: SessionClient) -> None:
         self.clients.discard(client)
+        if client in self.debuggers:
+            self.debuggers.discard(client)
+            if not self.debuggers:
+                self.sessions.tasks.spawn(self._end_debugger(), name=f"{self._name}:end-debugger")
         if not self.clients and not self.outstanding:
             self.sessions.drop(self)
+
+    # -- the debugger ----------------------------------------------------------------------------
+
+    def _note_debugger(self, client: SessionClient, command: object) -> None:
+        if command == "attach":
+            self.debuggers.add(client)
+        elif command == "disconnect":
+            self.debuggers.discard(client)
+
+    async def _end_debugger(self) -> None:
+        """Disconnect the kernel's debugger: its last client left with it attached."""
+        agent = self.sbx.live_agent
+        if agent is None or self.debuggers:  # no kernel to tell, or a client attached again
+            return
+        msg = jupyter_message(
+            "debug_request",
+            {"type": "request", "seq": 1, "command": "disconnect", "arguments": DEBUG_DISCONNECT},
+            self.session_id,
+        )
+        try:
+            await agent.send_jupyter("control", msg, timeout=self.sessions.send_timeout)
+        except Exception as exc:  # the channel went: the kernel (and its debugger) went with it
+            log.info("session.debugger_end_failed", sandbox_id=self.sbx.id, error=str(exc))
+            return
+        log.info("session.debugger_ended", sandbox_id=self.sbx.id, why="its last client left")
 
 
 class Sessions:
     """The kernel sessions of the sandboxes that have clients attached."""
 
-    def __init__(self, registry: Registry, wake: Wake, send_timeout: float) -> None:
+    def __init__(self, registry: Registry, wake: Wake, send_timeout: float, tasks: TaskSet) -> None:
         self.registry = registry
         self.wake = wake
         self.send_timeout = send_timeout
+        self.tasks = tasks  # the manager's: what a session starts on its own
 
     def open(self, sbx: Sandbox) -> KernelSession:
         """The sandbox's session, made (and bound to its channel) if it has none."""

@@ -52,13 +52,10 @@ class JupyterLab:
                 pass
 
 
-async def run_first_cell(
-    page: Page, lab: JupyterLab, notebook: str, expect: str, shot: Path, timeout: float
-) -> None:
-    """Open ``notebook`` in its own workspace, run its first cell once its kernel is up, wait for
-    an output with ``expect``, and keep a screenshot of the page either way. The kernel is up
-    once its WebSocket brought a kernel_info_reply (the page shows "idle" before the kernel
-    exists, and a cell run then goes nowhere)."""
+async def open_notebook(page: Page, lab: JupyterLab, notebook: str, timeout: float) -> None:
+    """Open ``notebook`` in its own workspace and wait until its kernel is up: its WebSocket
+    brought a kernel_info_reply (the page shows "idle" before the kernel exists, and a cell run
+    then goes nowhere)."""
     kernel_ready = asyncio.Event()
 
     def watch(ws: WebSocket) -> None:
@@ -71,8 +68,21 @@ async def run_first_cell(
     page.on("websocket", watch)
     await page.goto(lab.page_url(notebook))
     await asyncio.wait_for(kernel_ready.wait(), timeout)
-    await page.locator(".jp-Cell .jp-InputArea-editor .cm-content").first.click()
+
+
+async def run_cell(page: Page, index: int) -> None:
+    """Run the notebook's cell ``index`` as a user does: click into it, Shift+Enter."""
+    await page.locator(".jp-Cell .jp-InputArea-editor .cm-content").nth(index).click()
     await page.keyboard.press("Shift+Enter")
+
+
+async def run_first_cell(
+    page: Page, lab: JupyterLab, notebook: str, expect: str, shot: Path, timeout: float
+) -> None:
+    """Open ``notebook``, run its first cell once its kernel is up, wait for an output with
+    ``expect``, and keep a screenshot of the page either way."""
+    await open_notebook(page, lab, notebook, timeout)
+    await run_cell(page, 0)
     try:
         await page.locator(".jp-OutputArea-output", has_text=expect).wait_for()
     finally:

@@ -15,6 +15,7 @@ from kernelhost.channel import AgentClient
 from kernelhost.sandboxes import Sandbox, SandboxRecord, SandboxState, SessionEnd, Store
 from kernelhost.sandboxes.registry import Quota, Registry
 from kernelhost.sandboxes.session import KernelSession, Sessions
+from kernelhost.tasks import TaskSet
 
 from .fake_agent import WAIT, FakeAgent, short_socket_dir, stream
 
@@ -76,7 +77,8 @@ async def session_setup(tmp_path: Path):  # type: ignore[no-untyped-def]
         store.insert(sbx.record)
         sbx.agent = agent
         registry.add(sbx)
-        sessions = Sessions(registry, _no_wake, send_timeout=WAIT)
+        tasks = TaskSet("test-sessions")
+        sessions = Sessions(registry, _no_wake, send_timeout=WAIT, tasks=tasks)
         session = sessions.open(sbx)
         a, b = FakeClient(), FakeClient()
         session.attach(a)
@@ -84,6 +86,7 @@ async def session_setup(tmp_path: Path):  # type: ignore[no-untyped-def]
         try:
             yield fake, sbx, session, a, b, registry
         finally:
+            await tasks.close(timeout=WAIT)
             await agent.close()
             await fake.stop()
             store.close()
@@ -176,3 +179,41 @@ async def test_a_wrong_lease_release_is_a_bug_that_shows(session_setup) -> None:
     assert isinstance(sbx.kernel, KernelSession) and sbx.lock.locked()
     session.settle()
     assert not sbx.lock.locked()
+
+
+def _debug(command: str, **arguments: Any) -> dict[str, Any]:
+    return _msg("debug_request", type="request", seq=1, command=command, arguments=arguments)
+
+
+def _debug_sent(fake: FakeAgent) -> list[str]:
+    return [
+        f["msg"]["content"]["command"]
+        for f in fake.requests("jupyter")
+        if f["channel"] == "control" and f["msg"]["header"]["msg_type"] == "debug_request"
+    ]
+
+
+async def test_a_debugger_ends_when_the_last_client_that_attached_it_leaves(session_setup) -> None:  # type: ignore[no-untyped-def]
+    fake, _, session, a, b, _reg = session_setup
+    await session.send(a, "control", _debug("initialize"))
+    await session.send(a, "control", _debug("attach"))
+    await session.send(b, "control", _debug("attach"))  # a second debugging client (two tabs)
+    await fake.wait_until(lambda: len(_debug_sent(fake)) == 3)
+    session.detach(a)
+    await asyncio.sleep(0.2)
+    assert _debug_sent(fake) == ["initialize", "attach", "attach"]  # b still debugs
+    session.detach(b)
+    await fake.wait_until(lambda: len(_debug_sent(fake)) == 4)
+    last = fake.requests("jupyter")[-1]["msg"]
+    assert last["content"]["command"] == "disconnect"
+    assert last["content"]["arguments"] == {"restart": False, "terminateDebuggee": False}
+
+
+async def test_a_debugger_its_client_disconnected_is_not_disconnected_again(session_setup) -> None:  # type: ignore[no-untyped-def]
+    fake, _, session, a, b, _reg = session_setup
+    await session.send(a, "control", _debug("attach"))
+    await session.send(a, "control", _debug("disconnect", restart=False, terminateDebuggee=True))
+    session.detach(a)
+    session.detach(b)  # b never debugged
+    await asyncio.sleep(0.2)
+    assert _debug_sent(fake) == ["attach", "disconnect"]
