@@ -44,6 +44,7 @@ if str(HERE) not in sys.path:  # loaded by path (the tests do): its sibling modu
 
 from initramfs import build_initramfs  # noqa: E402  (guest-image/initramfs.py)
 from sources import codename, host_sources, sources_for  # noqa: E402  (guest-image/sources.py)
+from wheels import install_wheels  # noqa: E402  (guest-image/wheels.py)
 
 if TYPE_CHECKING:  # for the annotations only: at run time the module is loaded by path
     from kernelhost.progress import Stages
@@ -269,46 +270,6 @@ def install_overlay(root: Path) -> None:
     run(["chroot", str(root), "python3", "-m", "compileall", "-q", "/opt/kernelhost"])
 
 
-def host_pip() -> list[str]:
-    """A pip on the host (it reads the host's own index configuration): this interpreter's, or
-    the project's virtualenv's (``make image`` makes it first)."""
-    for python in (sys.executable, str(REPO / ".venv" / "bin" / "python")):
-        probe = subprocess.run([python, "-m", "pip", "--version"], capture_output=True, check=False)
-        if probe.returncode == 0:
-            return [python, "-m", "pip"]
-    raise SystemExit(
-        "templates.json asks for pip packages, and no pip was found on the host to fetch them: "
-        "install python3-pip, or run `make image` (it makes the project's virtualenv first)"
-    )
-
-
-def install_wheels(root: Path, requirements: list[str], work: Path) -> dict[str, str]:
-    """The template's ``pip`` packages (pinned, pure Python): the host's pip fetches their
-    wheels from the index it is configured with, and the guest's pip installs exactly those,
-    offline, with no dependency of theirs beyond what the distribution's packages give.
-    Returns {name: version} for the manifest."""
-    if not requirements:
-        return {}
-    unpinned = [r for r in requirements if not re.fullmatch(r"[A-Za-z0-9_.-]+==[A-Za-z0-9_.+!-]+", r)]
-    if unpinned:
-        raise SystemExit(f"templates.json: pip entries must be pinned as name==version: {unpinned}")
-    stage("pip", ", ".join(requirements))
-    wheels = root / "tmp" / "kernelhost-wheels"
-    wheels.mkdir(parents=True)
-    fetch = ["download", "--quiet", "--no-deps", "--only-binary=:all:", "--disable-pip-version-check"]
-    run([*host_pip(), *fetch, "--dest", str(wheels), *requirements], cwd=work)
-    names = sorted(p.name for p in wheels.glob("*.whl"))
-    run(
-        [
-            "chroot", str(root), "python3", "-m", "pip", "install", "--quiet", "--no-index", "--no-deps",
-            "--break-system-packages", "--root-user-action=ignore", "--disable-pip-version-check",
-            *[f"/tmp/kernelhost-wheels/{n}" for n in names],
-        ]
-    )  # fmt: skip
-    shutil.rmtree(wheels)
-    return {r.split("==")[0].lower().replace("_", "-"): r.split("==")[1] for r in requirements}
-
-
 def kernel_info(root: Path, template: str, spec: dict[str, Any]) -> dict[str, str]:
     """The kernel a template runs: the image's own Python kernelspec, or (``kernel`` in
     templates.json) an installed one, written to /etc/kernelhost/template.json for the agent
@@ -422,7 +383,7 @@ def _build(
         kernel_version, modules = take_kernel(root, out)
         stage("overlay", "agent, codec, init, kernelspec")
         install_overlay(root)
-        pip = install_wheels(root, list(spec.get("pip", [])), work)
+        pip = install_wheels(root, list(spec.get("pip", [])), work, run, stage)
         kernel = kernel_info(root, template, spec)
         warm_up(root, list(spec.get("preload", [])))
         stage("erofs", "packing the root (lz4hc)")

@@ -29,6 +29,7 @@ from ..sandboxes import (
     NodeUnreachable,
     NotSupportedByImage,
     PathNotFound,
+    ProcessNotFound,
     Remedy,
     SandboxBusy,
     SandboxDiskFull,
@@ -44,6 +45,7 @@ log = structlog.get_logger("kernelhost.api")
 STATUS: list[tuple[type[SandboxError], int]] = [
     (InvalidRequest, 400),
     (SandboxNotFound, 404),
+    (ProcessNotFound, 404),
     (TemplateNotFound, 404),
     (TemplateConflict, 409),
     (CheckpointNotFound, 404),

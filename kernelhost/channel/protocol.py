@@ -64,6 +64,7 @@ class Op(enum.StrEnum):
     BASH = "bash"  # start one bash command {run_id, command, max_output_bytes}
     BASH_SIGNAL = "bash_signal"  # {run_id | None, signal: INT | TERM | KILL}
     BASH_RESET = "bash_reset"  # kill every command, forget the shell's cwd and exports
+    BASH_INPUT = "bash_input"  # {run_id, data: bytes, eof}: to the stdin of a command run with stdin
     FS_STAT = "fs_stat"
     FS_READ = "fs_read"
     FS_WRITE = "fs_write"
@@ -113,6 +114,9 @@ class Capability(enum.StrEnum):
     """What an agent can do beyond relaying Jupyter messages, announced in ``hello``."""
 
     BASH = "bash"
+    #: commands with a stdin (``bash`` with ``stdin: true``, ``bash_input``) and commands that
+    #: leave the shell's state alone (``keep_state: false``), for background processes
+    PROCESSES = "processes"
     FILES = "files"
     NETWORK = "network"
     SNAPSHOT = "snapshot"
@@ -123,6 +127,7 @@ CAPABILITY_OF: dict[Op, Capability] = {
     Op.BASH: Capability.BASH,
     Op.BASH_SIGNAL: Capability.BASH,
     Op.BASH_RESET: Capability.BASH,
+    Op.BASH_INPUT: Capability.PROCESSES,
     Op.FS_STAT: Capability.FILES,
     Op.FS_READ: Capability.FILES,
     Op.FS_WRITE: Capability.FILES,

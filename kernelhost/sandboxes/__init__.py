@@ -19,6 +19,7 @@ from .errors import (
     NodeUnreachable,
     NotSupportedByImage,
     PathNotFound,
+    ProcessNotFound,
     Remedy,
     SandboxBusy,
     SandboxDiskFull,
@@ -32,6 +33,7 @@ from .errors import (
 from .execution import ClearOutput, End, Error, Event, Result, Stream
 from .manager import SandboxManager
 from .network import INDEX_HOST, HostNetwork
+from .processes import Process
 from .sandbox import Sandbox
 from .session import KernelSession, SessionClient, SessionEnd
 from .states import ExecutionStatus, Recovery, SandboxState
@@ -68,6 +70,8 @@ __all__ = [
     "NotSupportedByImage",
     "PathNotFound",
     "Placement",
+    "Process",
+    "ProcessNotFound",
     "Recovery",
     "Remedy",
     "Result",

@@ -8,6 +8,7 @@ its tool). ``kernelhost/api/errors.py`` maps each error to an HTTP status in one
     ├── InvalidRequest          bad input; names the field and the fix
     │   └── UnknownTemplate     template not built or not defined, names the valid ones
     ├── SandboxNotFound         absent, or owned by another key
+    ├── ProcessNotFound         no such background process in the sandbox (ended, or never ran)
     ├── TemplateNotFound        no such template for this key (another key's is absent too)
     ├── TemplateConflict        in use, being built, not built yet, or not this key's
     ├── CheckpointNotFound      no such checkpoint of this key's sandbox
@@ -72,6 +73,17 @@ class SandboxNotFound(SandboxError):
 
     def __init__(self, sandbox_id: str) -> None:
         super().__init__(f"no sandbox {sandbox_id!r} for this API key", sandbox_id=sandbox_id)
+
+
+class ProcessNotFound(SandboxError):
+    code = "process_not_found"
+
+    def __init__(self, sandbox_id: str, pid: object) -> None:
+        super().__init__(
+            f"no process {pid!r} runs in sandbox {sandbox_id} (it ended, or never started)",
+            sandbox_id=sandbox_id,
+            pid=pid,
+        )
 
 
 class TemplateNotFound(SandboxError):

@@ -8,13 +8,15 @@ limits like any new sandbox.
 
 from __future__ import annotations
 
+import contextlib
 import time
 
 import structlog
 
 from hypervisor import HypervisorError
 
-from ..channel import ChannelError
+from ..channel import AgentClient, ChannelError
+from ..channel.protocol import Op
 from .context import Context
 from .errors import BootFailed, InvalidRequest
 from .hibernation import Hibernation
@@ -90,6 +92,7 @@ class Forker:
             self.lifecycle.bind(kid, agent)
             self.registry.set_state(kid, SandboxState.RUNNING)
             self.registry.add(kid)
+        await self._end_inherited_processes(parent, agents)
         self.registry.touch(parent)
         self.ctx.metrics.observe_fork(prec.template, n, time.monotonic() - t0)
         log.info(
@@ -99,3 +102,14 @@ class Forker:
             ms=round((time.monotonic() - t0) * 1000),
         )
         return kids
+
+    async def _end_inherited_processes(self, parent: Sandbox, agents: list[AgentClient]) -> None:
+        """A child's VM is a copy of its parent's, background processes included, but their host
+        side stays with the parent: the copies would run unlisted and unkillable, so they end."""
+        runs = [p.running.run_id for p in parent.processes.values() if p.running.run_id]
+        for agent in agents:
+            for run_id in runs:
+                with contextlib.suppress(ChannelError):
+                    await agent.request(
+                        Op.BASH_SIGNAL, timeout=self.ctx.settings.agent_timeout, run_id=run_id, signal="KILL"
+                    )

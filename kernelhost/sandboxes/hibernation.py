@@ -22,6 +22,7 @@ from ..ratelimit import TokenBucket
 from .context import Context
 from .errors import CapacityExceeded, Remedy, SandboxNotRunning
 from .lifecycle import Lifecycle
+from .processes import stop_processes
 from .sandbox import Sandbox, wait_replacement
 from .states import SandboxState
 
@@ -66,6 +67,7 @@ class Hibernation:
 
     async def _hibernate_locked(self, sbx: Sandbox) -> None:
         t0 = time.monotonic()
+        await stop_processes(sbx, timeout=self.ctx.settings.agent_timeout)
         path = self.ctx.hibernation_file(sbx.record)
         agent, sbx.agent = sbx.agent, None
         if agent is not None:
@@ -169,6 +171,7 @@ class Reaper:
         rec = sbx.record
         if (
             sbx.busy
+            or sbx.processes  # a background process runs: not idle
             or sbx.vm_lock.locked()
             or not self.ctx.registry.holds(sbx)
             or (sbx.replacement is not None and not sbx.replacement.done())

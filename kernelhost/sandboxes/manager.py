@@ -40,6 +40,7 @@ from .hibernation import Hibernation, Reaper
 from .lifecycle import Lifecycle
 from .network import HostNetwork, SandboxNetwork
 from .pool import WarmPool
+from .processes import Processes
 from .recovery import Recoverer
 from .registry import Quota, Registry
 from .sandbox import Sandbox, ensure_usable, wait_replacement
@@ -99,6 +100,7 @@ class SandboxManager:
             restart_timeout=settings.restart_timeout,
             agent_timeout=settings.agent_timeout,
         )
+        self.processes = Processes(ctx, self._policy)
         self._background: list[asyncio.Task[Any]] = []
         # a node of a cluster: its store is shared (docs/cluster.md)
         self.cluster = ClusterNode(ctx, store) if store.shared else None

@@ -23,6 +23,7 @@ from .store import SandboxRecord
 if TYPE_CHECKING:
     from .execution import RunningCall
     from .network.tunnels import Tunnels
+    from .processes import Process
     from .session import KernelSession
 
 
@@ -83,6 +84,7 @@ class Sandbox:
     replacement: asyncio.Task[bool] | None = None  # a VM replacement in progress
     net: Tunnels | None = None  # the host side of the guest's network tunnels
     kernel: KernelSession | None = None  # the Jupyter clients attached to it (co-attach)
+    processes: dict[int, Process] = field(default_factory=dict)  # background processes, by pid
     #: auto_checkpoint: the state changed since the last automatic checkpoint
     checkpoint_stale: bool = True
 

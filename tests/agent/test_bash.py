@@ -139,3 +139,34 @@ async def test_a_background_job_does_not_hold_the_reply(host: HostEnd) -> None:
 async def test_scripts_and_state_files_are_removed(host: HostEnd, running: Running) -> None:
     await bash(host, "true")
     assert os.listdir(running.config.bash_dir) == []
+
+
+async def test_a_command_reads_what_is_written_to_its_stdin(host: HostEnd) -> None:
+    caps = (await host.ok(protocol.Op.HELLO))["capabilities"]
+    assert protocol.Capability.PROCESSES in caps
+    run = await start(host, 'while read -r line; do echo "got $line"; done; echo eof', stdin=True)
+    await host.ok(protocol.Op.BASH_INPUT, run_id=run.run_id, data=b"one\ntw")
+    await host.ok(protocol.Op.BASH_INPUT, run_id=run.run_id, data=b"o\n", eof=True)
+    run = await finish(host, run)
+    assert run.streams["stdout"] == "got one\ngot two\neof\n"
+    assert run.reply["exit_code"] == 0
+
+
+async def test_input_to_a_command_without_stdin_or_ended_is_refused(host: HostEnd) -> None:
+    run = await start(host, "sleep 30")
+    reply = await host.request(protocol.Op.BASH_INPUT, run_id=run.run_id, data=b"x")
+    assert not reply["ok"] and "has no stdin open" in reply["error"]
+    await host.ok(protocol.Op.BASH_SIGNAL, run_id=run.run_id, signal="KILL")
+    await finish(host, run)
+    reply = await host.request(protocol.Op.BASH_INPUT, run_id=run.run_id, data=b"x")
+    assert not reply["ok"] and "is running" in reply["error"]
+    # without stdin, a command that reads gets end of file at once
+    assert (await bash(host, "cat; echo done")).streams["stdout"] == "done\n"
+
+
+async def test_a_command_that_keeps_no_state_leaves_the_shell_as_it_was(
+    host: HostEnd, running: Running
+) -> None:
+    await bash(host, "cd / && export KH_BG=no", keep_state=False)
+    run = await bash(host, 'pwd; echo "${KH_BG:-unset}"')
+    assert run.streams["stdout"] == f"{running.config.kernel_cwd}\nunset\n"

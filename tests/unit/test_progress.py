@@ -115,5 +115,5 @@ def test_build_script_reports_its_stages_through_the_bar(capsys: pytest.CaptureF
     assert build.run(["true"]).returncode == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].endswith("] rootfs: before any bar")
-    assert lines[1] == "image python: [2/6] kernel: linux-image-cloud-amd64"
+    assert lines[1] == "image python: [2/7] kernel: linux-image-cloud-amd64"
     assert lines[2].endswith("] kernel: 6.1.0")

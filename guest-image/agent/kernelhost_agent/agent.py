@@ -93,6 +93,7 @@ class Agent:
         self.dispatcher = Dispatcher(self.send, self.tasks)
         self.dispatcher.register(KernelOps(self.kernel, self.dispatcher, self.boot_id))
         self.dispatcher.register(self.bash)
+        self.dispatcher.register(self.bash.processes())
         self.dispatcher.register(Files(config))
         self.dispatcher.register(self.network)
         self.dispatcher.register(Snapshots(config, self.kernel))

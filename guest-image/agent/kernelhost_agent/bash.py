@@ -1,8 +1,11 @@
-"""Shell commands for ``language="bash"``: ops ``bash``, ``bash_signal`` and ``bash_reset``.
+"""Shell commands for ``language="bash"``: ops ``bash``, ``bash_signal``, ``bash_reset`` and
+``bash_input``.
 
-Each command runs as its own ``bash -c`` in a new session (process group), stdin /dev/null; the
-exported environment and the working directory are saved by an EXIT trap and handed to the next
-command, so they persist between calls. Output and the end come back as Jupyter-shaped messages
+Each command runs as its own ``bash -c`` in a new session (process group), stdin /dev/null (or a
+pipe the host writes with ``bash_input``, for ``stdin: true``); the exported environment and the
+working directory are saved by an EXIT trap and handed to the next command, so they persist
+between calls (unless ``keep_state: false``: a background process must not bring back, when it
+ends, the state it started from). Output and the end come back as Jupyter-shaped messages
 whose parent msg_id is the host's run_id: iopub "stream", then shell "bash_reply" {exit_code,
 signal, failure, cpu_ms, peak_memory_bytes}.
 """
@@ -33,6 +36,7 @@ CHUNK = 1 << 20  # at most this much output per message; more is buffered while 
 DRAIN_SECONDS = 0.5
 STATE_MAX = 1 << 20
 RUN_ID_MAX = 64
+STDIN_BUFFER_MAX = 4 << 20  # input written but not yet read by the command
 SIGNALS = {"INT": signal.SIGINT, "TERM": signal.SIGTERM, "KILL": signal.SIGKILL}
 # $1: where the EXIT trap saves the working directory and the exported environment (NUL-separated,
 # the directory first); $2: the file holding the command, run by eval so errors read "bash: ...".
@@ -58,6 +62,8 @@ class _Run:
     state: str
     cgroup: str  # "" without cgroup2
     generation: int  # of the shell state it started from (bash_reset starts a new one)
+    keep_state: bool = True  # the state its EXIT trap saves becomes the shell's
+    stdin: asyncio.WriteTransport | None = None  # its stdin pipe, until closed
     task: asyncio.Task[Any] | None = None  # the relay that waits for it and reports its end
 
 
@@ -109,8 +115,15 @@ class Bash:
             raise ValueError(f"max_output_bytes must be a non-negative integer or null, got {cap!r:.80}")
         if run_id in self.runs:
             raise ValueError(f"bash run {run_id} is already running; pick a new run_id")
-        run = self._start(run_id, command)
+        stdin, keep_state = frame.get("stdin", False), frame.get("keep_state", True)
+        if not isinstance(stdin, bool) or not isinstance(keep_state, bool):
+            raise ValueError(f"stdin and keep_state must be booleans, got {stdin!r:.20}, {keep_state!r:.20}")
+        run = self._start(run_id, command, stdin)
+        run.keep_state = keep_state
         self.runs[run_id] = run
+        if stdin:
+            loop = asyncio.get_running_loop()
+            run.stdin, _ = await loop.connect_write_pipe(asyncio.Protocol, run.proc.stdin)
         budget = None if cap is None else cap + 1  # one more: the host sees the cut
         run.task = self._tasks.spawn(self._relay(run, budget), name=f"bash-{run_id}")
         return {"pid": run.proc.pid}
@@ -133,6 +146,30 @@ class Bash:
                 self._cgroups.kill(run.cgroup)
         return {"signalled": len(targets)}
 
+    async def op_bash_input(self, frame: dict[str, Any]) -> dict[str, Any]:
+        """Write to a command's stdin; ``eof`` closes it. Never blocks: the pipe buffers up to
+        STDIN_BUFFER_MAX bytes the command has not read yet, and refuses more."""
+        run_id, data, eof = frame.get("run_id"), frame.get("data", b""), frame.get("eof", False)
+        if not isinstance(data, bytes) or not isinstance(eof, bool):
+            raise ValueError("data must be bytes and eof a boolean")
+        run = self.runs.get(run_id) if isinstance(run_id, str) else None
+        if run is None:
+            raise ValueError(f"no bash run {run_id!r:.80} is running (it ended, or never started)")
+        if run.stdin is None:
+            raise ValueError(f"bash run {run_id} has no stdin open (started without it, or closed)")
+        buffered = run.stdin.get_write_buffer_size()
+        if data and buffered + len(data) > STDIN_BUFFER_MAX:
+            raise ValueError(
+                f"bash run {run_id} has {buffered} bytes of input it has not read yet; "
+                "wait for it to read them before sending more"
+            )
+        if data:
+            run.stdin.write(data)
+        if eof:
+            run.stdin.close()
+            run.stdin = None
+        return {"buffered": buffered + len(data)}
+
     async def op_bash_reset(self, frame: dict[str, Any]) -> dict[str, Any]:
         """Kill every running command and forget the saved environment and directory."""
         for run in list(self.runs.values()):
@@ -149,7 +186,7 @@ class Bash:
 
     # -- one run -----------------------------------------------------------------------------
 
-    def _start(self, run_id: str, command: str) -> _Run:
+    def _start(self, run_id: str, command: str, stdin: bool = False) -> _Run:
         """Write the command's script and start bash on it, in its own session and cgroup."""
         bash_dir = self.config.bash_dir
         os.makedirs(bash_dir, mode=0o700, exist_ok=True)
@@ -165,7 +202,7 @@ class Bash:
         try:
             proc = subprocess.Popen(  # reaped by _wait_process (pidfd), not by Popen
                 argv,
-                stdin=subprocess.DEVNULL,
+                stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 cwd=cwd,
@@ -194,7 +231,7 @@ class Bash:
             reply.update(await self._wait(run))
             # A background job (`server &`) keeps the pipes open: take what is there, not wait.
             await asyncio.wait(pumps, timeout=DRAIN_SECONDS)
-            if run.generation == self._generation:
+            if run.generation == self._generation and run.keep_state:
                 self._load_state(run.state)
         except Exception as exc:  # the host must still hear that the run ended
             reply["failure"] = f"{type(exc).__name__}: {exc}"
@@ -228,6 +265,9 @@ class Bash:
     def _finish(self, run: _Run) -> None:
         """Forget a run and remove its files; its cgroup goes once its last process does."""
         self.runs.pop(run.run_id, None)
+        if run.stdin is not None:
+            run.stdin.close()
+            run.stdin = None
         if run.cgroup:
             self._stale_cgroups.append(run.cgroup)
         self._prune_cgroups()
@@ -292,12 +332,28 @@ class Bash:
             if self._cgroups.remove(path):  # fails while a background job of that run still lives
                 self._stale_cgroups.remove(path)
 
+    def processes(self) -> ProcessOps:
+        """The ops of background processes (their own capability)."""
+        return ProcessOps(self)
+
     async def stop(self, timeout: float = 2.0) -> None:
         """Kill what still runs and let the relays reap it (the agent is stopping)."""
         relays = [run.task for run in self.runs.values() if run.task is not None]
         await self.op_bash_reset({})
         if relays:
             await asyncio.wait(relays, timeout=timeout)
+
+
+class ProcessOps:
+    """``bash_input``, with ``stdin``/``keep_state`` of ``bash``: capability ``processes``."""
+
+    capability = protocol.Capability.PROCESSES
+
+    def __init__(self, bash: Bash) -> None:
+        self.bash = bash
+
+    def ops(self) -> Mapping[str, Handler]:
+        return {protocol.Op.BASH_INPUT: self.bash.op_bash_input}
 
 
 async def _wait_process(pid: int) -> tuple[int, Any]:

@@ -1,12 +1,15 @@
-"""envd's ``process.Process`` Connect service: ``Start`` streams a command's output and exit code
-(``commands.run`` in E2B's SDKs), ``List`` shows the commands this surface is running,
-``SendSignal`` interrupts one.
+"""envd's ``process.Process`` Connect service over the sandbox layer's background processes
+(``kernelhost/sandboxes/processes.py``): ``Start`` streams a command's output and exit code
+(``commands.run`` in E2B's SDKs, foreground or background), ``Connect`` follows a running one
+again, ``List`` shows them, ``SendInput`` and ``CloseStdin`` write its stdin, ``SendSignal``
+ends it.
 
 A command runs in the sandbox's shell (the one ``language="bash"`` executions use) in a
 subshell of its own, so its ``cd``, exports and ``cwd``/``envs`` end with it, as an E2B
-process's do. Calls to one sandbox run one at a time: a background command holds the sandbox
-until it ends. Input to a running command (``send_stdin``), PTYs and reattaching to a command
-(``connect``) are not supported and answer ``unimplemented`` saying so.
+process's do. It runs beside the sandbox's other calls: a background server does not hold up
+``run_code``. A client that hangs up stops following it; the command runs on until it ends,
+is killed, or reaches its timeout (the stream's ``Connect-Timeout-Ms``). PTYs and
+``StreamInput`` answer ``unimplemented`` saying so.
 """
 
 from __future__ import annotations
@@ -14,14 +17,23 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
-import itertools
 import shlex
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
 
-from ...sandboxes import End, ExecutionStatus, InvalidRequest, SandboxError, Stream
+from ...sandboxes import (
+    End,
+    Error,
+    ExecutionStatus,
+    InvalidRequest,
+    NotSupportedByImage,
+    Process,
+    ProcessNotFound,
+    SandboxError,
+    Stream,
+)
 from .common import runtime, sandbox_of
 from .connect import (
     STREAM_CONTENT_TYPE,
@@ -36,17 +48,6 @@ from .envs import bash_prefix, check_names
 
 HOME = "/home/user"
 KEEPALIVE_DEFAULT = 50.0  # seconds, when the client names no Keepalive-Ping-Interval
-
-
-@dataclass
-class Running:
-    """The commands this surface runs, per sandbox: what ``List`` shows."""
-
-    pids: itertools.count[int] = field(default_factory=lambda: itertools.count(1000))
-    by_sandbox: dict[str, dict[int, dict[str, Any]]] = field(default_factory=dict)
-
-
-RUNNING = web.AppKey("e2b_running", Running)
 
 
 def command_line(config: dict[str, Any]) -> str:
@@ -104,6 +105,16 @@ def _event(**event: Any) -> bytes:
     return envelope({"event": event})
 
 
+def _failure(exc: SandboxError) -> web.Response:
+    code = {
+        InvalidRequest: "invalid_argument",
+        ProcessNotFound: "not_found",
+        NotSupportedByImage: "unimplemented",
+    }.get(type(exc), "unavailable")
+    err = ConnectError(code, exc.message)
+    return web.json_response(err.wire(), status=err.status)
+
+
 async def start(request: web.Request) -> web.StreamResponse:
     try:
         message = parse_stream_request(await request.read())
@@ -114,28 +125,49 @@ async def start(request: web.Request) -> web.StreamResponse:
             raise ConnectError(
                 "unimplemented", "PTYs are not supported by kernelhost; run the command without pty"
             )
+        stdin = message.get("stdin", False)
+        if not isinstance(stdin, bool):
+            raise ConnectError("invalid_argument", "stdin must be a boolean")
         code = script(config)
         sbx = sandbox_of(request)
-        events = await runtime(request).manager.execute(sbx, code, "bash", _deadline(request))
+        proc = await runtime(request).manager.processes.start(
+            sbx, code, _deadline(request), stdin=stdin, info={"config": config, "tag": message.get("tag")}
+        )
     except ConnectError as exc:
         return web.json_response(exc.wire(), status=exc.status)
     except SandboxError as exc:
-        err = ConnectError(
-            "invalid_argument" if isinstance(exc, InvalidRequest) else "unavailable", exc.message
-        )
-        return web.json_response(err.wire(), status=err.status)
-    running = request.app[RUNNING]
-    pid = next(running.pids)
-    running.by_sandbox.setdefault(sbx.id, {})[pid] = {"config": config, "pid": pid}
+        return _failure(exc)
+    return await _follow(request, proc)
+
+
+async def connect(request: web.Request) -> web.StreamResponse:
+    """Follow a running process again: its output from now, and its end."""
+    try:
+        message = parse_stream_request(await request.read())
+        proc = _process(request, message)
+    except ConnectError as exc:
+        return web.json_response(exc.wire(), status=exc.status)
+    except SandboxError as exc:
+        return _failure(exc)
+    return await _follow(request, proc)
+
+
+async def _follow(request: web.Request, proc: Process) -> web.StreamResponse:
     resp = web.StreamResponse(headers={"Content-Type": STREAM_CONTENT_TYPE})
     await resp.prepare(request)
-    try:
-        await resp.write(_event(start={"pid": pid}))
-        await _relay(resp, events, _keepalive(request))
-    finally:
-        running.by_sandbox.get(sbx.id, {}).pop(pid, None)
+    await resp.write(_event(start={"pid": proc.pid}))
+    await _relay(resp, proc.listen(), _keepalive(request))
     await resp.write_eof()
     return resp
+
+
+def _process(request: web.Request, message: dict[str, Any]) -> Process:
+    """The process a request's ``process`` selector names (by pid; tags are not kept)."""
+    sbx = sandbox_of(request)
+    selector = message.get("process")
+    if not isinstance(selector, dict) or "pid" not in selector:
+        raise ConnectError("invalid_argument", "process must select a process by its pid")
+    return runtime(request).manager.processes.get(sbx, selector["pid"])
 
 
 async def _relay(resp: web.StreamResponse, events: Any, keepalive: float) -> None:
@@ -143,6 +175,7 @@ async def _relay(resp: web.StreamResponse, events: Any, keepalive: float) -> Non
     async with contextlib.aclosing(events):
         iterator = events.__aiter__()
         pending: asyncio.Task[Any] | None = None
+        last_error: Error | None = None
         try:
             while True:
                 pending = pending or asyncio.ensure_future(iterator.__anext__())
@@ -153,12 +186,13 @@ async def _relay(resp: web.StreamResponse, events: Any, keepalive: float) -> Non
                 pending = None
                 try:
                     event = done.pop().result()
-                except StopAsyncIteration:
-                    await resp.write(
-                        end_stream(ConnectError("internal", "the command ended without an exit code"))
-                    )
+                except StopAsyncIteration:  # no end: the listener was cut off, or the VM went
+                    why = last_error.value if last_error else "the command ended without an exit code"
+                    await resp.write(end_stream(ConnectError("unavailable", why)))
                     return
-                if isinstance(event, Stream):
+                if isinstance(event, Error):
+                    last_error = event
+                elif isinstance(event, Stream):
                     data = base64.b64encode(event.text.encode()).decode()
                     await resp.write(_event(data={event.name: data}))
                 elif isinstance(event, End):
@@ -185,20 +219,63 @@ def _end(event: End) -> bytes:
 
 async def list_processes(request: web.Request) -> web.Response:
     sbx = sandbox_of(request)
-    procs = list(request.app[RUNNING].by_sandbox.get(sbx.id, {}).values())
+    procs = [
+        {
+            "pid": p.pid,
+            "config": p.info.get("config") or {},
+            **({"tag": p.info["tag"]} if p.info.get("tag") else {}),
+        }
+        for p in runtime(request).manager.processes.of(sbx)
+    ]
     return web.json_response({"processes": procs}, content_type=UNARY_CONTENT_TYPE)
 
 
+#: envd's Signal enum, in its JSON names and numbers
+SIGNALS = {"SIGNAL_SIGKILL": "KILL", "SIGNAL_SIGTERM": "TERM", 9: "KILL", 15: "TERM"}
+
+
 async def send_signal(request: web.Request) -> web.Response:
-    sbx = sandbox_of(request)
+    return await _unary(request, _signal)
+
+
+async def send_input(request: web.Request) -> web.Response:
+    return await _unary(request, _input)
+
+
+async def close_stdin(request: web.Request) -> web.Response:
+    return await _unary(request, lambda proc, _: proc.send_input(b"", eof=True))
+
+
+async def _signal(proc: Process, message: dict[str, Any]) -> None:
+    name = SIGNALS.get(message.get("signal", "SIGNAL_SIGKILL"))
+    if name is None:
+        raise ConnectError("invalid_argument", f"signal {message.get('signal')!r} is not SIGKILL or SIGTERM")
+    await proc.signal(name)
+
+
+async def _input(proc: Process, message: dict[str, Any]) -> None:
+    given = message.get("input")
+    if not isinstance(given, dict) or not isinstance(given.get("stdin"), str):
+        if isinstance(given, dict) and "pty" in given:
+            raise ConnectError("unimplemented", "PTYs are not supported by kernelhost; send stdin")
+        raise ConnectError("invalid_argument", "input.stdin (base64 bytes) is required")
+    try:
+        data = base64.b64decode(given["stdin"], validate=True)
+    except ValueError:
+        raise ConnectError("invalid_argument", "input.stdin is not base64") from None
+    await proc.send_input(data)
+
+
+async def _unary(
+    request: web.Request, act: Callable[[Process, dict[str, Any]], Awaitable[None]]
+) -> web.Response:
     try:
         message = parse_message(await request.read())
-        pid = (message.get("process") or {}).get("pid")
-        if pid not in request.app[RUNNING].by_sandbox.get(sbx.id, {}):
-            raise ConnectError("not_found", f"no process {pid!r} in sandbox {sbx.id}")
+        await act(_process(request, message), message)
     except ConnectError as exc:
         return web.json_response(exc.wire(), status=exc.status)
-    await runtime(request).manager.interrupt(sbx)
+    except SandboxError as exc:
+        return _failure(exc)
     return web.json_response({}, content_type=UNARY_CONTENT_TYPE)
 
 
@@ -206,16 +283,18 @@ async def unsupported(request: web.Request) -> web.Response:
     method = request.match_info["method"]
     err = ConnectError(
         "unimplemented",
-        f"process.{method} is not supported by kernelhost (no input to a running command, no PTY, "
-        "no reattaching); supported: Start, List, SendSignal",
+        f"process.{method} is not supported by kernelhost (no PTY, no client-streamed input); "
+        "supported: Start, Connect, List, SendInput, CloseStdin, SendSignal",
     )
     return web.json_response(err.wire(), status=err.status)
 
 
 def add_routes(app: web.Application, prefix: str) -> None:
-    app[RUNNING] = Running()
     r = app.router
     r.add_post(f"{prefix}/process.Process/Start", start)
+    r.add_post(f"{prefix}/process.Process/Connect", connect)
     r.add_post(f"{prefix}/process.Process/List", list_processes)
     r.add_post(f"{prefix}/process.Process/SendSignal", send_signal)
+    r.add_post(f"{prefix}/process.Process/SendInput", send_input)
+    r.add_post(f"{prefix}/process.Process/CloseStdin", close_stdin)
     r.add_post(f"{prefix}/process.Process/{{method}}", unsupported)

@@ -182,11 +182,16 @@ class PythonCall(Call):
 @dataclass
 class BashCall(Call):
     command: str = ""
+    stdin: bool = False
+    keep_state: bool = True
 
     language = "bash"
     stop_rung = Recovery.KILLED
 
     async def start(self) -> list[Event]:
+        process = {"stdin": True} if self.stdin else {}
+        if not self.keep_state:
+            process["keep_state"] = False
         try:
             await self.agent.request(
                 Op.BASH,
@@ -194,6 +199,7 @@ class BashCall(Call):
                 run_id=self.run_id,
                 command=self.command,
                 max_output_bytes=self.budget.limits.max_output_bytes,
+                **process,
             )
         except NotSupportedByAgent:
             return self._unavailable(

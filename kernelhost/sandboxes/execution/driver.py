@@ -45,6 +45,10 @@ class Cell:
     code: str
     language: str = "python"
     timeout: float | None = None
+    #: bash only: a stdin the caller writes (``BashCall.send_input``), and whether the shell's
+    #: state (cwd, exports) is what the command leaves (false for a background process)
+    stdin: bool = False
+    keep_state: bool = True
 
 
 @dataclass(frozen=True)
@@ -65,6 +69,8 @@ class RunningCall:
     run_id: str = ""
     sub: Subscription | None = None
     interrupt_requested: bool = False
+    #: set once the call was sent to the guest (or failed to be): ``run_id`` names it there
+    started: asyncio.Event = field(default_factory=asyncio.Event)
 
     def notify(self, what: str, **content: Any) -> None:
         """Wake the execution with a notice (``restarted``, ``kernel_died``) from the host."""
@@ -111,7 +117,15 @@ class _Driver:
         run_id = uuid.uuid4().hex
         budget = OutputBudget(policy.limits)
         self.call: Call = (
-            BashCall(agent, run_id, budget, policy.agent_timeout, command=cell.code)
+            BashCall(
+                agent,
+                run_id,
+                budget,
+                policy.agent_timeout,
+                command=cell.code,
+                stdin=cell.stdin,
+                keep_state=cell.keep_state,
+            )
             if cell.language == "bash"
             else PythonCall(agent, run_id, budget, policy.agent_timeout, code=cell.code, session=session)
         )
@@ -130,7 +144,11 @@ class _Driver:
             self.running.language, self.running.run_id = call.language, call.run_id
             self.running.sub = sub
             try:
-                for event in await call.start():
+                try:
+                    started = await call.start()
+                finally:
+                    self.running.started.set()
+                for event in started:
                     yield event
                 while not call.done:
                     wait = None if deadline is None else max(0.0, deadline - loop.time())

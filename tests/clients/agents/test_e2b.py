@@ -5,6 +5,7 @@ configuration."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import os
@@ -109,6 +110,93 @@ async def test_files_and_commands(sandbox: object) -> None:
     # a command's cd and exports end with it, as an E2B process's do
     assert (await sandbox.commands.run("cd /; export X=1; pwd")).stdout == "/\n"
     assert (await sandbox.commands.run("pwd; echo ${X:-unset}")).stdout == "/home/user\nunset\n"
+
+
+async def _until(predicate, timeout: float, what: str) -> None:  # type: ignore[no-untyped-def]
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not predicate():
+        assert loop.time() < deadline, f"{what} did not happen within {timeout}s"
+        await asyncio.sleep(0.05)
+
+
+async def test_background_commands_run_beside_code_take_input_and_are_followed(sandbox: object) -> None:
+    from e2b_code_interpreter import AsyncSandbox
+
+    assert isinstance(sandbox, AsyncSandbox)
+    lines: list[str] = []
+    echo = await sandbox.commands.run(
+        'while read -r line; do echo "echo: $line"; done; echo bye',
+        background=True,
+        stdin=True,
+        on_stdout=lines.append,
+        timeout=300,
+    )
+    # code runs while the command waits for its input: it does not hold the sandbox
+    assert (await sandbox.run_code("6 * 7")).text == "42"
+    await sandbox.commands.send_stdin(echo.pid, "hello\n")
+    await _until(lambda: "echo: hello\n" in "".join(lines), 60, "the command's answer")
+    assert [p.pid for p in await sandbox.commands.list()] == [echo.pid]
+    # a second client follows it from now on (commands.connect)
+    follower = await sandbox.commands.connect(echo.pid, timeout=300)
+    await sandbox.commands.send_stdin(echo.pid, "again\n")
+    await sandbox.commands.close_stdin(echo.pid)  # end of file: the loop ends
+    done = await echo.wait()
+    assert (done.exit_code, done.stdout) == (0, "echo: hello\necho: again\nbye\n"), done
+    followed = await follower.wait()
+    assert followed.stdout.endswith("echo: again\nbye\n") and "hello" not in followed.stdout, followed
+    assert await sandbox.commands.list() == []
+    assert await sandbox.commands.kill(echo.pid) is False  # it ended: nothing to kill
+
+    # a server in the background, reached by the sandbox's code while it runs, then killed
+    server = await sandbox.commands.run(
+        "cd /tmp && echo served > page.txt && exec python3 -m http.server 8765 --bind 127.0.0.1",
+        background=True,
+        timeout=300,
+    )
+    fetched = await sandbox.run_code(
+        "import time, urllib.request\n"
+        "for _ in range(200):\n"
+        "    try:\n"
+        "        body = urllib.request.urlopen('http://127.0.0.1:8765/page.txt', timeout=5).read()\n"
+        "        break\n"
+        "    except OSError:\n"
+        "        time.sleep(0.1)\n"
+        "body.decode().strip()",
+        request_timeout=120,
+    )
+    assert fetched.error is None and fetched.text == "'served'", (fetched.error, fetched.text)
+    # a fork's child does not inherit it: the copy in the child's VM is ended, not left unlisted
+    (child,) = await sandbox.fork(count=1)
+    assert isinstance(child, AsyncSandbox)
+    try:
+        assert await child.commands.list() == []
+        gone = await child.run_code(
+            "import os, time\n"
+            "def serving():\n"
+            "    found = []\n"
+            "    for p in filter(str.isdigit, os.listdir('/proc')):\n"
+            "        try:\n"
+            "            if b'http.server' in open(f'/proc/{p}/cmdline', 'rb').read():\n"
+            "                found.append(p)\n"
+            "        except OSError:\n"
+            "            pass\n"
+            "    return found\n"
+            "for _ in range(100):\n"
+            "    if not serving():\n"
+            "        break\n"
+            "    time.sleep(0.1)\n"
+            "serving()",
+            request_timeout=120,
+        )
+        assert gone.text == "[]", (gone.error, gone.text)
+    finally:
+        await child.kill()
+    assert [p.pid for p in await sandbox.commands.list()] == [server.pid]
+    assert await server.kill() is True
+    with pytest.raises(Exception):  # noqa: B017  (killed: an exit code that is not 0)
+        await server.wait()
+    assert await sandbox.commands.list() == []
 
 
 async def test_lifecycle_list_timeout_pause_and_connect(e2b: Service) -> None:

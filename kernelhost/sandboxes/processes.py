@@ -1,0 +1,215 @@
+"""Background processes: shell commands that run beside a sandbox's calls (E2B's process
+service), each with a pid, its output streamed to whoever listens, and optionally a stdin.
+
+A native ``execute(language="bash")`` holds the sandbox's execution lock for its duration; a
+process does not: it runs in the guest's shell area next to the kernel and the other processes
+(the agent runs commands side by side), so a server started in the background does not hold
+up the next ``run_code``. It leaves the shell's state (cwd, exports) alone (``keep_state``
+false), so a process that ends late cannot bring back the state it started from.
+
+Output goes to the process's first listener (the call that started it) and to every later one
+(``listen``: a reconnect), from the moment each listens; a listener that stops reading for
+``LISTENER_PATIENCE`` seconds is cut off, so it cannot stall the others or the guest. With no
+listener the output is dropped and the command runs on. A process ends with its command (its
+``End``), when it is signalled, at its timeout (the timeout ladder of any bash call), when
+the sandbox is hibernated (its processes are killed first: their host side cannot be carried
+over), or with the sandbox's VM.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import structlog
+
+from ..channel import AgentClient, ChannelError
+from ..channel.protocol import Capability, Op
+from .context import Context
+from .errors import InvalidRequest, NotSupportedByImage, ProcessNotFound, Remedy
+from .execution import Cell, CellPolicy, End, Error, Event, RunningCall, run_cell
+from .sandbox import Sandbox, ensure_usable, wait_replacement
+
+log = structlog.get_logger("kernelhost.processes")
+
+LISTENER_EVENTS = 256  # events queued for one listener before it must read
+LISTENER_PATIENCE = 30.0  # seconds a listener may leave a full queue unread
+SIGNALS = ("INT", "TERM", "KILL")
+_END = object()  # a listener's queue: the process ended, or the listener was cut off
+
+
+@dataclass(eq=False)
+class Process:
+    """One background command of one sandbox."""
+
+    pid: int
+    sandbox_id: str
+    command: str
+    info: dict[str, Any]  # how the caller described it (E2B: its config), shown as given
+    stdin: bool
+    agent: AgentClient
+    agent_timeout: float
+    running: RunningCall = field(default_factory=RunningCall)
+    end: End | None = None
+    task: asyncio.Task[None] | None = None
+    _first: asyncio.Queue[Any] = field(default_factory=lambda: asyncio.Queue(LISTENER_EVENTS))
+    _listeners: set[asyncio.Queue[Any]] = field(default_factory=set)
+    _first_taken: bool = False
+
+    def __post_init__(self) -> None:
+        self._listeners.add(self._first)
+
+    def listen(self) -> AsyncIterator[Event]:
+        """The process's events from now to its ``End`` (the first call gets them from the
+        start). A listener cut off for not reading gets an ``Error`` and no ``End``."""
+        if not self._first_taken:
+            self._first_taken = True
+            return self._drain(self._first)
+        queue: asyncio.Queue[Any] = asyncio.Queue(LISTENER_EVENTS)
+        if self.end is not None:
+            queue.put_nowait(self.end)
+        else:
+            self._listeners.add(queue)
+        return self._drain(queue)
+
+    async def _drain(self, queue: asyncio.Queue[Any]) -> AsyncIterator[Event]:
+        try:
+            while True:
+                item = await queue.get()
+                if item is _END:
+                    yield Error("ListenerTooSlow", f"output of process {self.pid} was not read for "
+                                f"{LISTENER_PATIENCE:g}s; listen again to follow it")  # fmt: skip
+                    return
+                yield item
+                if isinstance(item, End):
+                    return
+        finally:
+            self._listeners.discard(queue)
+
+    async def _publish(self, event: Event) -> None:
+        for queue in list(self._listeners):
+            try:
+                queue.put_nowait(event)
+                continue
+            except asyncio.QueueFull:
+                pass
+            try:
+                await asyncio.wait_for(queue.put(event), LISTENER_PATIENCE)
+            except TimeoutError:
+                self._listeners.discard(queue)
+                with contextlib.suppress(asyncio.QueueEmpty):
+                    queue.get_nowait()  # room for the marker
+                queue.put_nowait(_END)
+
+    async def _run(self, events: AsyncIterator[Event]) -> None:
+        async with contextlib.aclosing(events):  # type: ignore[type-var]
+            async for event in events:
+                if isinstance(event, End):
+                    self.end = event
+                await self._publish(event)
+
+    async def send_input(self, data: bytes, eof: bool = False) -> None:
+        """Write to the command's stdin; ``eof`` closes it (the command reads end of file)."""
+        if not self.stdin:
+            raise InvalidRequest(
+                f"process {self.pid} was started without stdin; start it with stdin enabled",
+                field="stdin",
+            )
+        await self._request(Op.BASH_INPUT, data=data, eof=eof)
+
+    async def signal(self, name: str) -> None:
+        """INT, TERM or KILL to the command and what it started."""
+        if name not in SIGNALS:
+            raise InvalidRequest(f"signal {name!r} is not one of {', '.join(SIGNALS)}", field="signal")
+        await self._request(Op.BASH_SIGNAL, signal=name)
+
+    async def _request(self, op: Op, **fields: Any) -> None:
+        if self.end is not None:
+            raise ProcessNotFound(self.sandbox_id, self.pid)
+        await asyncio.wait_for(self.running.started.wait(), self.agent_timeout)
+        try:
+            await self.agent.request(op, timeout=self.agent_timeout, run_id=self.running.run_id, **fields)
+        except ChannelError as exc:
+            if self.end is not None:  # it ended while the request was on its way
+                raise ProcessNotFound(self.sandbox_id, self.pid) from None
+            raise InvalidRequest(f"process {self.pid}: {exc}", field="process") from None
+
+
+class Processes:
+    """The background processes of a manager's sandboxes."""
+
+    def __init__(self, ctx: Context, policy: CellPolicy) -> None:
+        self.ctx = ctx
+        self.policy = policy
+        self._pids = itertools.count(1000)
+
+    async def start(
+        self,
+        sbx: Sandbox,
+        command: str,
+        timeout: float | None = None,
+        stdin: bool = False,
+        info: dict[str, Any] | None = None,
+    ) -> Process:
+        """Start ``command`` in the sandbox's shell; returns once the guest runs it."""
+        if timeout is not None and timeout <= 0:
+            raise InvalidRequest(f"timeout={timeout} must be positive (seconds) or null", field="timeout")
+        await wait_replacement(sbx)
+        ensure_usable(sbx)
+        agent = sbx.live_agent
+        if agent is None or Capability.PROCESSES not in agent.info.capabilities:
+            raise NotSupportedByImage(
+                f"sandbox {sbx.id} cannot run background processes"
+                + ("" if agent is None else ": its guest image predates them; rebuild the images"),
+                remedy=Remedy.RECREATE,
+            )
+        proc = Process(
+            next(self._pids), sbx.id, command, dict(info or {}), stdin, agent, self.policy.agent_timeout
+        )
+        cell = Cell(command, "bash", timeout, stdin=stdin, keep_state=False)
+        events = run_cell(agent, cell, self.policy, proc.running, sbx.session_id)
+        sbx.processes[proc.pid] = proc
+        proc.task = self.ctx.tasks.spawn(self._own(sbx, proc, events), name=f"process:{sbx.id}:{proc.pid}")
+        self.ctx.registry.touch(sbx)
+        log.info("process.started", sandbox_id=sbx.id, pid=proc.pid, stdin=stdin, timeout=timeout)
+        return proc
+
+    async def _own(self, sbx: Sandbox, proc: Process, events: AsyncIterator[Event]) -> None:
+        try:
+            await proc._run(events)
+        finally:
+            sbx.processes.pop(proc.pid, None)
+            self.ctx.registry.touch(sbx)
+            end = proc.end
+            log.info(
+                "process.ended",
+                sandbox_id=sbx.id,
+                pid=proc.pid,
+                status=None if end is None else end.status.value,
+                exit_code=None if end is None else end.exit_code,
+            )
+
+    def get(self, sbx: Sandbox, pid: object) -> Process:
+        proc = sbx.processes.get(pid) if isinstance(pid, int) else None
+        if proc is None:
+            raise ProcessNotFound(sbx.id, pid)
+        return proc
+
+    def of(self, sbx: Sandbox) -> list[Process]:
+        return sorted(sbx.processes.values(), key=lambda p: p.pid)
+
+
+async def stop_processes(sbx: Sandbox, timeout: float) -> None:
+    """Kill a sandbox's background processes and wait for their ends (before its VM is saved:
+    the host side of a process cannot be carried over a hibernation)."""
+    procs = list(sbx.processes.values())
+    for proc in procs:
+        with contextlib.suppress(Exception):
+            await proc.signal("KILL")
+    tasks = [p.task for p in procs if p.task is not None]
+    if tasks:
+        await asyncio.wait(tasks, timeout=timeout)
