@@ -293,6 +293,14 @@ class Hypervisor:
         except libvirt.libvirtError as exc:
             raise HypervisorError(f"cannot read the XML of domain {name!r}: {exc}") from exc
 
+    def cpu_time(self, name: str) -> tuple[int, int]:
+        """(CPU time the domain's vCPUs used, in ns; its vCPU count)."""
+        try:
+            _state, _max_kib, _kib, vcpus, cpu_ns = self._lookup(name).info()
+        except libvirt.libvirtError as exc:
+            raise HypervisorError(f"cannot read the CPU time of domain {name!r}: {exc}") from exc
+        return int(cpu_ns), int(vcpus)
+
     def is_running(self, name: str) -> bool:
         try:
             dom = self.conn.lookupByName(name)

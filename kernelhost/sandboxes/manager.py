@@ -50,6 +50,7 @@ from .store import Store
 from .template_store import TemplateStore
 from .template_views import TemplateView
 from .templates import OperatorTemplates, TemplateService
+from .usage import UsageMeter
 from .vms import VmFactory
 
 log = structlog.get_logger("kernelhost.sandboxes")
@@ -100,7 +101,8 @@ class SandboxManager:
             restart_timeout=settings.restart_timeout,
             agent_timeout=settings.agent_timeout,
         )
-        self.processes = Processes(ctx, self._policy)
+        self.processes = Processes(ctx, self._policy, self._hibernation.settle)
+        self.usage = UsageMeter(ctx, self.processes)
         self._background: list[asyncio.Task[Any]] = []
         # a node of a cluster: its store is shared (docs/cluster.md)
         self.cluster = ClusterNode(ctx, store) if store.shared else None

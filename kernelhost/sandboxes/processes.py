@@ -7,21 +7,22 @@ process does not: it runs in the guest's shell area next to the kernel and the o
 up the next ``run_code``. It leaves the shell's state (cwd, exports) alone (``keep_state``
 false), so a process that ends late cannot bring back the state it started from.
 
-Output goes to the process's first listener (the call that started it) and to every later one
-(``listen``: a reconnect), from the moment each listens; a listener that stops reading for
-``LISTENER_PATIENCE`` seconds is cut off, so it cannot stall the others or the guest. With no
-listener the output is dropped and the command runs on. A process ends with its command (its
-``End``), when it is signalled, at its timeout (the timeout ladder of any bash call), when
-the sandbox is hibernated (its processes are killed first: their host side cannot be carried
-over), or with the sandbox's VM.
+Output (uncapped: it is streamed, never kept) goes to the process's first listener (the call
+that started it) and to every later one (``listen``: a reconnect), from the moment each
+listens; a listener that stops reading for ``LISTENER_PATIENCE`` seconds is cut off, so it
+cannot stall the others or the guest. With no listener the output is dropped and the command
+runs on. A process ends with its command (its ``End``), when it is signalled, at its timeout
+(the timeout ladder of any bash call), when the sandbox is hibernated (its processes are killed
+first: their host side cannot be carried over), or with the sandbox's VM.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import itertools
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,8 +32,8 @@ from ..channel import AgentClient, ChannelError
 from ..channel.protocol import Capability, Op
 from .context import Context
 from .errors import InvalidRequest, NotSupportedByImage, ProcessNotFound, Remedy
-from .execution import Cell, CellPolicy, End, Error, Event, RunningCall, run_cell
-from .sandbox import Sandbox, ensure_usable, wait_replacement
+from .execution import Cell, CellPolicy, End, Error, Event, OutputLimits, RunningCall, run_cell
+from .sandbox import Sandbox, ensure_usable
 
 log = structlog.get_logger("kernelhost.processes")
 
@@ -142,9 +143,13 @@ class Process:
 class Processes:
     """The background processes of a manager's sandboxes."""
 
-    def __init__(self, ctx: Context, policy: CellPolicy) -> None:
+    def __init__(
+        self, ctx: Context, policy: CellPolicy, settle: Callable[[Sandbox], Awaitable[None]]
+    ) -> None:
         self.ctx = ctx
-        self.policy = policy
+        self._settle = settle  # wait out a VM change in flight, wake a hibernated sandbox
+        # no output cap: a process's output is streamed to its listeners, never kept
+        self.policy = dataclasses.replace(policy, limits=OutputLimits(None, policy.limits.max_result_bytes))
         self._pids = itertools.count(1000)
 
     async def start(
@@ -158,7 +163,8 @@ class Processes:
         """Start ``command`` in the sandbox's shell; returns once the guest runs it."""
         if timeout is not None and timeout <= 0:
             raise InvalidRequest(f"timeout={timeout} must be positive (seconds) or null", field="timeout")
-        await wait_replacement(sbx)
+        ensure_usable(sbx)
+        await self._settle(sbx)
         ensure_usable(sbx)
         agent = sbx.live_agent
         if agent is None or Capability.PROCESSES not in agent.info.capabilities:

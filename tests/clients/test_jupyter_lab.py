@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import re
 import shutil
@@ -155,6 +156,14 @@ async def test_jupyterlab_debugger_stops_at_a_breakpoint_in_a_vm(jupyter_lab: Ju
     assert shot.stat().st_size > 10_000
 
 
+async def _until(predicate: Callable[[], bool], timeout: float) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while not predicate():
+        assert loop.time() < deadline, f"not within {timeout}s"
+        await asyncio.sleep(0.05)
+
+
 WIDGET_CELLS = [
     "import ipywidgets as widgets\n"
     "slider = widgets.IntSlider(value=3, min=0, max=100, description='n')\n"
@@ -168,6 +177,8 @@ async def test_jupyterlab_widget_slider_round_trips_with_a_vm_kernel(jupyter_lab
     notebook = _notebook(jupyter_lab, "widgets.ipynb", "python-datasci", WIDGET_CELLS)
     shot = _shot("jupyterlab-widgets.png")
     async with chromium_page() as page:
+        sent: list[str] = []  # what the page sent the kernel, to know when the value went out
+        page.on("websocket", lambda ws: ws.on("framesent", lambda payload: sent.append(str(payload))))
         await open_notebook(page, jupyter_lab, notebook, PATIENCE_MS / 1000)
         try:
             await run_cell(page, 0)
@@ -179,6 +190,9 @@ async def test_jupyterlab_widget_slider_round_trips_with_a_vm_kernel(jupyter_lab
             for _ in range(5):
                 await handle.press("ArrowRight")
             await page.locator(".widget-slider .widget-readout", has_text="8").wait_for()
+            # the widget manager sends a change only once the kernel is idle after the previous
+            # one (its throttle): run the cell once the last went out, or it overtakes it
+            await _until(lambda: any('"value":8' in frame for frame in sent), PATIENCE_MS / 1000)
             await run_cell(page, 1)
             await page.locator(".jp-OutputArea-output", has_text="kernel sees 8").wait_for()
             # the kernel sets the value: the slider in the page moves

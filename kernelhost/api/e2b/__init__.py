@@ -6,7 +6,8 @@
 
 ``lifecycle.py`` is the lifecycle API and ``snapshots.py`` its snapshots; under
 ``/e2b/sandbox`` (every in-sandbox call, told apart by E2B's ``E2b-Sandbox-Id`` header)
-``interpreter.py`` is the code interpreter, ``files.py`` and ``process.py`` are envd. Each
+``interpreter.py`` is the code interpreter, ``files.py``, ``watch.py`` and ``process.py`` are
+envd. Each
 translates to the sandbox manager's public API and holds no sandbox state. docs/e2b.md says
 what maps to what.
 """
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from . import files, interpreter, lifecycle, process
+from . import files, interpreter, lifecycle, process, watch
 from .common import PREFIX, SANDBOX_PREFIX, identify, is_rpc, lifecycle_error, sandbox_error
 
 __all__ = ["PREFIX", "SANDBOX_PREFIX", "identify", "setup_e2b"]
@@ -34,6 +35,7 @@ async def _no_route(request: web.Request) -> web.Response:
 def setup_e2b(app: web.Application) -> None:
     lifecycle.add_routes(app, PREFIX)
     interpreter.add_routes(app, SANDBOX_PREFIX)
+    watch.add_routes(app, SANDBOX_PREFIX)  # before the filesystem service's other methods
     files.add_routes(app, SANDBOX_PREFIX)
     process.add_routes(app, SANDBOX_PREFIX)
     app.router.add_route("*", PREFIX + "/{tail:.*}", _no_route)

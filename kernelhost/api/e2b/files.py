@@ -213,8 +213,8 @@ async def filesystem(request: web.Request) -> web.Response:
         if handler is None:
             raise ConnectError(
                 "unimplemented",
-                f"filesystem.{method} is not supported by kernelhost (watching a directory is not); "
-                f"supported: {', '.join(METHODS)}",
+                f"filesystem.{method} is not supported by kernelhost (watchers polled by id are not: use "
+                f"WatchDir); supported: {', '.join(METHODS)}, WatchDir",
             )
         message = parse_message(await request.read())
         sbx = sandbox_of(request)

@@ -132,6 +132,46 @@ async def get_sandbox(request: web.Request) -> web.Response:
     return web.json_response(_describe(request, _sandbox(request)))
 
 
+@lifecycle_view
+async def metrics(request: web.Request) -> web.Response:
+    """A reading of the sandbox's CPU, memory and disk now (one entry: kernelhost samples
+    nothing in the background); none while it is paused, or outside ``start``..``end``."""
+    sbx = _sandbox(request)
+    window = [_unix(request, name) for name in ("start", "end")]
+    if sbx.record.state == SandboxState.HIBERNATED:
+        return web.json_response([])
+    u = await runtime(request).manager.usage.read(sbx)
+    if (window[0] is not None and u.timestamp < window[0]) or (
+        window[1] is not None and u.timestamp > window[1] + 1
+    ):
+        return web.json_response([])
+    return web.json_response(
+        [
+            {
+                "timestamp": iso_time(u.timestamp),
+                "timestampUnix": int(u.timestamp),
+                "cpuCount": u.cpu_count,
+                "cpuUsedPct": u.cpu_used_pct,
+                "memUsed": u.mem_used,
+                "memTotal": u.mem_total,
+                "memCache": u.mem_cache,
+                "diskUsed": u.disk_used,
+                "diskTotal": u.disk_total,
+            }
+        ]
+    )
+
+
+def _unix(request: web.Request, name: str) -> int | None:
+    raw = request.query.get(name)
+    if raw is None:
+        return None
+    try:
+        return int(raw)
+    except ValueError:
+        raise E2BError(400, f"{name}={raw!r} must be a Unix time in seconds") from None
+
+
 def _filtered(request: web.Request) -> list[Sandbox]:
     query = request.query
     wanted: dict[str, str] = {}
@@ -250,13 +290,10 @@ def add_routes(app: web.Application, prefix: str) -> None:
     r.add_post(f"{prefix}/sandboxes/{{sandbox_id}}/connect", connect)
     r.add_post(f"{prefix}/sandboxes/{{sandbox_id}}/fork", fork)
     r.add_post(f"{prefix}/v2/sandboxes/{{sandbox_id}}/connect", connect)
+    r.add_get(f"{prefix}/sandboxes/{{sandbox_id}}/metrics", metrics)
     snapshots.add_routes(app, prefix)
     for path, feature in (
-        (
-            "/sandboxes/{sandbox_id}/metrics",
-            "per-sandbox metrics over time (kernelhost does not collect them)",
-        ),
-        ("/sandboxes/metrics", "metrics of several sandboxes"),
+        ("/sandboxes/metrics", "metrics of several sandboxes at once (ask each sandbox's)"),
         ("/volumes", "volumes"),
         ("/volumes/{tail:.*}", "volumes"),
         ("/secrets", "secrets"),

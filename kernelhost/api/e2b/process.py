@@ -83,7 +83,7 @@ def script(config: dict[str, Any]) -> str:
     return f"(\n{enter}{bash_prefix(envs)}{line}\n)"
 
 
-def _deadline(request: web.Request) -> float | None:
+def deadline(request: web.Request) -> float | None:
     raw = request.headers.get("Connect-Timeout-Ms")
     if raw is None:
         return None
@@ -94,7 +94,7 @@ def _deadline(request: web.Request) -> float | None:
     return ms / 1000 if ms > 0 else None
 
 
-def _keepalive(request: web.Request) -> float:
+def keepalive_interval(request: web.Request) -> float:
     try:
         return max(1.0, float(request.headers.get("Keepalive-Ping-Interval", KEEPALIVE_DEFAULT)))
     except ValueError:
@@ -131,7 +131,7 @@ async def start(request: web.Request) -> web.StreamResponse:
         code = script(config)
         sbx = sandbox_of(request)
         proc = await runtime(request).manager.processes.start(
-            sbx, code, _deadline(request), stdin=stdin, info={"config": config, "tag": message.get("tag")}
+            sbx, code, deadline(request), stdin=stdin, info={"config": config, "tag": message.get("tag")}
         )
     except ConnectError as exc:
         return web.json_response(exc.wire(), status=exc.status)
@@ -156,7 +156,7 @@ async def _follow(request: web.Request, proc: Process) -> web.StreamResponse:
     resp = web.StreamResponse(headers={"Content-Type": STREAM_CONTENT_TYPE})
     await resp.prepare(request)
     await resp.write(_event(start={"pid": proc.pid}))
-    await _relay(resp, proc.listen(), _keepalive(request))
+    await _relay(resp, proc.listen(), keepalive_interval(request))
     await resp.write_eof()
     return resp
 
@@ -226,6 +226,7 @@ async def list_processes(request: web.Request) -> web.Response:
             **({"tag": p.info["tag"]} if p.info.get("tag") else {}),
         }
         for p in runtime(request).manager.processes.of(sbx)
+        if "config" in p.info  # not the service's own (a usage reading)
     ]
     return web.json_response({"processes": procs}, content_type=UNARY_CONTENT_TYPE)
 

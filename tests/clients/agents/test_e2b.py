@@ -112,6 +112,29 @@ async def test_files_and_commands(sandbox: object) -> None:
     assert (await sandbox.commands.run("pwd; echo ${X:-unset}")).stdout == "/home/user\nunset\n"
 
 
+async def test_watch_dir_sees_files_come_change_and_go(sandbox: object) -> None:
+    from e2b import FilesystemEventType
+    from e2b_code_interpreter import AsyncSandbox
+
+    assert isinstance(sandbox, AsyncSandbox)
+    await sandbox.files.make_dir("/home/user/watched/deep")
+    seen: list[tuple[str, FilesystemEventType]] = []
+    handle = await sandbox.files.watch_dir(
+        "/home/user/watched", on_event=lambda e: seen.append((e.name, e.type)), recursive=True, timeout=300
+    )
+    try:
+        await sandbox.files.write("/home/user/watched/deep/new.txt", "first")
+        await _until(lambda: ("deep/new.txt", FilesystemEventType.CREATE) in seen, 60, "the create")
+        await sandbox.files.write("/home/user/watched/deep/new.txt", "second, longer")
+        await _until(lambda: seen.count(("deep/new.txt", FilesystemEventType.WRITE)) >= 2, 60, "the write")
+        await sandbox.files.remove("/home/user/watched/deep/new.txt")
+        await _until(lambda: ("deep/new.txt", FilesystemEventType.REMOVE) in seen, 60, "the remove")
+    finally:
+        await handle.stop()
+    with pytest.raises(Exception, match=r"no-such-dir is not a directory"):
+        await sandbox.files.watch_dir("/home/user/no-such-dir", on_event=seen.append)
+
+
 async def _until(predicate, timeout: float, what: str) -> None:  # type: ignore[no-untyped-def]
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
@@ -121,6 +144,8 @@ async def _until(predicate, timeout: float, what: str) -> None:  # type: ignore[
 
 
 async def test_background_commands_run_beside_code_take_input_and_are_followed(sandbox: object) -> None:
+    """commands.run(background, stdin), send_stdin, close_stdin, connect, list, kill; a server
+    reached by run_code while it runs; get_metrics; a fork's child without its parent's."""
     from e2b_code_interpreter import AsyncSandbox
 
     assert isinstance(sandbox, AsyncSandbox)
@@ -166,6 +191,11 @@ async def test_background_commands_run_beside_code_take_input_and_are_followed(s
         request_timeout=120,
     )
     assert fetched.error is None and fetched.text == "'served'", (fetched.error, fetched.text)
+    # get_metrics: a reading of now (the service's probe does not show as a command)
+    (reading,) = await sandbox.get_metrics()
+    assert reading.cpu_count >= 1 and 0 <= reading.cpu_used_pct <= 100, reading
+    assert 0 < reading.mem_used < reading.mem_total and 0 <= reading.disk_used <= reading.disk_total, reading
+    assert [p.pid for p in await sandbox.commands.list()] == [server.pid]
     # a fork's child does not inherit it: the copy in the child's VM is ended, not left unlisted
     (child,) = await sandbox.fork(count=1)
     assert isinstance(child, AsyncSandbox)

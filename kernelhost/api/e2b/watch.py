@@ -1,0 +1,172 @@
+"""envd's ``filesystem.Filesystem/WatchDir`` (``files.watch_dir`` in E2B's SDKs): changes under a
+directory of the sandbox, streamed as filesystem events.
+
+The watcher is a background process of the sandbox (``kernelhost/sandboxes/processes.py``) that
+polls the directory every ``POLL_SECONDS`` and prints one JSON line per change: create, write
+(a file's size or mtime changed), remove and chmod; a rename shows as a remove and a create, as
+polling cannot pair them. It runs beside the sandbox's code, and ends with the stream (the
+client's ``stop()``, its timeout, or a hang-up). A change and its undo between two polls is not
+seen.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import shlex
+from collections.abc import AsyncGenerator, AsyncIterator
+from typing import Any
+
+from aiohttp import web
+
+from ...sandboxes import End, Process, SandboxError, Stream
+from .common import runtime, sandbox_of
+from .connect import STREAM_CONTENT_TYPE, ConnectError, end_stream, envelope, parse_stream_request
+from .process import deadline, keepalive_interval
+
+HOME = "/home/user"
+POLL_SECONDS = 0.2
+STARTUP_TIMEOUT = 60.0
+TYPES = {
+    "create": "EVENT_TYPE_CREATE",
+    "write": "EVENT_TYPE_WRITE",
+    "remove": "EVENT_TYPE_REMOVE",
+    "chmod": "EVENT_TYPE_CHMOD",
+}
+# argv: the directory, 1 for recursive; first line {"ready": true} or {"error", "code"}
+WATCHER = r"""
+import json, os, stat, sys, time
+root, recursive = sys.argv[1], sys.argv[2] == "1"
+def say(**event):
+    sys.stdout.write(json.dumps(event) + "\n")
+    sys.stdout.flush()
+if not os.path.isdir(root):
+    code = "invalid_argument" if os.path.exists(root) else "not_found"
+    say(error=f"{root} is not a directory", code=code)
+    sys.exit(0)
+def scan():
+    seen = {}
+    todo = [""]
+    while todo:
+        rel = todo.pop()
+        try:
+            entries = list(os.scandir(os.path.join(root, rel)))
+        except OSError:
+            continue
+        for e in entries:
+            name = os.path.join(rel, e.name)
+            try:
+                st = e.stat(follow_symlinks=False)
+            except OSError:
+                continue
+            seen[name] = (st.st_mtime_ns, st.st_size, st.st_mode)
+            if recursive and stat.S_ISDIR(st.st_mode):
+                todo.append(name)
+    return seen
+old = scan()
+say(ready=True)
+while True:
+    time.sleep(float(sys.argv[3]))
+    new = scan()
+    for name in sorted(new.keys() - old.keys()):
+        say(name=name, type="create")
+        if not stat.S_ISDIR(new[name][2]) and new[name][1] > 0:
+            say(name=name, type="write")
+    for name in sorted(old.keys() - new.keys()):
+        say(name=name, type="remove")
+    for name in sorted(new.keys() & old.keys()):
+        (m0, s0, mode0), (m1, s1, mode1) = old[name], new[name]
+        if mode0 != mode1:
+            say(name=name, type="chmod")
+        if (m0, s0) != (m1, s1) and not stat.S_ISDIR(mode1):
+            say(name=name, type="write")
+    old = new
+"""
+
+
+def _command(path: str, recursive: bool) -> str:
+    argv = ["python3", "-u", "-c", WATCHER, path, "1" if recursive else "0", str(POLL_SECONDS)]
+    return f"cd {HOME} && exec {shlex.join(argv)}"
+
+
+async def _lines(events: AsyncIterator[Any]) -> AsyncGenerator[dict[str, Any], None]:
+    """The watcher's JSON lines; ends with the process."""
+    pending = ""
+    async for event in events:
+        if isinstance(event, Stream) and event.name == "stdout":
+            pending += event.text
+            *lines, pending = pending.split("\n")
+            for line in lines:
+                with contextlib.suppress(ValueError):
+                    yield json.loads(line)
+        elif isinstance(event, End):
+            return
+
+
+async def watch_dir(request: web.Request) -> web.StreamResponse:
+    try:
+        message = parse_stream_request(await request.read())
+        path = message.get("path")
+        if not isinstance(path, str) or not path:
+            raise ConnectError("invalid_argument", "path must be a non-empty path")
+        sbx = sandbox_of(request)
+        processes = runtime(request).manager.processes
+        proc = await processes.start(
+            sbx, _command(path, bool(message.get("recursive"))), deadline(request), info={"watch": path}
+        )
+    except ConnectError as exc:
+        return web.json_response(exc.wire(), status=exc.status)
+    except SandboxError as exc:
+        err = ConnectError("unavailable", exc.message)
+        return web.json_response(err.wire(), status=err.status)
+    try:
+        return await _stream(request, proc)
+    finally:
+        with contextlib.suppress(SandboxError, TimeoutError):
+            await proc.signal("KILL")
+
+
+async def _stream(request: web.Request, proc: Process) -> web.StreamResponse:
+    lines = _lines(proc.listen())
+    async with contextlib.aclosing(lines):
+        try:
+            first = await asyncio.wait_for(anext(lines, None), STARTUP_TIMEOUT)
+        except TimeoutError:
+            first = {"error": f"the watcher did not start within {STARTUP_TIMEOUT:g}s", "code": "unavailable"}
+        if first is None or "error" in first:
+            why = (first or {}).get("error", "the watcher ended before it started")
+            err = ConnectError((first or {}).get("code", "internal"), str(why))
+            return web.json_response(err.wire(), status=err.status)
+        resp = web.StreamResponse(headers={"Content-Type": STREAM_CONTENT_TYPE})
+        await resp.prepare(request)
+        await resp.write(envelope({"start": {}}))
+        await _relay(resp, lines, keepalive_interval(request))
+        await resp.write_eof()
+        return resp
+
+
+async def _relay(resp: web.StreamResponse, lines: AsyncIterator[dict[str, Any]], keepalive: float) -> None:
+    """Events as they come, a keepalive when there are none; an end once the watcher ends."""
+    pending: asyncio.Future[dict[str, Any] | None] | None = None
+    try:
+        while True:
+            pending = pending or asyncio.ensure_future(anext(lines, None))
+            done, _ = await asyncio.wait({pending}, timeout=keepalive)
+            if not done:
+                await resp.write(envelope({"keepalive": {}}))
+                continue
+            line, pending = pending.result(), None
+            if line is None:
+                await resp.write(end_stream(ConnectError("unavailable", "the watch ended")))
+                return
+            kind = TYPES.get(str(line.get("type")))
+            if kind is not None and isinstance(line.get("name"), str):
+                await resp.write(envelope({"filesystem": {"name": line["name"], "type": kind}}))
+    finally:
+        if pending is not None:
+            pending.cancel()
+
+
+def add_routes(app: web.Application, prefix: str) -> None:
+    app.router.add_post(f"{prefix}/filesystem.Filesystem/WatchDir", watch_dir)
