@@ -22,7 +22,7 @@ import asyncio
 import contextlib
 import dataclasses
 import itertools
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -64,7 +64,7 @@ class Process:
     def __post_init__(self) -> None:
         self._listeners.add(self._first)
 
-    def listen(self) -> AsyncIterator[Event]:
+    def listen(self) -> AsyncGenerator[Event, None]:
         """The process's events from now to its ``End`` (the first call gets them from the
         start). A listener cut off for not reading gets an ``Error`` and no ``End``."""
         if not self._first_taken:
@@ -77,7 +77,7 @@ class Process:
             self._listeners.add(queue)
         return self._drain(queue)
 
-    async def _drain(self, queue: asyncio.Queue[Any]) -> AsyncIterator[Event]:
+    async def _drain(self, queue: asyncio.Queue[Any]) -> AsyncGenerator[Event, None]:
         try:
             while True:
                 item = await queue.get()
@@ -106,8 +106,8 @@ class Process:
                     queue.get_nowait()  # room for the marker
                 queue.put_nowait(_END)
 
-    async def _run(self, events: AsyncIterator[Event]) -> None:
-        async with contextlib.aclosing(events):  # type: ignore[type-var]
+    async def _run(self, events: AsyncGenerator[Event, None]) -> None:
+        async with contextlib.aclosing(events):
             async for event in events:
                 if isinstance(event, End):
                     self.end = event
@@ -184,7 +184,7 @@ class Processes:
         log.info("process.started", sandbox_id=sbx.id, pid=proc.pid, stdin=stdin, timeout=timeout)
         return proc
 
-    async def _own(self, sbx: Sandbox, proc: Process, events: AsyncIterator[Event]) -> None:
+    async def _own(self, sbx: Sandbox, proc: Process, events: AsyncGenerator[Event, None]) -> None:
         try:
             await proc._run(events)
         finally:

@@ -77,7 +77,7 @@ class UsageMeter:
         """(memory total, used, cached; disk total, used) in bytes, from inside the guest."""
         proc = await self.processes.start(sbx, PROBE, timeout=READING_TIMEOUT, info={"usage": True})
         out: list[str] = []
-        async with contextlib.aclosing(proc.listen()) as events:  # type: ignore[type-var]
+        async with contextlib.aclosing(proc.listen()) as events:
             async for event in events:
                 if isinstance(event, Stream) and event.name == "stdout":
                     out.append(event.text)

@@ -4,7 +4,7 @@ output, from when, a listener that stops reading, and what a process refuses."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 import pytest
@@ -23,7 +23,7 @@ def _end() -> End:
     return End(status=ExecutionStatus.OK, duration_ms=1.0, language="bash", exit_code=0)
 
 
-async def _feed(events: asyncio.Queue[Any]) -> AsyncIterator[Any]:
+async def _feed(events: asyncio.Queue[Any]) -> AsyncGenerator[Any, None]:
     while (event := await events.get()) is not None:
         yield event
 

@@ -13,10 +13,11 @@ errors in the two shapes E2B's SDKs parse.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import hashlib
 import hmac
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
 import structlog
@@ -192,3 +193,25 @@ def sandbox_error(request: web.Request, status: int, code: str, message: str) ->
     if is_rpc(request):
         return web.json_response({"code": code, "message": message}, status=status)
     return web.json_response({"code": status, "message": message}, status=status)
+
+
+async def with_keepalives(items: AsyncIterator[T], interval: float) -> AsyncGenerator[T | None, None]:
+    """``items`` as they come, and None after each ``interval`` seconds without one (a stream's
+    cue to send a keepalive); the item being waited for is not lost to the pause."""
+    pending: asyncio.Future[T] | None = None
+    try:
+        while True:
+            pending = pending or asyncio.ensure_future(anext(items))
+            done, _ = await asyncio.wait({pending}, timeout=interval)
+            if not done:
+                yield None
+                continue
+            task, pending = pending, None
+            try:
+                item = task.result()
+            except StopAsyncIteration:
+                return
+            yield item
+    finally:
+        if pending is not None:
+            pending.cancel()

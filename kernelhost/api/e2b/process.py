@@ -14,11 +14,10 @@ is killed, or reaches its timeout (the stream's ``Connect-Timeout-Ms``). PTYs an
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import contextlib
 import shlex
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
@@ -26,6 +25,7 @@ from aiohttp import web
 from ...sandboxes import (
     End,
     Error,
+    Event,
     ExecutionStatus,
     InvalidRequest,
     NotSupportedByImage,
@@ -34,7 +34,7 @@ from ...sandboxes import (
     SandboxError,
     Stream,
 )
-from .common import runtime, sandbox_of
+from .common import runtime, sandbox_of, with_keepalives
 from .connect import (
     STREAM_CONTENT_TYPE,
     UNARY_CONTENT_TYPE,
@@ -170,37 +170,25 @@ def _process(request: web.Request, message: dict[str, Any]) -> Process:
     return runtime(request).manager.processes.get(sbx, selector["pid"])
 
 
-async def _relay(resp: web.StreamResponse, events: Any, keepalive: float) -> None:
+async def _relay(resp: web.StreamResponse, events: AsyncGenerator[Event, None], keepalive: float) -> None:
     """Output as data events, a keepalive when the command is quiet, the end with its code."""
-    async with contextlib.aclosing(events):
-        iterator = events.__aiter__()
-        pending: asyncio.Task[Any] | None = None
-        last_error: Error | None = None
-        try:
-            while True:
-                pending = pending or asyncio.ensure_future(iterator.__anext__())
-                done, _ = await asyncio.wait({pending}, timeout=keepalive)
-                if not done:
-                    await resp.write(_event(keepalive={}))
-                    continue
-                pending = None
-                try:
-                    event = done.pop().result()
-                except StopAsyncIteration:  # no end: the listener was cut off, or the VM went
-                    why = last_error.value if last_error else "the command ended without an exit code"
-                    await resp.write(end_stream(ConnectError("unavailable", why)))
-                    return
-                if isinstance(event, Error):
-                    last_error = event
-                elif isinstance(event, Stream):
-                    data = base64.b64encode(event.text.encode()).decode()
-                    await resp.write(_event(data={event.name: data}))
-                elif isinstance(event, End):
-                    await resp.write(_end(event))
-                    return
-        finally:
-            if pending is not None:
-                pending.cancel()
+    last_error: Error | None = None
+    keepalives = with_keepalives(events, keepalive)
+    async with contextlib.aclosing(events), contextlib.aclosing(keepalives) as items:
+        async for event in items:
+            if event is None:
+                await resp.write(_event(keepalive={}))
+            elif isinstance(event, Error):
+                last_error = event
+            elif isinstance(event, Stream):
+                data = base64.b64encode(event.text.encode()).decode()
+                await resp.write(_event(data={event.name: data}))
+            elif isinstance(event, End):
+                await resp.write(_end(event))
+                return
+    # no end: the listener was cut off, or the VM went
+    why = last_error.value if last_error else "the command ended without an exit code"
+    await resp.write(end_stream(ConnectError("unavailable", why)))
 
 
 def _end(event: End) -> bytes:

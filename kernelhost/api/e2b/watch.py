@@ -21,7 +21,7 @@ from typing import Any
 from aiohttp import web
 
 from ...sandboxes import End, Process, SandboxError, Stream
-from .common import runtime, sandbox_of
+from .common import runtime, sandbox_of, with_keepalives
 from .connect import STREAM_CONTENT_TYPE, ConnectError, end_stream, envelope, parse_stream_request
 from .process import deadline, keepalive_interval
 
@@ -148,24 +148,15 @@ async def _stream(request: web.Request, proc: Process) -> web.StreamResponse:
 
 async def _relay(resp: web.StreamResponse, lines: AsyncIterator[dict[str, Any]], keepalive: float) -> None:
     """Events as they come, a keepalive when there are none; an end once the watcher ends."""
-    pending: asyncio.Future[dict[str, Any] | None] | None = None
-    try:
-        while True:
-            pending = pending or asyncio.ensure_future(anext(lines, None))
-            done, _ = await asyncio.wait({pending}, timeout=keepalive)
-            if not done:
+    async with contextlib.aclosing(with_keepalives(lines, keepalive)) as items:
+        async for line in items:
+            if line is None:
                 await resp.write(envelope({"keepalive": {}}))
                 continue
-            line, pending = pending.result(), None
-            if line is None:
-                await resp.write(end_stream(ConnectError("unavailable", "the watch ended")))
-                return
             kind = TYPES.get(str(line.get("type")))
             if kind is not None and isinstance(line.get("name"), str):
                 await resp.write(envelope({"filesystem": {"name": line["name"], "type": kind}}))
-    finally:
-        if pending is not None:
-            pending.cancel()
+    await resp.write(end_stream(ConnectError("unavailable", "the watch ended")))
 
 
 def add_routes(app: web.Application, prefix: str) -> None:
