@@ -235,6 +235,7 @@ def install_overlay(root: Path) -> None:
     )
     shutil.copy2(HERE / "agent" / "launch_kernel.py", opt / "launch_kernel.py")
     shutil.copy2(HERE / "agent" / "kernel_limits.py", opt / "kernel_limits.py")
+    shutil.copy2(HERE / "agent" / "kernel_wire.py", opt / "kernel_wire.py")
     shutil.copy2(CODEC, opt / "codec.py")
     shutil.copy2(PROTOCOL, opt / "protocol.py")
     spec_dir = root / "usr" / "local" / "share" / "jupyter" / "kernels" / "kernelhost"

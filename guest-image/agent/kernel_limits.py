@@ -14,6 +14,7 @@ is let through, so the host always sees that the cap was crossed and adds its vi
 from __future__ import annotations
 
 import inspect
+import os
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -23,6 +24,12 @@ from ipykernel import iostream, kernelbase
 _lock = threading.Lock()
 _cap: int | None = None  # characters the current execution may still write (plus one)
 _installed = False
+_forked = False
+
+
+def _note_fork() -> None:
+    global _forked
+    _forked = True  # a child process writes through ipykernel's own path (it handles forks)
 
 
 def _requested_cap(parent: Any) -> int | None:
@@ -42,6 +49,10 @@ def install() -> None:
     _installed = True
     original_execute: Callable[..., Any] = kernelbase.Kernel.execute_request  # unannotated upstream
     original_write = iostream.OutStream.write
+    # the lean path knows ipykernel 6's OutStream (one buffer, a flush scheduled once); any
+    # other keeps ipykernel's write
+    lean = all(hasattr(iostream.OutStream, a) for a in ("_schedule_flush", "_rotate_buffer"))
+    os.register_at_fork(after_in_child=_note_fork)
 
     async def execute_request(self: Any, stream: Any, ident: Any, parent: Any) -> Any:
         global _cap
@@ -56,17 +67,25 @@ def install() -> None:
         global _cap
         if not isinstance(string, str):
             return original_write(self, string)  # raises ipykernel's own TypeError
-        with _lock:
-            if _cap is None:
-                allowed = len(string)
-            else:
-                allowed = min(len(string), _cap)
-                _cap -= allowed
-        if allowed == len(string):
-            return original_write(self, string)
-        if allowed:
-            original_write(self, string[:allowed])
-        return len(string)  # the caller's text counts as written: dropping it is the point
+        allowed = len(string)
+        if _cap is not None:
+            with _lock:
+                if _cap is not None:
+                    allowed = min(allowed, _cap)
+                    _cap -= allowed
+        if allowed < len(string):
+            if allowed:
+                original_write(self, string[:allowed])
+            return len(string)  # the caller's text counts as written: dropping it is the point
+        if lean and not _forked and self.echo is None and getattr(self, "_buffer", None) is not None:
+            # ipykernel's own write, less what a cell printing line by line pays for on every
+            # line under emulation (a getpid, a second lock, calls): the buffer, then one flush
+            with self._buffer_lock:
+                self._buffer.write(string)
+            if not self._flush_pending:
+                self._schedule_flush()
+            return len(string)
+        return original_write(self, string)
 
     kernelbase.Kernel.execute_request = execute_request  # type: ignore[method-assign]
     iostream.OutStream.write = write  # type: ignore[method-assign]

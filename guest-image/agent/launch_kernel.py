@@ -2,12 +2,37 @@
 
 # debugpy (ipykernel's debugger) costs about a second of start-up under TCG; a template
 # snapshot's kernel pays it once, before the freeze, and its clones not at all.
+import functools
 import inspect
+import os
+import sys
 from typing import Any
 
-import kernel_limits  # per-execution output cap; see kernel_limits.py
-from ipykernel import kernelapp
+# No parent poller: the agent is the kernel's parent for the VM's whole life, and the poller's
+# thread wakes every second, in every idle sandbox (ipykernel reads this at import).
+os.environ.pop("JPY_PARENT_PID", None)
+
+import kernel_limits
+from ipykernel import ipkernel, kernelapp, kernelbase
 from ipykernel.ipkernel import IPythonKernel
+
+# The message parts in msgpack (kernel_wire.py): only the agent reads this kernel's sockets.
+sys.argv += ["--Session.packer=kernel_wire.pack", "--Session.unpacker=kernel_wire.unpack"]
+
+# ipykernel asks inspect.signature of the same two methods on every execute_request (about
+# 9 ms each under emulation): once per function is enough.
+_modules: list[Any] = [kernelbase, ipkernel]
+_accepts: Any = getattr(kernelbase, "_accepts_cell_id", None)
+if _accepts is not None:
+    _cached = functools.lru_cache(maxsize=64)(lambda func: _accepts(func))
+
+    def _accepts_cell_id(meth: Any) -> Any:
+        func = getattr(meth, "__func__", None)
+        return _accepts(meth) if func is None else _cached(func)
+
+    for _module in _modules:
+        if hasattr(_module, "_accepts_cell_id"):
+            _module._accepts_cell_id = _accepts_cell_id
 
 _do_history: Any = IPythonKernel.do_history
 

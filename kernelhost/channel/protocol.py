@@ -74,6 +74,7 @@ class Op(enum.StrEnum):
     NET_CONFIG = "net_config"  # the sandbox's network mode: proxy, pip.conf, environment
     PREPARE_SNAPSHOT = "prepare_snapshot"  # warm up before the VM is frozen into a template
     RESUMED = "resumed"  # after a clone, wake or fork: clock, entropy, RNG seeds
+    WARM_UP = "warm_up"  # a pooled clone's first cells, before it is handed out (no trace)
 
 
 class Event(enum.StrEnum):
@@ -120,6 +121,7 @@ class Capability(enum.StrEnum):
     FILES = "files"
     NETWORK = "network"
     SNAPSHOT = "snapshot"
+    WARM_UP = "warm_up"
 
 
 #: The capability each optional op needs; ops not listed every agent has.
@@ -137,6 +139,7 @@ CAPABILITY_OF: dict[Op, Capability] = {
     Op.NET_CONFIG: Capability.NETWORK,
     Op.PREPARE_SNAPSHOT: Capability.SNAPSHOT,
     Op.RESUMED: Capability.SNAPSHOT,
+    Op.WARM_UP: Capability.WARM_UP,
 }
 
 #: What an agent of protocol 1 (which announced no capabilities) could do.

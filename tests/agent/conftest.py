@@ -107,6 +107,7 @@ def test_config(root: Path, port_fd: int, **overrides: Any) -> AgentConfig:
         "set_clock": False,
         "add_entropy": False,
         "drop_caches": False,
+        "unsigned_kernel": True,
     }
     fields.update(overrides)
     return AgentConfig(**fields)

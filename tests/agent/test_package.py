@@ -53,6 +53,7 @@ def test_overlay_holds_the_package_and_the_shared_modules(overlay: Path) -> None
     assert sorted(p.name for p in opt.iterdir()) == [
         "codec.py",
         "kernel_limits.py",
+        "kernel_wire.py",
         "kernelhost_agent",
         "launch_kernel.py",
         "protocol.py",

@@ -52,3 +52,22 @@ async def test_resumed_ignores_fields_of_the_wrong_type(host: HostEnd) -> None:
 
 async def test_warm_up_output_never_reaches_the_host(host: HostEnd) -> None:
     assert host.strays() == []
+
+
+async def test_warm_up_runs_the_first_cells_and_leaves_no_trace(host: HostEnd) -> None:
+    """A pooled clone's warm-up (the ops run before a user has the sandbox): afterwards the
+    execution count is where it was, and no result, output or error of it is left."""
+    code = (
+        "import sys\n"
+        "print(get_ipython().execution_count, hasattr(sys, 'last_value'),"
+        " sorted(k for k in globals() if k[:1] == '_' and k[1:].isdigit()))"
+    )
+    before = await host.execute(code)
+    count = before.reply["content"]["execution_count"]
+    shown = int(before.stream().split()[0])  # IPython's counter, which runs one ahead in a cell
+    reply = await host.ok(protocol.Op.WARM_UP, timeout=60.0)
+    assert reply["seconds"] >= 0
+    after = await host.execute(code)
+    assert after.stream() == f"{shown + 1} False []\n"
+    assert after.reply["content"]["execution_count"] == count + 1
+    assert host.strays() == []

@@ -27,7 +27,7 @@ from .network import Network
 from .port import Port, find_port
 from .relay import Relay
 from .shared import log, protocol
-from .snapshot import Snapshots
+from .snapshot import Snapshots, WarmUp
 from .tasks import TaskSet
 
 __all__ = ["Agent", "KernelOps", "run"]
@@ -97,6 +97,7 @@ class Agent:
         self.dispatcher.register(Files(config))
         self.dispatcher.register(self.network)
         self.dispatcher.register(Snapshots(config, self.kernel))
+        self.dispatcher.register(WarmUp(self.kernel, config.language))
         self.dispatcher.register_kinds(self.relay.frame_handlers())
         self.dispatcher.register_kinds(self.proxy.frame_handlers())
 
@@ -119,6 +120,7 @@ class Agent:
         await self.kernel.wait_ready()
         log(f"kernel ready in {time.monotonic() - t0:.2f}s")
         self.tasks.spawn(self.kernel.monitor(), name="kernel-monitor")
+        self.kernel.spawn_standby()
 
     async def _open_port(self) -> Port:
         loop = asyncio.get_running_loop()

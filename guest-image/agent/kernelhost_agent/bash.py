@@ -22,6 +22,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import IO, Any
 
+from . import outpipe
 from .cgroups import Cgroups
 from .config import AgentConfig
 from .dispatch import Handler
@@ -32,7 +33,6 @@ __all__ = ["Bash"]
 
 Send = Callable[[dict[str, Any]], bool]
 
-CHUNK = 1 << 20  # at most this much output per message; more is buffered while one is sent
 DRAIN_SECONDS = 0.5
 STATE_MAX = 1 << 20
 RUN_ID_MAX = 64
@@ -277,18 +277,11 @@ class Bash:
 
     async def _pump(self, run_id: str, pipe: IO[bytes] | None, name: str, left: list[int | None]) -> None:
         """Relay one of bash's pipes as stream messages, at most ``left[0]`` bytes of both."""
-        loop = asyncio.get_running_loop()
-        reader = asyncio.StreamReader(limit=CHUNK)
-        transport, _ = await loop.connect_read_pipe(lambda: asyncio.StreamReaderProtocol(reader), pipe)
+        if pipe is None:
+            return
         decoder = codecs.getincrementaldecoder("utf-8")("replace")
         try:
-            while True:
-                data = await reader.read(CHUNK)
-                if not data:
-                    text = decoder.decode(b"", final=True)
-                    if text:
-                        self._emit(run_id, "iopub", "stream", {"name": name, "text": text})
-                    return
+            async for data in outpipe.chunks(pipe.fileno()):
                 budget = left[0]
                 if budget is not None:  # past the cap: keep draining so bash never blocks
                     data = data[: max(0, budget)]
@@ -298,8 +291,11 @@ class Bash:
                 text = decoder.decode(data)
                 if text:
                     self._emit(run_id, "iopub", "stream", {"name": name, "text": text})
+            text = decoder.decode(b"", final=True)
+            if text:
+                self._emit(run_id, "iopub", "stream", {"name": name, "text": text})
         finally:
-            transport.close()
+            pipe.close()
 
     def _emit(self, run_id: str, channel: str, msg_type: str, content: dict[str, Any]) -> None:
         """One Jupyter-shaped message of a run, its parent being the run_id."""

@@ -57,6 +57,12 @@ class AgentConfig:
     #: How long a request that needs the kernel (hello, shell messages) waits for it to be ready
     #: (a start or restart in progress) before it is refused.
     request_ready_timeout: float = 300.0
+    #: Run the kernel without message signatures (an empty key): the kernelhost kernel, whose
+    #: sockets only the agent reaches (``kernel_wire.py``); None: only the "kernelhost" kernel.
+    unsigned_kernel: bool | None = None
+    #: Keep a second kernel started ahead, which a restart puts in place (``standby.py``): a
+    #: restart in a fraction of a second, for the memory of one idle kernel.
+    standby_kernel: bool = True
     #: Poll interval of the kernel monitor while a restart replaces the process.
     monitor_interval: float = 0.5
     #: The environment the kernel and bash start from; the network mode's proxy variables are set

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import dataclasses
 import subprocess
 import time
@@ -21,7 +22,9 @@ from jupyter_client.kernelspec import KernelSpecManager
 from jupyter_client.manager import AsyncKernelManager
 
 from .config import AgentConfig
+from .languages import language_for
 from .shared import log, log_exception, protocol
+from .standby import Standby
 
 __all__ = ["CHANNELS", "HOST_CHANNELS", "Kernel", "KernelNotReady"]
 
@@ -55,14 +58,11 @@ class Kernel:
         self.config = config
         self._send = send
         self.context = zmq.asyncio.Context()
-        extra: dict[str, Any] = {}
-        if config.kernelspec_dirs is not None:
-            extra["kernel_spec_manager"] = KernelSpecManager(kernel_dirs=list(config.kernelspec_dirs))
-        if config.connection_file is not None:
-            extra["connection_file"] = config.connection_file
-        # jupyter_client 7 defaults to a blocking zmq.Context; the relay needs asyncio sockets.
-        self.km = AsyncKernelManager(kernel_name=config.kernel_name, context=self.context, **extra)
+        self.km = self._manager(config.connection_file)
         self.sockets: dict[str, zmq.asyncio.Socket] = {}
+        #: called with the new sockets after a restart swapped in the standby (the relay's readers)
+        self.on_new_sockets: Callable[[], None] = lambda: None
+        self.standby: Standby | None = None
         self.ready = asyncio.Event()
         self.kernel_info: dict[str, Any] = {}
         self._internal: dict[str, _Pending] = {}
@@ -71,6 +71,22 @@ class Kernel:
         self._finished: collections.OrderedDict[str, None] = collections.OrderedDict()
         self._restarting = False
         self._restart_lock = asyncio.Lock()
+        self.language = language_for(config.language)
+        self._standby_task: asyncio.Task[None] | None = None
+
+    def _manager(self, connection_file: str | None) -> AsyncKernelManager:
+        extra: dict[str, Any] = {}
+        if self.config.kernelspec_dirs is not None:
+            extra["kernel_spec_manager"] = KernelSpecManager(kernel_dirs=list(self.config.kernelspec_dirs))
+        if connection_file is not None:
+            extra["connection_file"] = connection_file
+        # jupyter_client 7 defaults to a blocking zmq.Context; the relay needs asyncio sockets.
+        km = AsyncKernelManager(kernel_name=self.config.kernel_name, context=self.context, **extra)
+        km.session.unpacker = "kernel_wire.unpack"  # msgpack from our kernel, JSON from others
+        unsigned = self.config.unsigned_kernel
+        if unsigned or (unsigned is None and self.config.kernel_name == "kernelhost"):
+            km.session.key = b""
+        return km
 
     @property
     def session(self) -> Any:
@@ -90,6 +106,10 @@ class Kernel:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
+        self._connect()
+
+    def _connect(self) -> None:
+        """Connect the agent's sockets to the current kernel manager's kernel."""
         # One zmq identity for shell, control and stdin, as jupyter_client's own clients have:
         # the kernel sends a cell's input_request to the identity its execute_request came from,
         # on the stdin socket, and a router drops what is addressed to an identity it never saw.
@@ -137,13 +157,18 @@ class Kernel:
             ) from None
 
     async def restart(self, reason: str) -> None:
-        """Replace the kernel process (same ports and key), then report ``kernel_restarted``."""
+        """A fresh kernel process, then ``kernel_restarted``: the standby put in place if one is
+        ready (then a new standby is started), else the process replaced (same ports and key)."""
         async with self._restart_lock:
             self._restarting = True
             self.ready.clear()  # shell messages wait for the new kernel instead of reaching the old
             try:
-                await asyncio.wait_for(self.km.restart_kernel(now=True), self.config.ready_timeout)
+                swapped = await self._swap_in_standby()
+                if not swapped:
+                    await asyncio.wait_for(self.km.restart_kernel(now=True), self.config.ready_timeout)
                 await self.wait_ready()
+                if swapped:
+                    await self._freshen(swapped)
             finally:
                 self._restarting = False
         self._send(
@@ -153,6 +178,70 @@ class Kernel:
                 "reason": reason,
             }
         )
+
+    # -- the standby ---------------------------------------------------------------------------
+
+    async def prepare_standby(self) -> None:
+        """Start a standby kernel (unless one runs or the configuration has none)."""
+        if not self.config.standby_kernel or self.standby is not None:
+            return
+        self.standby = Standby(self.config, self._manager)
+        await self.standby.start()
+        if self.standby.failed:
+            self.standby = None
+
+    def spawn_standby(self) -> None:
+        """Start the next standby in a task of the kernel's own (cancelled at ``stop``)."""
+        if self._standby_task is None or self._standby_task.done():
+            self._standby_task = asyncio.ensure_future(self.prepare_standby())
+
+    async def until_standby(self, timeout: float) -> bool:
+        """Wait for the standby being started to be ready (before a freeze); False if none is."""
+        if self._standby_task is not None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(self._standby_task), timeout)
+        return self.standby is not None and self.standby.ready.is_set()
+
+    async def _swap_in_standby(self) -> Standby | None:
+        """Put the ready standby in the kernel's place; the old kernel is killed."""
+        standby = self.standby
+        if standby is None or not self._may_swap(standby):
+            return None
+        km = standby.take()
+        if km is None:
+            return None
+        self.standby = None
+        old_km, old_sockets = self.km, self.sockets
+        self.km, self.sockets = km, {}
+        self._connect()
+        self.on_new_sockets()
+        for sock in old_sockets.values():
+            sock.close(linger=0)
+        try:
+            await asyncio.wait_for(old_km.shutdown_kernel(now=True), self.config.ready_timeout)
+        except Exception:  # the new kernel is in place; the old one is the monitor's no more
+            log_exception("the replaced kernel did not shut down cleanly:")
+        return standby
+
+    def _may_swap(self, standby: Standby) -> bool:
+        """Whether the standby can become this sandbox's kernel: the environment set since it
+        started must be settable in it by a cell of the kernel's language."""
+        changed, unset = standby.env_changes()
+        if not (changed or unset):
+            return True
+        return self.language.set_env(changed, unset, self.config.pip_site) is not None
+
+    async def _freshen(self, standby: Standby) -> None:
+        """Make the promoted standby this sandbox's fresh kernel: its environment and random
+        streams; then start the next standby in the background."""
+        changed, unset = standby.env_changes()
+        if changed or unset:
+            code = self.language.set_env(changed, unset, self.config.pip_site)
+            if code is not None:
+                await self.run_silent(code)
+        if self.language.reseed is not None:
+            await self.run_silent(self.language.reseed)
+        self.spawn_standby()
 
     async def monitor(self) -> None:
         """Report a kernel that died, and start a new one (retrying with a growing pause)."""
@@ -188,6 +277,13 @@ class Kernel:
 
     async def stop(self) -> None:
         """Close the sockets and shut the kernel down (the agent is stopping)."""
+        if self._standby_task is not None:
+            self._standby_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._standby_task
+        if self.standby is not None:
+            await self.standby.stop()
+            self.standby = None
         for sock in self.sockets.values():
             sock.close(linger=0)
         self.sockets.clear()

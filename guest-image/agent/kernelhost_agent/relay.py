@@ -11,7 +11,7 @@ Both directions pass through the ``ExecutionMeter`` (output caps, usage figures)
 
 from __future__ import annotations
 
-import datetime
+import asyncio
 from collections.abc import Callable
 from typing import Any
 
@@ -22,9 +22,11 @@ from .limits import ExecutionMeter
 from .shared import log, log_exception, protocol
 from .tasks import TaskSet
 
-__all__ = ["Relay", "plain"]
+__all__ = ["Relay", "parse", "split_stream"]
 
 Send = Callable[[dict[str, Any]], bool]
+#: characters of one stream message to the host (at most 4 bytes each in UTF-8: one frame)
+STREAM_PIECE = 1 << 20
 
 
 class Relay:
@@ -35,12 +37,19 @@ class Relay:
         self.meter = meter
         self._send = send
         self._tasks = tasks
+        self._readers: list[asyncio.Task[None]] = []
+        kernel.on_new_sockets = self.start
 
     def start(self) -> None:
-        """Relay every kernel socket to the host (the kernel must be launched)."""
-        for channel in CHANNELS:
-            sock = self.kernel.sockets[channel]
-            self._tasks.spawn(self._from_kernel(channel, sock), name=f"relay-{channel}")
+        """Relay every kernel socket to the host (the kernel must be launched); again after a
+        restart swapped in new sockets (the old ones' readers are cancelled first)."""
+        for task in self._readers:
+            task.cancel()
+        sockets = self.kernel.sockets
+        self._readers = [
+            self._tasks.spawn(self._from_kernel(channel, sockets[channel]), name=f"relay-{channel}")
+            for channel in CHANNELS
+        ]
 
     def frame_handlers(self) -> dict[str, Callable[[dict[str, Any]], None]]:
         """The frame kinds this area takes from the host."""
@@ -59,24 +68,15 @@ class Relay:
 
     def _pass_on(self, channel: str, parts: list[bytes]) -> None:
         """One multipart kernel message: parse, claim or cap, and send to the host."""
-        session = self.kernel.session
-        try:
-            _, msg_list = session.feed_identities(parts, copy=True)
-            msg = session.deserialize(msg_list, content=True, copy=True)
-        except (KeyError, IndexError, TypeError, ValueError) as exc:  # dropped, not fatal
-            log(f"dropping unparsable {channel} message: {type(exc).__name__}: {exc}")
+        wire = parse(self.kernel.session, parts)
+        if wire is None:
+            log(f"dropping an unparsable {channel} message")
             return
-        if self.kernel.claim(channel, msg):
+        if self.kernel.claim(channel, wire):
             return
-        wire = {
-            "header": _plain_map(msg.get("header")),
-            "parent_header": _plain_map(msg.get("parent_header")),
-            "metadata": _plain_map(msg.get("metadata")),
-            "content": _plain_map(msg.get("content")),
-            "buffers": [plain(b) for b in msg.get("buffers") or []],
-        }
         if self.meter.cap_and_measure(channel, wire):
-            self._send({"op": protocol.Frame.JUPYTER, "channel": channel, "msg": wire})
+            for piece in split_stream(wire):
+                self._send({"op": protocol.Frame.JUPYTER, "channel": channel, "msg": piece})
 
     # -- host -> kernel --------------------------------------------------------------------------
 
@@ -112,21 +112,42 @@ class Relay:
         await self.kernel.sockets[channel].send_multipart(parts + list(buffers))
 
 
-def _plain_map(value: Any) -> dict[str, Any]:
-    converted = plain(value)
-    return converted if isinstance(converted, dict) else {}
+def parse(session: Any, parts: list[bytes]) -> dict[str, Any] | None:
+    """A kernel message as the host gets it, or None if it is not one.
+
+    The parts are read as they are (JSON, the session's packer), not through
+    ``Session.deserialize``: its signature check and date parsing cost a copy and a pass over
+    every byte under emulation, and buy nothing here (the host trusts nothing from the guest,
+    and a date would only be turned back into the string it was)."""
+    try:
+        _, msg_list = session.feed_identities(parts, copy=True)
+        if len(msg_list) < 5:
+            return None
+        header, parent, metadata, content = (session.unpack(p) for p in msg_list[1:5])
+    except (KeyError, IndexError, TypeError, ValueError, UnicodeDecodeError):
+        return None
+    if not all(isinstance(m, dict) for m in (header, parent, metadata, content)):
+        return None
+    return {
+        "header": header,
+        "parent_header": parent,
+        "metadata": metadata,
+        "content": content,
+        "buffers": [bytes(b) for b in msg_list[5:]],
+    }
 
 
-def plain(value: Any) -> Any:
-    """Make a deserialized Jupyter message msgpack-safe (dates become ISO strings)."""
-    if isinstance(value, dict):
-        return {str(k): plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [plain(v) for v in value]
-    if isinstance(value, (datetime.datetime, datetime.date)):
-        return value.isoformat()
-    if isinstance(value, (memoryview, bytearray)):
-        return bytes(value)
-    if hasattr(value, "bytes") and not isinstance(value, (bytes, str)):  # zmq.Frame
-        return bytes(value.bytes)
-    return value
+def split_stream(wire: dict[str, Any], chars: int = STREAM_PIECE) -> list[dict[str, Any]]:
+    """A stream message longer than ``chars`` characters as several in a row, each one frame of
+    bounded size (ipykernel sends all a cell printed between two flushes as one message, which
+    can pass any frame limit); the pieces after the first get msg_ids of their own."""
+    content = wire["content"]
+    text = content.get("text")
+    if wire["header"].get("msg_type") != "stream" or not isinstance(text, str) or len(text) <= chars:
+        return [wire]
+    pieces = []
+    msg_id = str(wire["header"].get("msg_id", ""))
+    for i, start in enumerate(range(0, len(text), chars)):
+        header = wire["header"] if i == 0 else {**wire["header"], "msg_id": f"{msg_id}-{i}"}
+        pieces.append({**wire, "header": header, "content": {**content, "text": text[start : start + chars]}})
+    return pieces

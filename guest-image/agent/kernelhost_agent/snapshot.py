@@ -72,11 +72,23 @@ class Snapshots:
         for own in (lang.cleanup, lang.collect):
             if own is not None:
                 await self.kernel.run_silent(own)
+        await self._warm_standby(modules)
         gc.collect()
         if self.config.drop_caches:
             os.sync()
             _drop_page_cache()
         return {"preloaded": modules, "seconds": round(time.monotonic() - t0, 3)}
+
+    async def _warm_standby(self, modules: list[str]) -> None:
+        """The standby kernel, started and warmed like the kernel, so that every clone of the
+        template has it and a restart gives a kernel like a new sandbox's."""
+        standby = self.kernel.standby
+        if not await self.kernel.until_standby(self.config.ready_timeout) or standby is None:
+            return
+        lang = self.language
+        cells = [lang.load(m) for m in modules] + list(lang.warm_up_cells)
+        for code in [*cells, *(c for c in (lang.cleanup, lang.collect) if c is not None)]:
+            await standby.run(code, timeout=WARM_UP_TIMEOUT)
 
     async def op_resumed(self, frame: dict[str, Any]) -> dict[str, Any]:
         """After a restore, clone or resume: set the clock from the host, mix fresh entropy into
@@ -94,6 +106,35 @@ class Snapshots:
         await self.kernel.until_ready()
         if self.language.reseed is not None:
             await self.kernel.run_silent(self.language.reseed, timeout=RESEED_TIMEOUT)
+        return {"seconds": round(time.monotonic() - t0, 4)}
+
+
+class WarmUp:
+    """``warm_up``: the cells a user's first call takes, run once in a clone before the pool hands
+    it out, so that its pages are faulted in and, under emulation, its code translated; with no
+    history and the warm-up's traces removed (no execution count, no ``_``)."""
+
+    capability = protocol.Capability.WARM_UP
+
+    def __init__(self, kernel: Kernel, language: str) -> None:
+        self.kernel = kernel
+        self.language = language_for(language)
+
+    def ops(self) -> Mapping[str, Handler]:
+        """warm_up."""
+        return {protocol.Op.WARM_UP: self.op_warm_up}
+
+    async def op_warm_up(self, frame: dict[str, Any]) -> dict[str, Any]:
+        """Run the language's warm-up cells and clean up after them."""
+        await self.kernel.until_ready()
+        t0 = time.monotonic()
+        lang = self.language
+        for code in lang.warm_up_cells:
+            await self.kernel.request(
+                "shell", "execute_request", silent_cell(code, silent=False), timeout=WARM_UP_TIMEOUT
+            )
+        if lang.cleanup is not None:
+            await self.kernel.run_silent(lang.cleanup)
         return {"seconds": round(time.monotonic() - t0, 4)}
 
 

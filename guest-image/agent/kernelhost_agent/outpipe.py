@@ -1,0 +1,86 @@
+"""A command's output pipe read in large chunks: the first bytes at once, a flood coalesced.
+
+A pipe holds 64 KiB by default, so a reader that takes what is there gets 64 KiB at a time and a
+fast command costs one frame (and its fixed costs, under emulation milliseconds) per 64 KiB.
+Here the pipe is widened to ``PIPE_BYTES`` and read without the event loop's stream machinery;
+once output flows (the last chunk went out less than ``COALESCE_SECONDS`` ago) the reader waits
+that long for more before it hands a chunk on, so a flood leaves in chunks of up to ``CHUNK``
+bytes, while the first bytes after a quiet spell (a prompt, a progress line) go at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import os
+import time
+from collections.abc import AsyncIterator
+
+__all__ = ["CHUNK", "COALESCE_SECONDS", "PIPE_BYTES", "chunks"]
+
+CHUNK = 1 << 20  # at most this much output per message
+PIPE_BYTES = 1 << 20  # the kernel's default pipe-max-size: what an unprivileged process may ask
+COALESCE_SECONDS = 0.005
+_F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
+
+
+def widen(fd: int, size: int = PIPE_BYTES) -> None:
+    """Make the pipe ``fd`` hold ``size`` bytes, if the kernel lets it (best effort)."""
+    with contextlib.suppress(OSError):
+        fcntl.fcntl(fd, _F_SETPIPE_SZ, size)
+
+
+async def _readable(fd: int, timeout: float | None) -> bool:
+    """Wait until ``fd`` can be read (or is at EOF); False if ``timeout`` passed first."""
+    loop = asyncio.get_running_loop()
+    ready: asyncio.Future[None] = loop.create_future()
+
+    def on_readable() -> None:
+        if not ready.done():
+            ready.set_result(None)
+
+    loop.add_reader(fd, on_readable)
+    try:
+        await asyncio.wait_for(ready, timeout)
+        return True
+    except TimeoutError:
+        return False
+    finally:
+        loop.remove_reader(fd)
+
+
+def _read_into(fd: int, buf: bytearray, limit: int) -> bool:
+    """Read what ``fd`` holds into ``buf``, up to ``limit`` bytes in all; False at EOF."""
+    while len(buf) < limit:
+        try:
+            data = os.read(fd, limit - len(buf))
+        except BlockingIOError:
+            return True
+        except InterruptedError:
+            continue
+        if not data:
+            return False
+        buf += data
+    return True
+
+
+async def chunks(fd: int, chunk: int = CHUNK, coalesce: float = COALESCE_SECONDS) -> AsyncIterator[bytes]:
+    """The bytes of the pipe ``fd`` (made non-blocking and wide here) until its EOF."""
+    os.set_blocking(fd, False)
+    widen(fd)
+    last_sent = 0.0
+    open_ = True
+    while open_:
+        await _readable(fd, None)
+        buf = bytearray()
+        open_ = _read_into(fd, buf, chunk)
+        if open_ and time.monotonic() - last_sent < coalesce:
+            # output is flowing: gather more for a moment, so a flood makes few large frames
+            deadline = time.monotonic() + coalesce
+            while open_ and len(buf) < chunk and (left := deadline - time.monotonic()) > 0:
+                if await _readable(fd, left):
+                    open_ = _read_into(fd, buf, chunk)
+        if buf:
+            last_sent = time.monotonic()
+            yield bytes(buf)

@@ -1,0 +1,78 @@
+"""The standby kernel: a restart swaps it in (a fresh kernel of this sandbox, at once), and the
+next standby is started behind it."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from kernelhost.channel import protocol
+
+from .conftest import Running
+from .host import WAIT, HostEnd
+
+pytestmark = pytest.mark.unit
+
+
+async def ready_standby(running: Running) -> int:
+    """The pid of the agent's standby kernel, once it answers."""
+    kernel = running.agent.kernel
+    assert await kernel.until_standby(3 * WAIT), "no standby kernel became ready"
+    assert kernel.standby is not None
+    pid = getattr(kernel.standby.km.provisioner, "pid", None)
+    assert isinstance(pid, int)
+    return pid
+
+
+async def restart(host: HostEnd) -> None:
+    await host.ok(protocol.Op.RESTART, timeout=3 * WAIT)
+    event = await asyncio.wait_for(host.events.get(), WAIT)
+    assert event == {"op": "event", "event": "kernel_restarted", "reason": "requested"}
+
+
+async def test_a_restart_swaps_in_the_standby(host: HostEnd, running: Running) -> None:
+    standby_pid = await ready_standby(running)
+    old_pid = running.agent.kernel.pid()
+    await host.execute("kept = 1")
+    await restart(host)
+    assert running.agent.kernel.pid() == standby_pid
+    run = await host.execute("'kept' in globals()")
+    assert run.of_type("execute_result")[0]["content"]["data"]["text/plain"] == "False"
+    assert run.reply["content"]["execution_count"] == 1  # as in a new kernel
+    await asyncio.sleep(0.2)
+    assert old_pid is not None
+    assert not await asyncio.to_thread(_alive, old_pid), "the replaced kernel still runs"
+    # the relay follows the new kernel's sockets: output, errors, stdin's absence, iopub status
+    err = await host.execute("print('out'); raise ValueError('x')")
+    assert err.stream() == "out\n" and err.reply["content"]["ename"] == "ValueError"
+    # ...and a next standby is started behind it, a process of its own
+    assert await ready_standby(running) not in (standby_pid, old_pid)
+    assert host.strays() == []
+
+
+async def test_the_promoted_standby_gets_the_environment_set_since(host: HostEnd, running: Running) -> None:
+    await ready_standby(running)
+    env = {"HTTP_PROXY": "http://127.0.0.1:9", "https_proxy": "http://127.0.0.1:9"}
+    await host.ok(protocol.Op.NET_CONFIG, mode="outbound", env=env)
+    try:
+        await restart(host)
+        run = await host.execute(
+            "import os; print(os.environ.get('HTTP_PROXY'), os.environ.get('https_proxy'))"
+        )
+        assert run.stream() == "http://127.0.0.1:9 http://127.0.0.1:9\n"
+        await ready_standby(running)
+        await host.ok(protocol.Op.NET_CONFIG, mode="none")
+        await restart(host)  # and what was unset since is unset in it
+        run = await host.execute("import os; print(os.environ.get('HTTP_PROXY'))")
+        assert run.stream() == "None\n"
+    finally:
+        await host.ok(protocol.Op.NET_CONFIG, mode="none")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
