@@ -110,6 +110,9 @@ class ExecutionMeter:
         left = self.stream_left[parent]
         if left <= 0:
             return False
+        if text.isascii() and len(text) <= left:  # its length is its size: no copy to count it
+            self.stream_left[parent] = left - len(text)
+            return True
         data = text.encode("utf-8", "surrogatepass")
         if len(data) > left:
             content["text"] = data[:left].decode("utf-8", "ignore")

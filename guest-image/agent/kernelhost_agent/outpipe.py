@@ -50,37 +50,43 @@ async def _readable(fd: int, timeout: float | None) -> bool:
         loop.remove_reader(fd)
 
 
-def _read_into(fd: int, buf: bytearray, limit: int) -> bool:
-    """Read what ``fd`` holds into ``buf``, up to ``limit`` bytes in all; False at EOF."""
-    while len(buf) < limit:
+def _read_into(fd: int, view: memoryview, filled: int) -> tuple[int, bool]:
+    """Read what ``fd`` holds into ``view`` from ``filled`` on: (bytes now filled, open)."""
+    while filled < len(view):
         try:
-            data = os.read(fd, limit - len(buf))
+            n = os.readv(fd, [view[filled:]])
         except BlockingIOError:
-            return True
+            return filled, True
         except InterruptedError:
             continue
-        if not data:
-            return False
-        buf += data
-    return True
+        if not n:
+            return filled, False
+        filled += n
+    return filled, True
 
 
-async def chunks(fd: int, chunk: int = CHUNK, coalesce: float = COALESCE_SECONDS) -> AsyncIterator[bytes]:
-    """The bytes of the pipe ``fd`` (made non-blocking and wide here) until its EOF."""
+async def chunks(
+    fd: int, chunk: int = CHUNK, coalesce: float = COALESCE_SECONDS
+) -> AsyncIterator[memoryview]:
+    """The bytes of the pipe ``fd`` (made non-blocking and wide here) until its EOF.
+
+    Each chunk is a view of one buffer that the next chunk reuses: the consumer is done with it
+    before it asks for the next. One buffer, read into by the kernel, because under emulation
+    every fresh megabyte costs its page faults and every copy a few milliseconds."""
     os.set_blocking(fd, False)
     widen(fd)
+    buf = memoryview(bytearray(chunk))
     last_sent = 0.0
     open_ = True
     while open_:
         await _readable(fd, None)
-        buf = bytearray()
-        open_ = _read_into(fd, buf, chunk)
+        filled, open_ = _read_into(fd, buf, 0)
         if open_ and time.monotonic() - last_sent < coalesce:
             # output is flowing: gather more for a moment, so a flood makes few large frames
             deadline = time.monotonic() + coalesce
-            while open_ and len(buf) < chunk and (left := deadline - time.monotonic()) > 0:
+            while open_ and filled < chunk and (left := deadline - time.monotonic()) > 0:
                 if await _readable(fd, left):
-                    open_ = _read_into(fd, buf, chunk)
-        if buf:
+                    filled, open_ = _read_into(fd, buf, filled)
+        if filled:
             last_sent = time.monotonic()
-            yield bytes(buf)
+            yield buf[:filled]

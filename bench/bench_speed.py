@@ -1,0 +1,234 @@
+#!/usr/bin/env python3
+"""Where a user waits: output throughput, fork, kernel restart and the first call of a pooled
+sandbox, each with its reference measured in the same run. Writes bench/results/speed.json.
+
+    .venv/bin/python bench/bench_speed.py [--quick] [--mib 32] [--rounds 5]
+
+Figures (median and p95 over ``--rounds``; the first run of each throughput figure warms up):
+- stdout MB/s of bash ``head -c | tr`` and of a Python cell printing 1 KiB lines, through the
+  service (guest -> agent -> virtio-serial -> service -> HTTP NDJSON -> SDK); references: the
+  same bash pipeline inside the guest to /dev/null (what the guest can make), a file of the same
+  size read through the files API (the channel with no Jupyter in the way), the bash pipeline as
+  a local subprocess and the Python cell on a local ipykernel (jupyter_client);
+- fork(1) of a parent holding 100 MB of fresh state, to the child answering ``1+1``; fork(5) to
+  all five answering; against a pool-hit create of the same template;
+- kernel restart (``restart()``) to the next ``1+1`` answered, with the standby kernel ready;
+- pool hit: the first ``1+1`` of a sandbox just handed out of the warm pool, against its second.
+
+Columns: TCG always; KVM too when the acceleration probe finds KVM usable on this host (else the
+probe's reason is printed). Everything started here is stopped on exit, on error and on Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import (
+    RESULTS,
+    LocalKernel,
+    Service,
+    bash_code,
+    healthz,
+    machine_facts,
+    print_code,
+    service,
+    wait_pool,
+)
+from common import summary as stats
+
+from kernelhost import AsyncSandbox
+
+STATE_CELL = "import os\n_kh_bench_state = os.urandom(100 * 1000 * 1000)\nlen(_kh_bench_state)"
+
+
+def fig(samples: list[float], unit: str) -> dict[str, Any]:
+    return {**stats(samples), "unit": unit}
+
+
+def show(label: str, figure: dict[str, Any], ref: dict[str, Any] | None = None) -> None:
+    unit = figure["unit"]
+    line = f"  {label:<46} median {figure['median']:9.3f} {unit:<5} p95 {figure['p95']:9.3f}"
+    if ref is not None and ref["median"]:
+        line += f"   x{figure['median'] / ref['median']:.2f} of reference"
+    print(line, flush=True)
+
+
+async def timed(coro: Any) -> tuple[float, Any]:
+    t0 = time.perf_counter()
+    result = await coro
+    return time.perf_counter() - t0, result
+
+
+async def throughput(sbx: AsyncSandbox, mib: int, rounds: int) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name, language, code in (("bash", "bash", bash_code(mib)), ("python", "python", print_code(mib))):
+        rates = []
+        for i in range(rounds + 1):
+            took, ex = await timed(sbx.run_code(code, language=language, timeout=600))
+            assert ex.status == "ok" and not ex.output_truncated and len(ex.stdout) == mib << 20, ex.status
+            if i:
+                rates.append(len(ex.stdout) / took / 1e6)
+        out[f"{name}_service"] = fig(rates, "MB/s")
+    inside = []
+    for _ in range(rounds):
+        cmd = f"s=$(date +%s%N); {bash_code(mib)} > /dev/null; e=$(date +%s%N); echo $((e - s))"
+        ex = await sbx.run_code(cmd, language="bash", timeout=600)
+        inside.append((mib << 20) / (int(ex.stdout.strip()) / 1e9) / 1e6)
+    out["bash_in_guest"] = fig(inside, "MB/s")
+    await sbx.run_code(f"{bash_code(mib)} > /tmp/kh-bench-file", language="bash", timeout=600)
+    reads = []
+    for _ in range(rounds):
+        took, data = await timed(sbx.files.read("/tmp/kh-bench-file", timeout=600))
+        reads.append(len(data) / took / 1e6)
+    out["channel_files_read"] = fig(reads, "MB/s")
+    return out
+
+
+async def local_references(mib: int, rounds: int) -> dict[str, Any]:
+    rates = []
+    for i in range(rounds + 1):
+        t0 = time.perf_counter()
+        data = await asyncio.to_thread(_local_bash, mib)
+        if i:
+            rates.append(len(data) / (time.perf_counter() - t0) / 1e6)
+    k = await LocalKernel.start()
+    try:
+        kernel = []
+        for i in range(rounds + 1):
+            took, answer = await timed(k.execute(print_code(mib)))
+            if i:
+                kernel.append(answer.stdout_chars / took / 1e6)
+    finally:
+        await k.close()
+    return {"bash_local_subprocess": fig(rates, "MB/s"), "python_local_ipykernel": fig(kernel, "MB/s")}
+
+
+def _local_bash(mib: int) -> bytes:
+    return subprocess.run(["bash", "-c", bash_code(mib)], capture_output=True, check=True).stdout
+
+
+async def answered(sbx: AsyncSandbox) -> None:
+    ex = await sbx.run_code("1+1", timeout=120)
+    assert ex.text == "2", ex
+
+
+async def forks(svc: Service, rounds: int) -> dict[str, Any]:
+    out: dict[str, list[float]] = {"fork1": [], "fork5": [], "pool_hit_create": []}
+    async with AsyncSandbox(url=svc.url, api_key=svc.api_key) as parent:
+        ex = await parent.run_code(STATE_CELL, timeout=600)
+        assert ex.text == "100000000", ex
+        for _ in range(rounds):
+            for n, key in ((1, "fork1"), (5, "fork5")):
+                t0 = time.perf_counter()
+                kids = await parent.fork(n)
+                await asyncio.gather(*(answered(k) for k in kids))
+                out[key].append(time.perf_counter() - t0)
+                for kid in kids:
+                    await kid.close()
+            await wait_pool(svc, 1)
+            t0 = time.perf_counter()
+            async with AsyncSandbox(url=svc.url, api_key=svc.api_key) as other:
+                await answered(other)
+                out["pool_hit_create"].append(time.perf_counter() - t0)
+    return {k: fig(v, "s") for k, v in out.items()}
+
+
+async def restarts(svc: Service, rounds: int) -> dict[str, Any]:
+    took, first = [], []
+    async with AsyncSandbox(url=svc.url, api_key=svc.api_key) as sbx:
+        await answered(sbx)
+        for _ in range(rounds):
+            await sbx.run_code("kept = 1")
+            t0 = time.perf_counter()
+            await sbx.restart()
+            ex = await sbx.run_code("'kept' in globals()", timeout=120)
+            took.append(time.perf_counter() - t0)
+            assert ex.text == "False", ex
+            t1 = time.perf_counter()
+            await answered(sbx)
+            first.append(time.perf_counter() - t1)
+            await asyncio.sleep(25)  # the next standby starts behind the swap (seconds under TCG)
+    return {"restart_to_answer": fig(took, "s"), "one_plus_one_after": fig(first, "s")}
+
+
+async def pool_hits(svc: Service, rounds: int) -> dict[str, Any]:
+    first, second = [], []
+    for _ in range(rounds):
+        await wait_pool(svc, 1)
+        async with AsyncSandbox(url=svc.url, api_key=svc.api_key) as sbx:
+            await sbx.info()
+            t, _ = await timed(answered(sbx))
+            first.append(t)
+            t, _ = await timed(answered(sbx))
+            second.append(t)
+    return {"first_1plus1": fig(first, "s"), "second_1plus1": fig(second, "s")}
+
+
+async def column(tmp: Path, accel: str, r: argparse.Namespace) -> dict[str, Any]:
+    env = {"KERNELHOST_ACCEL": accel, "KERNELHOST_POOL_SIZE": "2"}
+    async with service(
+        tmp, f"speed-{accel}", KERNELHOST_MAX_OUTPUT_BYTES=str((r.mib + 8) << 20), **env
+    ) as svc:
+        h = await healthz(svc)
+        out: dict[str, Any] = {"accel": h.get("accel"), "accel_reason": h.get("accel_reason")}
+        print(f"[{accel}] acceleration: {out['accel']} ({out['accel_reason']})", flush=True)
+        async with AsyncSandbox(url=svc.url, api_key=svc.api_key) as sbx:
+            out.update(await throughput(sbx, r.mib, r.rounds))
+        for name in ("bash_service", "python_service", "bash_in_guest", "channel_files_read"):
+            show(f"[{accel}] {name}", out[name])
+        out.update(await pool_hits(svc, max(r.rounds, 5)))
+        show(f"[{accel}] pool hit: first 1+1", out["first_1plus1"], out["second_1plus1"])
+        show(f"[{accel}] pool hit: second 1+1", out["second_1plus1"])
+        out.update(await forks(svc, r.rounds))
+        for name in ("fork1", "fork5", "pool_hit_create"):
+            show(f"[{accel}] {name} (100 MB parent) to answering", out[name])
+        out.update(await restarts(svc, min(r.rounds, 3)))
+        show(f"[{accel}] kernel restart to an answer", out["restart_to_answer"], out["one_plus_one_after"])
+        return out
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--quick", action="store_true", help="fewer rounds and a smaller stream")
+    parser.add_argument("--mib", type=int, default=32)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    r = parser.parse_args()
+    if r.quick:
+        r.mib, r.rounds = 16, 3
+    res: dict[str, Any] = {"machine": machine_facts(), "mib": r.mib, "rounds": r.rounds, "columns": {}}
+    with tempfile.TemporaryDirectory(prefix="kh-bench-speed-") as tmp:
+        res["local"] = await local_references(r.mib, r.rounds)
+        for name, figure in res["local"].items():
+            show(f"[host] {name}", figure)
+        res["columns"]["tcg"] = await column(Path(tmp), "tcg", r)
+        probe = await column_probe(Path(tmp))
+        res["kvm_probe"] = probe
+        if probe["accel"] == "kvm":
+            res["columns"]["kvm"] = await column(Path(tmp), "kvm", r)
+        else:
+            print(f"KVM column: not measured, the acceleration probe says: {probe['accel_reason']}")
+    r.out.mkdir(parents=True, exist_ok=True)
+    (r.out / "speed.json").write_text(json.dumps(res, indent=1))
+    print(f"wrote {r.out / 'speed.json'}")
+
+
+async def column_probe(tmp: Path) -> dict[str, Any]:
+    """The acceleration probe's verdict on this host (a service with accel=auto)."""
+    async with service(tmp, "speed-probe", KERNELHOST_POOL_SIZE="0") as svc:
+        h = await healthz(svc)
+        return {"accel": h.get("accel"), "accel_reason": h.get("accel_reason")}
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
