@@ -69,6 +69,8 @@ fmt: deps
 BENCH_ARGS ?=
 bench: image libvirt
 	@KERNELHOST_IMAGE_DIR=$(IMAGE_DIR) $(PY) bench/run.py --update-readme $(BENCH_ARGS)
+	@KERNELHOST_IMAGE_DIR=$(IMAGE_DIR) $(PY) bench/bench_speed.py $(SPEED_ARGS)
+	@KERNELHOST_IMAGE_DIR=$(IMAGE_DIR) $(PY) bench/bench_density.py $(DENSITY_ARGS)
 
 clean:
 	rm -rf $(VENV) results .pytest_cache .mypy_cache .ruff_cache *.egg-info $(JS)/node_modules $(JS)/dist $(JS)/build
