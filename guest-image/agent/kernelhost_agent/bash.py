@@ -354,19 +354,10 @@ class ProcessOps:
 
 async def _wait_process(pid: int) -> tuple[int, Any]:
     """Wait for a child without a thread (pidfd), then reap it: (wait status, rusage)."""
-    loop = asyncio.get_running_loop()
     pidfd = os.pidfd_open(pid)
-    exited: asyncio.Future[None] = loop.create_future()
-
-    def on_exit() -> None:
-        if not exited.done():
-            exited.set_result(None)
-
-    loop.add_reader(pidfd, on_exit)
     try:
-        await exited
+        await outpipe.readable(pidfd, None)  # a pidfd reads ready once the process has exited
     finally:
-        loop.remove_reader(pidfd)
         os.close(pidfd)
     _, status, rusage = os.wait4(pid, 0)  # noqa: ASYNC222 (it has exited: returns at once)
     return status, rusage

@@ -205,7 +205,7 @@ class Kernel:
     async def _swap_in_standby(self) -> Standby | None:
         """Put the ready standby in the kernel's place; the old kernel is killed."""
         standby = self.standby
-        if standby is None or not self._may_swap(standby):
+        if standby is None or not self._env_cell(standby)[0]:
             return None
         km = standby.take()
         if km is None:
@@ -223,22 +223,22 @@ class Kernel:
             log_exception("the replaced kernel did not shut down cleanly:")
         return standby
 
-    def _may_swap(self, standby: Standby) -> bool:
-        """Whether the standby can become this sandbox's kernel: the environment set since it
-        started must be settable in it by a cell of the kernel's language."""
+    def _env_cell(self, standby: Standby) -> tuple[bool, str | None]:
+        """Whether the standby can become this sandbox's kernel, and the cell that sets in it the
+        environment set since it started (None: nothing to set). A change the kernel's language
+        has no cell for rules the standby out."""
         changed, unset = standby.env_changes()
         if not (changed or unset):
-            return True
-        return self.language.set_env(changed, unset, self.config.pip_site) is not None
+            return True, None
+        code = self.language.set_env(changed, unset, self.config.pip_site)
+        return code is not None, code
 
     async def _freshen(self, standby: Standby) -> None:
         """Make the promoted standby this sandbox's fresh kernel: its environment and random
         streams; then start the next standby in the background."""
-        changed, unset = standby.env_changes()
-        if changed or unset:
-            code = self.language.set_env(changed, unset, self.config.pip_site)
-            if code is not None:
-                await self.run_silent(code)
+        _, code = self._env_cell(standby)
+        if code is not None:
+            await self.run_silent(code)
         if self.language.reseed is not None:
             await self.run_silent(self.language.reseed)
         self.spawn_standby()

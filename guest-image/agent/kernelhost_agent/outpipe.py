@@ -17,7 +17,7 @@ import os
 import time
 from collections.abc import AsyncIterator
 
-__all__ = ["CHUNK", "COALESCE_SECONDS", "PIPE_BYTES", "chunks"]
+__all__ = ["CHUNK", "COALESCE_SECONDS", "PIPE_BYTES", "chunks", "readable"]
 
 CHUNK = 1 << 20  # at most this much output per message
 PIPE_BYTES = 1 << 20  # the kernel's default pipe-max-size: what an unprivileged process may ask
@@ -31,7 +31,7 @@ def widen(fd: int, size: int = PIPE_BYTES) -> None:
         fcntl.fcntl(fd, _F_SETPIPE_SZ, size)
 
 
-async def _readable(fd: int, timeout: float | None) -> bool:
+async def readable(fd: int, timeout: float | None) -> bool:
     """Wait until ``fd`` can be read (or is at EOF); False if ``timeout`` passed first."""
     loop = asyncio.get_running_loop()
     ready: asyncio.Future[None] = loop.create_future()
@@ -79,13 +79,13 @@ async def chunks(
     last_sent = 0.0
     open_ = True
     while open_:
-        await _readable(fd, None)
+        await readable(fd, None)
         filled, open_ = _read_into(fd, buf, 0)
         if open_ and time.monotonic() - last_sent < coalesce:
             # output is flowing: gather more for a moment, so a flood makes few large frames
             deadline = time.monotonic() + coalesce
             while open_ and filled < chunk and (left := deadline - time.monotonic()) > 0:
-                if await _readable(fd, left):
+                if await readable(fd, left):
                     filled, open_ = _read_into(fd, buf, filled)
         if filled:
             last_sent = time.monotonic()

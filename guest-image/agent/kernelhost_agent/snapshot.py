@@ -19,7 +19,7 @@ from typing import Any
 from .config import AgentConfig
 from .dispatch import Handler
 from .kernel import Kernel, silent_cell
-from .languages import language_for
+from .languages import Language, language_for
 from .shared import protocol
 
 __all__ = ["Snapshots", "add_entropy"]
@@ -62,16 +62,11 @@ class Snapshots:
         lang = self.language
         for module in modules:
             await self.kernel.run_silent(lang.load(module), timeout=WARM_UP_TIMEOUT)
-        # One ordinary cell of each kind a user's first call takes (a value, output, an error's
-        # traceback): the modules they import lazily are in RAM before the page cache is dropped,
-        # so a clone's first call is not the slow one. No history, so no execution count moves.
-        for code in lang.warm_up_cells:
-            await self.kernel.request(
-                "shell", "execute_request", silent_cell(code, silent=False), timeout=WARM_UP_TIMEOUT
-            )
-        for own in (lang.cleanup, lang.collect):
-            if own is not None:
-                await self.kernel.run_silent(own)
+        # the modules a user's first call imports lazily are in RAM before the page cache is
+        # dropped, so a clone's first call is not the slow one
+        await warm_up(self.kernel, lang)
+        if lang.collect is not None:
+            await self.kernel.run_silent(lang.collect)
         await self._warm_standby(modules)
         gc.collect()
         if self.config.drop_caches:
@@ -128,14 +123,20 @@ class WarmUp:
         """Run the language's warm-up cells and clean up after them."""
         await self.kernel.until_ready()
         t0 = time.monotonic()
-        lang = self.language
-        for code in lang.warm_up_cells:
-            await self.kernel.request(
-                "shell", "execute_request", silent_cell(code, silent=False), timeout=WARM_UP_TIMEOUT
-            )
-        if lang.cleanup is not None:
-            await self.kernel.run_silent(lang.cleanup)
+        await warm_up(self.kernel, self.language)
         return {"seconds": round(time.monotonic() - t0, 4)}
+
+
+async def warm_up(kernel: Kernel, lang: Language) -> None:
+    """One ordinary cell of each kind a user's first call takes (a value, output, an error's
+    traceback), then the cleanup of what they left (``_``, ``Out``, the last error). No
+    history, so no execution count moves; their replies and output are the agent's own."""
+    for code in lang.warm_up_cells:
+        await kernel.request(
+            "shell", "execute_request", silent_cell(code, silent=False), timeout=WARM_UP_TIMEOUT
+        )
+    if lang.cleanup is not None:
+        await kernel.run_silent(lang.cleanup)
 
 
 def _drop_page_cache() -> None:
