@@ -2,7 +2,7 @@
 """Where a user waits: output throughput, fork, kernel restart and the first call of a pooled
 sandbox, each with its reference measured in the same run. Writes bench/results/speed.json.
 
-    .venv/bin/python bench/bench_speed.py [--quick] [--mib 32] [--rounds 5]
+    .venv/bin/python bench/bench_speed.py [--quick] [--mib 32] [--rounds 5] [--only fork,pool]
 
 Figures (median and p95 over ``--rounds``; the first run of each throughput figure warms up):
 - stdout MB/s of bash ``head -c | tr`` and of a Python cell printing 1 KiB lines, through the
@@ -48,6 +48,7 @@ from common import summary as stats
 
 from kernelhost import AsyncSandbox
 
+PARTS = ("stream", "pool", "fork", "restart")
 STATE_CELL = "import os\n_kh_bench_state = os.urandom(100 * 1000 * 1000)\nlen(_kh_bench_state)"
 
 
@@ -182,18 +183,24 @@ async def column(tmp: Path, accel: str, r: argparse.Namespace) -> dict[str, Any]
         h = await healthz(svc)
         out: dict[str, Any] = {"accel": h.get("accel"), "accel_reason": h.get("accel_reason")}
         print(f"[{accel}] acceleration: {out['accel']} ({out['accel_reason']})", flush=True)
-        async with AsyncSandbox(url=svc.url, api_key=svc.api_key) as sbx:
-            out.update(await throughput(sbx, r.mib, r.rounds))
-        for name in ("bash_service", "python_service", "bash_in_guest", "channel_files_read"):
-            show(f"[{accel}] {name}", out[name])
-        out.update(await pool_hits(svc, max(r.rounds, 5)))
-        show(f"[{accel}] pool hit: first 1+1", out["first_1plus1"], out["second_1plus1"])
-        show(f"[{accel}] pool hit: second 1+1", out["second_1plus1"])
-        out.update(await forks(svc, r.rounds))
-        for name in ("fork1", "fork5", "pool_hit_create"):
-            show(f"[{accel}] {name} (100 MB parent) to answering", out[name])
-        out.update(await restarts(svc, min(r.rounds, 3)))
-        show(f"[{accel}] kernel restart to an answer", out["restart_to_answer"], out["one_plus_one_after"])
+        if "stream" in r.only:
+            async with AsyncSandbox(url=svc.url, api_key=svc.api_key) as sbx:
+                out.update(await throughput(sbx, r.mib, r.rounds))
+            for name in ("bash_service", "python_service", "bash_in_guest", "channel_files_read"):
+                show(f"[{accel}] {name}", out[name])
+        if "pool" in r.only:
+            out.update(await pool_hits(svc, max(r.rounds, 5)))
+            show(f"[{accel}] pool hit: first 1+1", out["first_1plus1"], out["second_1plus1"])
+            show(f"[{accel}] pool hit: second 1+1", out["second_1plus1"])
+        if "fork" in r.only:
+            out.update(await forks(svc, r.rounds))
+            for name in ("fork1", "fork5", "pool_hit_create"):
+                show(f"[{accel}] {name} (100 MB parent) to answering", out[name])
+        if "restart" in r.only:
+            out.update(await restarts(svc, min(r.rounds, 3)))
+            show(
+                f"[{accel}] kernel restart to an answer", out["restart_to_answer"], out["one_plus_one_after"]
+            )
         return out
 
 
@@ -203,12 +210,18 @@ async def main() -> None:
     parser.add_argument("--mib", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--out", type=Path, default=RESULTS)
+    parser.add_argument(
+        "--only", default=",".join(PARTS), help=f"comma-separated parts to run, of {','.join(PARTS)}"
+    )
     r = parser.parse_args()
+    r.only = set(r.only.split(","))
+    if not r.only <= set(PARTS):
+        parser.error(f"--only {','.join(sorted(r.only))}: choose from {','.join(PARTS)}")
     if r.quick:
         r.mib, r.rounds = 16, 3
     res: dict[str, Any] = {"machine": machine_facts(), "mib": r.mib, "rounds": r.rounds, "columns": {}}
     with tempfile.TemporaryDirectory(prefix="kh-bench-speed-") as tmp:
-        res["local"] = await local_references(r.mib, r.rounds)
+        res["local"] = await local_references(r.mib, r.rounds) if "stream" in r.only else {}
         for name, figure in res["local"].items():
             show(f"[host] {name}", figure)
         res["columns"]["tcg"] = await column(Path(tmp), "tcg", r)

@@ -12,6 +12,7 @@ from .errors import (
     ImageNotFound,
     LibvirtUnavailable,
 )
+from .forkram import PageForkUnavailable
 from .host import DomainInfo, Hypervisor
 from .images import GuestImage, ImageStore
 from .ramdiff import DiffStats, StreamNotUnderstood, diff_stream
@@ -33,6 +34,7 @@ __all__ = [
     "LibvirtUnavailable",
     "LiveSaveUnavailable",
     "MigrationFailed",
+    "PageForkUnavailable",
     "StreamNotUnderstood",
     "choose_accel",
     "device_model",

@@ -26,8 +26,16 @@ import libvirt
 
 from .domain import METADATA_NS, DomainSpec
 from .errors import DomainNotFound, DomainStartFailed, HypervisorError, LibvirtUnavailable
+from .forkram import PageForkUnavailable, RamMapping, copy_base, copy_written, device_stream, find_ram
 from .images import GuestImage
-from .snapshot import begin_live_save, finish_live_save, load_state, migrate_live, save_state
+from .snapshot import (
+    begin_live_save,
+    finish_live_save,
+    load_state,
+    migrate_live,
+    save_devices,
+    save_state,
+)
 
 QEMU_USER = "libvirt-qemu"
 
@@ -228,6 +236,55 @@ class Hypervisor:
         except libvirt.libvirtError as exc:
             raise HypervisorError(f"cannot copy domain {parent!r}: {exc}") from exc
 
+    def fork_source(self, parent: str, memory_bytes: int) -> RamMapping:
+        """Where the running ``parent`` maps its RAM (``memory_bytes``), if it can be forked page
+        by page (``fork_pages``): ``PageForkUnavailable`` when its RAM is shared (a VM woken from
+        disk) or QEMU's memory cannot be read here; copy it with ``fork_into`` then."""
+        return find_ram(self.qemu_pid(parent), memory_bytes)
+
+    def fork_pages(
+        self, parent: str, source: RamMapping, ram: Path, state: Path, *, base: bool
+    ) -> tuple[int, int]:
+        """Copy the running ``parent`` (its RAM at ``source``) into ``ram``, a file made by
+        ``forkram.make_ram_file`` (or already holding the base's data: ``base=False``), and its
+        device state into ``state``: the base file's data while it runs, then, paused, the
+        pages it wrote and its devices; it runs again after. Clones load ``state`` with
+        ``ignore_shared=False`` into ``ram`` mapped privately; they may be started (paused)
+        before, as nothing reads their RAM until they run. Returns (base bytes, written bytes)."""
+        dom = self._lookup(parent)
+        devices = state.with_name(state.name + ".devices")
+        try:
+            machine = self.machine_type(parent)
+            copied = copy_base(source.map_file, ram) if base else 0
+            dom.suspend()
+            try:
+                written = copy_written(source, ram)
+                save_devices(dom, devices)
+            finally:
+                dom.resume()
+            state.write_bytes(device_stream(devices.read_bytes(), machine))
+            return copied, written
+        except (OSError, ValueError, libvirt.libvirtError) as exc:  # tmpfs full, QEMU gone, ...
+            raise HypervisorError(f"cannot copy domain {parent!r} page by page: {exc}") from exc
+        finally:
+            devices.unlink(missing_ok=True)
+
+    def qemu_pid(self, name: str) -> int:
+        """The pid of the domain's QEMU process (libvirt's pid file)."""
+        self._check_name(name)
+        try:
+            return int(Path(f"/run/libvirt/qemu/{name}.pid").read_text().strip())
+        except (OSError, ValueError) as exc:
+            raise PageForkUnavailable(f"no QEMU pid for domain {name!r}: {exc}") from exc
+
+    def machine_type(self, name: str) -> str:
+        """The machine type QEMU runs the domain as (``pc-i440fx-7.2``, say)."""
+        node = ElementTree.fromstring(self.domain_xml(name)).find("os/type")
+        machine = node.get("machine") if node is not None else None
+        if not machine:
+            raise HypervisorError(f"domain {name!r} names no machine type")
+        return machine
+
     def freeze(
         self, name: str, state: Path, *, ignore_shared: bool, resume: bool = False, timeout: float = 120.0
     ) -> int:
@@ -405,8 +462,9 @@ class Hypervisor:
         return False
 
 
-def give_to_qemu(path: Path) -> None:
-    """QEMU runs as libvirt's unprivileged user and writes the console log in ``path``."""
+def give_to_qemu(path: Path, mode: int = 0o750) -> None:
+    """QEMU runs as libvirt's unprivileged user: ``path`` (a directory it writes in, or a file
+    it maps, ``mode`` 0o600) becomes that user's."""
     try:
         import pwd
 
@@ -415,4 +473,4 @@ def give_to_qemu(path: Path) -> None:
         return
     with contextlib.suppress(PermissionError):
         os.chown(path, pw.pw_uid, pw.pw_gid)
-    path.chmod(0o750)
+    path.chmod(mode)

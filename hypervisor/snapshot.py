@@ -106,6 +106,15 @@ def save_state(dom: libvirt.virDomain, path: Path, *, ignore_shared: bool, timeo
     return path.stat().st_size
 
 
+def save_devices(dom: libvirt.virDomain, path: Path) -> None:
+    """Write the paused domain's device state, without any RAM, to ``path`` (QEMU opens it;
+    its directory must be QEMU's to write). Not a stream ``load_state`` takes as it is: it has no
+    configuration section (``forkram.device_stream`` adds it)."""
+    if dom.info()[0] != libvirt.VIR_DOMAIN_PAUSED:
+        raise MigrationFailed(dom.name(), "the domain must be paused before its devices are saved")
+    qmp(dom, "xen-save-devices-state", filename=str(path), live=False)
+
+
 def load_state(dom: libvirt.virDomain, path: Path, *, ignore_shared: bool, timeout: float = 120.0) -> None:
     """Load ``path`` into a domain started paused with ``-incoming defer``; it stays paused."""
     _set_ignore_shared(dom, ignore_shared)

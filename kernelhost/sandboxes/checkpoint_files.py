@@ -181,7 +181,7 @@ class CheckpointFiles:
         t0 = time.monotonic()
         state = self.tmp / f"{domain}-load.state"
         try:
-            spec = vms._spec(domain, image, meta, mem_path=snap.ram if snap else None, incoming=True)
+            spec = vms.spec(domain, image, meta, mem_path=snap.ram if snap else None, incoming=True)
             # QEMU starts (about 0.2 s) while the file is unpacked
             started = asyncio.ensure_future(asyncio.to_thread(vms.hv.start_incoming, spec))
             try:

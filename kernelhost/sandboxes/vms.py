@@ -17,7 +17,6 @@ import contextlib
 import os
 import shutil
 import time
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,6 +32,7 @@ from ..tasks import TaskSet
 from .pool import Clone, WarmPool
 from .prune import apply, scan_in_use, stale_snapshots
 from .snapshots import Snapshot, TemplateSnapshots
+from .vm_fork import VmForker
 
 log = structlog.get_logger("kernelhost.vms")
 
@@ -76,7 +76,8 @@ class VmFactory:
             attach=self.connect_agent,
         )
         self.pool = WarmPool(settings.pool_size, self._pool_clone, self.discard)
-        self._background = TaskSet("vms")
+        self.background = TaskSet("vms")
+        self.forker = VmForker(self)
 
     async def prepare(self) -> None:
         """Create the RAM directories and remove what a killed predecessor left in them."""
@@ -120,7 +121,8 @@ class VmFactory:
     async def close(self) -> None:
         await self.pool.close()
         # let cleanups finish: they remove domains and files
-        await self._background.wait(self.timeouts.cleanup)
+        await self.background.wait(self.timeouts.cleanup)
+        self.forker.spares.clear()
         with contextlib.suppress(OSError):  # this service's fork directory, once empty
             self.forks_dir.rmdir()
 
@@ -151,7 +153,7 @@ class VmFactory:
 
     # -- launching -----------------------------------------------------------------------------
 
-    def _spec(
+    def spec(
         self,
         domain: str,
         image: GuestImage,
@@ -195,7 +197,7 @@ class VmFactory:
         try:
             snap = await self.snapshot_for(image)
             if snap is not None:
-                return await self._clone(domain, image, snap, meta)
+                return await self.clone(domain, image, snap, meta)
             return await self._boot(domain, image, meta)
         except BaseException:
             await self.destroy_tracked(domain)
@@ -204,25 +206,24 @@ class VmFactory:
     async def _boot(self, domain: str, image: GuestImage, meta: dict[str, str]) -> Launched:
         t0 = time.monotonic()
         async with self._boot_slots:
-            spec = self._spec(domain, image, meta)
+            spec = self.spec(domain, image, meta)
             await asyncio.to_thread(self.hv.start, spec)
             t1 = time.monotonic()
             agent = await self.connect_agent(spec.channel_socket, self.timeouts.boot)
         return Launched(agent, VmTimings("boot", t1 - t0, time.monotonic() - t1, 0.0))
 
-    async def _clone(
+    async def clone(
         self,
         domain: str,
         image: GuestImage,
         snap: Snapshot,
         meta: dict[str, str],
         *,
-        state: Path | None = None,
-        ram: Path | None = None,
+        ignore_shared: bool = True,
     ) -> Launched:
         t0 = time.monotonic()
-        spec = self._spec(domain, image, meta, mem_path=ram or snap.ram, incoming=True)
-        await asyncio.to_thread(self.hv.start_from_state, spec, state or snap.state, ignore_shared=True)
+        spec = self.spec(domain, image, meta, mem_path=snap.ram, incoming=True)
+        await asyncio.to_thread(self.hv.start_from_state, spec, snap.state, ignore_shared=ignore_shared)
         return await self.attach_fresh(spec.channel_socket, "clone", t0)
 
     async def attach_fresh(self, socket: Path, how: str, t0: float) -> Launched:
@@ -247,7 +248,7 @@ class VmFactory:
     def destroy_later(self, domain: str) -> asyncio.Task[None]:
         """Destroy ``domain`` in the background; ``close`` waits for it (a shutdown right after
         does not leave the domain running, as a cancelled task would)."""
-        return self._background.spawn(self.destroy(domain), name=f"destroy:{domain}")
+        return self.background.spawn(self.destroy(domain), name=f"destroy:{domain}")
 
     async def destroy(self, domain: str) -> None:
         try:
@@ -299,7 +300,7 @@ class VmFactory:
     async def wake(self, domain: str, image: GuestImage, path: Path, meta: dict[str, str]) -> Launched:
         """Start ``domain`` from a hibernated state; the caller removes ``path`` afterwards."""
         t0 = time.monotonic()
-        spec = self._spec(domain, image, meta, incoming=True)
+        spec = self.spec(domain, image, meta, incoming=True)
         try:
             await asyncio.to_thread(self.hv.start_from_state, spec, path, ignore_shared=False)
             return await self.attach_fresh(spec.channel_socket, "wake", t0)
@@ -312,48 +313,6 @@ class VmFactory:
     async def fork(
         self, parent: str, image: GuestImage, children: list[tuple[str, dict[str, str]]]
     ) -> list[AgentClient]:
-        """Clone the running ``parent`` into ``children`` (domain, metadata); parent resumes.
-
-        The parent is paused just long enough to save its whole state; an intermediate VM with a
-        shared RAM file loads it and is frozen like a template, and the children map that file
-        copy-on-write. The file is unlinked once they run: their mappings keep it alive.
-        """
-        work = self.forks_dir / uuid.uuid4().hex[:12]
-        work.mkdir(parents=True)
-        give_to_qemu(work.parent)
-        give_to_qemu(work)
-        mid = self.hv.new_name()
-        agents: list[AgentClient] = []
-        t0 = time.monotonic()
-        try:
-            spec = self._spec(
-                mid, image, {"role": "fork"}, mem_path=work / "ram", mem_share=True, incoming=True
-            )
-            await asyncio.to_thread(self.hv.fork_into, parent, spec, work / "state")
-            log.info("vm.fork_copied", parent=parent, seconds=round(time.monotonic() - t0, 3))
-            snap = Snapshot(image.template, "fork", work, image.key)
-            results = await asyncio.gather(
-                *[self._clone(domain, image, snap, meta) for domain, meta in children], return_exceptions=True
-            )
-            agents = [r.agent for r in results if isinstance(r, Launched)]
-            failed = [r for r in results if isinstance(r, BaseException)]
-            if failed:
-                raise failed[0]
-            return agents
-        except BaseException:
-            for agent in agents:
-                await agent.close()
-            for domain, _ in children:
-                await self.destroy_tracked(domain)
-            raise
-        finally:
-            # The children run (or failed); the paused copy and the file names go, off the
-            # caller's path (destroy takes ~0.2 s). Children keep their mappings of the file.
-            self._background.spawn(self._drop_fork_copy(mid, work), name=f"drop-fork:{mid}")
-
-    async def _drop_fork_copy(self, domain: str, work: Path) -> None:
-        try:
-            with contextlib.suppress(HypervisorError):
-                await asyncio.to_thread(self.hv.destroy, domain)
-        finally:
-            shutil.rmtree(work, ignore_errors=True)
+        """Clone the running ``parent`` into ``children`` (domain, metadata); the parent resumes
+        (``vm_fork.py``: page by page where it can, else through an intermediate VM)."""
+        return await self.forker.fork(parent, image, children)

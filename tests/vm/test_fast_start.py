@@ -72,6 +72,53 @@ async def test_fork_children_hold_parent_state_and_diverge(sandbox: AsyncSandbox
     assert (await sandbox.run_code("len(data)")).text == "100000"  # the parent goes on
 
 
+def _fork_copies(service: Service, sandbox_id: str) -> list[dict[str, object]]:
+    """The service's ``vm.fork_copied`` log lines of forks of ``sandbox_id`` (bound per request)."""
+    lines = [
+        json.loads(line) for line in service.log_path.read_text().splitlines() if '"vm.fork_copied"' in line
+    ]
+    return [line for line in lines if line.get("sandbox_id") == sandbox_id]
+
+
+async def test_fork_copies_pages_of_a_clone_of_a_fork_and_whole_ram_of_a_woken_parent(
+    service: Service,
+) -> None:
+    """A clone forks page by page (its written pages over its template's RAM file); a fork's
+    child forks again page by page from a RAM file whose name is gone; a sandbox woken from disk
+    (its RAM shared, no base file) is copied whole. Every child holds what its parent held."""
+    parent = await AsyncSandbox.create(url=service.url, api_key=service.api_key)
+    made: list[AsyncSandbox] = [parent]
+    try:
+        await parent.run_code("import os\nblob = os.urandom(20_000_000)\ndigest = hash(blob)")
+        [child] = await parent.fork(1)
+        made.append(child)
+        [grandchild] = await child.fork(1)
+        made.append(grandchild)
+        await grandchild.run_code("extra = 'grandchild'")
+        for sbx in (child, grandchild):
+            assert (await sbx.run_code("hash(blob) == digest and len(blob)")).text == "20000000"
+        assert (await grandchild.run_code("extra")).text == "'grandchild'"
+        for sbx in (parent, child):
+            copies = _fork_copies(service, sbx.id)
+            assert [c["how"] for c in copies] == ["pages"], copies
+        # the parent's 20 MB are pages it wrote; its child's are its base file's (that file,
+        # unlinked, is what the grandchild's copy starts from)
+        [copied] = _fork_copies(service, parent.id)
+        assert isinstance(written := copied["written_mib"], int) and written >= 19, copied
+
+        async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {service.api_key}"}) as http:
+            r = await http.post(f"{service.url}/v1/sandboxes/{grandchild.id}/hibernate")
+            assert r.status == 200, await r.text()
+        [woken_child] = await grandchild.fork(1)  # wakes it first: its RAM is then shared
+        made.append(woken_child)
+        assert (await woken_child.run_code("extra, hash(blob) == digest")).text == "('grandchild', True)"
+        copies = _fork_copies(service, grandchild.id)
+        assert [c["how"] for c in copies] == ["whole"], copies
+    finally:
+        for sbx in reversed(made):
+            await sbx.close()
+
+
 async def test_sandboxes_from_one_template_do_not_share_random_streams(
     sandbox: AsyncSandbox, fresh_sandbox: AsyncSandbox
 ) -> None:

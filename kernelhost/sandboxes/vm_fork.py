@@ -1,0 +1,217 @@
+"""Fork at the VM level: a live VM's RAM and devices become the start of ``n`` children.
+
+Page by page where the parent maps a base RAM file privately (a clone of a template snapshot, a
+fork's child, a restored checkpoint): the children's RAM file is the base file's data plus the
+pages the parent wrote (``hypervisor.forkram``), so the parent's pause and the copy grow with
+what it changed, not with its RAM. The children's QEMU processes start (paused) while the copy
+runs: nothing reads their RAM until they run. For a template's base file one copy is kept ready
+(``Spares``), so a fork copies only the written pages; the next spare is made in the background.
+
+Otherwise (a VM woken from disk maps its RAM shared; a host that does not let the service read
+QEMU's memory) the whole RAM is copied into an intermediate VM frozen like a template.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import os
+import shutil
+import time
+import uuid
+from collections.abc import Awaitable, Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import structlog
+
+from hypervisor import GuestImage, HypervisorError, PageForkUnavailable
+from hypervisor.forkram import RamMapping, copy_base, make_ram_file
+from hypervisor.host import give_to_qemu
+
+from ..channel import AgentClient
+from ..tasks import TaskSet
+from .snapshots import Snapshot
+
+if TYPE_CHECKING:
+    from .vms import Launched, VmFactory
+
+log = structlog.get_logger("kernelhost.vms")
+
+Children = list[tuple[str, dict[str, str]]]
+
+
+class Spares:
+    """One ready copy of each template RAM file that a fork started from: the next fork from
+    it renames the copy instead of copying the base (a few hundred MiB, ~0.2 s). A host that
+    forks holds one such file per template it forks from; ``clear`` removes them."""
+
+    def __init__(self, directory: Path, templates: Path, tasks: TaskSet) -> None:
+        self.dir = directory
+        self.templates = templates  # where template RAM files live: the bases worth a spare
+        self._tasks = tasks
+        self._making: set[str] = set()
+        self._ready: dict[str, Path] = {}
+
+    def take(self, base: str | None, dest: Path) -> bool:
+        """Move the ready copy of ``base`` to ``dest``; False if there is none."""
+        spare = self._ready.pop(base, None) if base is not None else None
+        if spare is None:
+            return False
+        try:
+            os.rename(spare, dest)
+            return True
+        except FileNotFoundError:
+            return False
+
+    def refill(self, base: str | None, size: int) -> None:
+        """Make the next copy of ``base`` (a template's RAM file) off the request path."""
+        for old in [b for b in self._ready if not os.path.exists(b)]:  # pruned since
+            self._ready.pop(old).unlink(missing_ok=True)
+        if base is None or base in self._making or base in self._ready:
+            return
+        if Path(base).parent.parent != self.templates:
+            return
+        self._making.add(base)
+        self._tasks.spawn(self._make(base, size), name=f"fork-spare:{Path(base).parent.name}")
+
+    async def _make(self, base: str, size: int) -> None:
+        name = f"spare-{hashlib.sha256(base.encode()).hexdigest()[:16]}"
+        tmp, path = self.dir / f"{name}.tmp", self.dir / name
+        try:
+            tmp.unlink(missing_ok=True)
+            await asyncio.to_thread(make_ram_file, tmp, size)
+            await asyncio.to_thread(copy_base, base, tmp)
+            give_to_qemu(tmp, 0o600)
+            os.rename(tmp, path)
+            self._ready[base] = path
+        except (OSError, HypervisorError) as exc:
+            log.warning("vm.fork_spare_failed", base=base, error=str(exc))
+        finally:
+            tmp.unlink(missing_ok=True)
+            self._making.discard(base)
+
+    def clear(self) -> None:
+        self._ready.clear()
+        for path in self.dir.glob("spare-*"):
+            path.unlink(missing_ok=True)
+
+
+class VmForker:
+    """``VmFactory.fork``: the copy, then the children."""
+
+    def __init__(self, vms: VmFactory) -> None:
+        self.vms = vms
+        self.hv = vms.hv
+        self.spares = Spares(vms.forks_dir, vms.snapshots.dir, vms.background)
+
+    async def fork(self, parent: str, image: GuestImage, children: Children) -> list[AgentClient]:
+        """Clone the running ``parent`` into ``children`` (domain, metadata); parent resumes.
+        The RAM file is unlinked once they run (their mappings keep it); on failure nothing of
+        the children is left."""
+        work = self.vms.forks_dir / uuid.uuid4().hex[:12]
+        work.mkdir(parents=True)
+        give_to_qemu(work.parent)
+        give_to_qemu(work)
+        snap = Snapshot(image.template, "fork", work, image.key)
+        mid: str | None = None
+        launched: list[Launched] = []
+        try:
+            memory = self.vms.snapshots.shape_of(image)[0] << 20
+            try:
+                source = await asyncio.to_thread(self.hv.fork_source, parent, memory)
+            except PageForkUnavailable as exc:
+                log.info("vm.fork_whole_ram", parent=parent, reason=str(exc))
+                mid = await self._copy_whole(parent, image, snap)
+                launched = await self._gather(self.vms.clone(d, image, snap, m) for d, m in children)
+            else:
+                launched = await self._fork_pages(parent, source, image, snap, children)
+            self._log_children(parent, launched)
+            return [one.agent for one in launched]
+        except BaseException:
+            for one in launched:
+                await one.agent.close()
+            for domain, _ in children:
+                await self.vms.destroy_tracked(domain)
+            raise
+        finally:
+            # the paused copy (if any) and the file names go, off the caller's path
+            self.vms.background.spawn(self._drop(mid, work), name=f"drop-fork:{work.name}")
+
+    async def _fork_pages(
+        self, parent: str, source: RamMapping, image: GuestImage, snap: Snapshot, children: Children
+    ) -> list[Launched]:
+        t0 = time.monotonic()
+        spare = self.spares.take(source.path, snap.ram)
+        if not spare:
+            await asyncio.to_thread(make_ram_file, snap.ram, source.size)
+        give_to_qemu(snap.ram, 0o600)
+        specs = [self.vms.spec(d, image, m, mem_path=snap.ram, incoming=True) for d, m in children]
+        copy = asyncio.to_thread(self.hv.fork_pages, parent, source, snap.ram, snap.state, base=not spare)
+        started = await asyncio.gather(
+            copy, *(asyncio.to_thread(self.hv.start_incoming, s) for s in specs), return_exceptions=True
+        )
+        for result in started:
+            if isinstance(result, BaseException):
+                raise result
+        base, written = started[0]  # type: ignore[misc]
+        log.info(
+            "vm.fork_copied",
+            parent=parent,
+            how="pages",
+            spare=spare,
+            base_mib=base >> 20,
+            written_mib=written >> 20,
+            seconds=round(time.monotonic() - t0, 3),
+        )
+        self.spares.refill(source.path, source.size)
+
+        async def load(spec_index: int) -> Launched:
+            spec = specs[spec_index]
+            t1 = time.monotonic()
+            await asyncio.to_thread(self.hv.load_into, spec.name, snap.state, ignore_shared=False)
+            return await self.vms.attach_fresh(spec.channel_socket, "fork", t1)
+
+        return await self._gather(load(i) for i in range(len(specs)))
+
+    async def _copy_whole(self, parent: str, image: GuestImage, snap: Snapshot) -> str:
+        """The parent's whole RAM into an intermediate VM with ``snap.ram`` as its shared RAM
+        file, whose device state is then saved like a template's; returns its domain."""
+        t0 = time.monotonic()
+        mid = self.hv.new_name()
+        spec = self.vms.spec(mid, image, {"role": "fork"}, mem_path=snap.ram, mem_share=True, incoming=True)
+        await asyncio.to_thread(self.hv.fork_into, parent, spec, snap.state)
+        log.info("vm.fork_copied", parent=parent, how="whole", seconds=round(time.monotonic() - t0, 3))
+        return mid
+
+    @staticmethod
+    async def _gather(coros: Iterable[Awaitable[Launched]]) -> list[Launched]:
+        """Every launch's result; if one failed, the others' agents are closed and it is raised
+        (the caller destroys the domains)."""
+        results = await asyncio.gather(*coros, return_exceptions=True)
+        done = [r for r in results if not isinstance(r, BaseException)]
+        failed = [r for r in results if isinstance(r, BaseException)]
+        if failed:
+            for one in done:
+                await one.agent.close()
+            raise failed[0]
+        return done
+
+    @staticmethod
+    def _log_children(parent: str, launched: list[Launched]) -> None:
+        log.info(
+            "vm.fork_children",
+            parent=parent,
+            start=[round(one.timings.start, 3) for one in launched],
+            attach=[round(one.timings.attach, 3) for one in launched],
+            hygiene=[round(one.timings.hygiene, 3) for one in launched],
+        )
+
+    async def _drop(self, domain: str | None, work: Path) -> None:
+        try:
+            if domain is not None:
+                with contextlib.suppress(HypervisorError):
+                    await asyncio.to_thread(self.hv.destroy, domain)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
