@@ -48,6 +48,16 @@ libvirt.registerErrorHandler(_silence_libvirt, None)
 
 
 @dataclass(frozen=True)
+class PageCopy:
+    """What ``fork_pages`` copied (bytes) and how long the parent was paused for it (s)."""
+
+    base: int
+    written: int
+    pages_seconds: float
+    devices_seconds: float
+
+
+@dataclass(frozen=True)
 class DomainInfo:
     name: str
     uuid: str
@@ -244,26 +254,29 @@ class Hypervisor:
 
     def fork_pages(
         self, parent: str, source: RamMapping, ram: Path, state: Path, *, base: bool
-    ) -> tuple[int, int]:
+    ) -> PageCopy:
         """Copy the running ``parent`` (its RAM at ``source``) into ``ram``, a file made by
         ``forkram.make_ram_file`` (or already holding the base's data: ``base=False``), and its
         device state into ``state``: the base file's data while it runs, then, paused, the
         pages it wrote and its devices; it runs again after. Clones load ``state`` with
         ``ignore_shared=False`` into ``ram`` mapped privately; they may be started (paused)
-        before, as nothing reads their RAM until they run. Returns (base bytes, written bytes)."""
+        before, as nothing reads their RAM until they run."""
         dom = self._lookup(parent)
         devices = state.with_name(state.name + ".devices")
         try:
             machine = self.machine_type(parent)
             copied = copy_base(source.map_file, ram) if base else 0
+            t0 = time.monotonic()
             dom.suspend()
             try:
                 written = copy_written(source, ram)
+                t1 = time.monotonic()
                 save_devices(dom, devices)
             finally:
                 dom.resume()
+            t2 = time.monotonic()
             state.write_bytes(device_stream(devices.read_bytes(), machine))
-            return copied, written
+            return PageCopy(copied, written, t1 - t0, t2 - t1)
         except (OSError, ValueError, libvirt.libvirtError) as exc:  # tmpfs full, QEMU gone, ...
             raise HypervisorError(f"cannot copy domain {parent!r} page by page: {exc}") from exc
         finally:

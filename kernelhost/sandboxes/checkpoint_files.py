@@ -188,8 +188,7 @@ class CheckpointFiles:
                 await asyncio.to_thread(_unpack, path, state)
             finally:
                 await started
-            await asyncio.to_thread(vms.hv.load_into, domain, state, ignore_shared=False)
-            launched = await vms.attach_fresh(spec.channel_socket, "checkpoint", t0)
+            launched = await vms.load_attached(spec, state, ignore_shared=False, how="checkpoint", t0=t0)
         except BaseException:
             await vms.destroy_tracked(domain)
             raise

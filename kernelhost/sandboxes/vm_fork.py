@@ -28,7 +28,7 @@ import structlog
 
 from hypervisor import GuestImage, HypervisorError, PageForkUnavailable
 from hypervisor.forkram import RamMapping, copy_base, make_ram_file
-from hypervisor.host import give_to_qemu
+from hypervisor.host import PageCopy, give_to_qemu
 
 from ..channel import AgentClient
 from ..tasks import TaskSet
@@ -155,23 +155,25 @@ class VmForker:
         for result in started:
             if isinstance(result, BaseException):
                 raise result
-        base, written = started[0]  # type: ignore[misc]
+        copied: PageCopy = started[0]  # type: ignore[assignment]
         log.info(
             "vm.fork_copied",
             parent=parent,
             how="pages",
             spare=spare,
-            base_mib=base >> 20,
-            written_mib=written >> 20,
+            base_mib=copied.base >> 20,
+            written_mib=copied.written >> 20,
+            paused_pages=round(copied.pages_seconds, 3),
+            paused_devices=round(copied.devices_seconds, 3),
             seconds=round(time.monotonic() - t0, 3),
         )
         self.spares.refill(source.path, source.size)
 
         async def load(spec_index: int) -> Launched:
             spec = specs[spec_index]
-            t1 = time.monotonic()
-            await asyncio.to_thread(self.hv.load_into, spec.name, snap.state, ignore_shared=False)
-            return await self.vms.attach_fresh(spec.channel_socket, "fork", t1)
+            return await self.vms.load_attached(
+                spec, snap.state, ignore_shared=False, how="fork", t0=time.monotonic()
+            )
 
         return await self._gather(load(i) for i in range(len(specs)))
 

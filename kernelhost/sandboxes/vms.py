@@ -223,17 +223,25 @@ class VmFactory:
     ) -> Launched:
         t0 = time.monotonic()
         spec = self.spec(domain, image, meta, mem_path=snap.ram, incoming=True)
-        await asyncio.to_thread(self.hv.start_from_state, spec, snap.state, ignore_shared=ignore_shared)
-        return await self.attach_fresh(spec.channel_socket, "clone", t0)
+        await asyncio.to_thread(self.hv.start_incoming, spec)
+        return await self.load_attached(spec, snap.state, ignore_shared=ignore_shared, how="clone", t0=t0)
 
-    async def attach_fresh(self, socket: Path, how: str, t0: float) -> Launched:
-        """The agent of a VM that was just loaded from a saved state (started at ``t0``), with
-        the clone hygiene done: fresh clock, entropy and seeds. The agent is closed on failure;
-        the caller destroys the domain."""
-        t1 = time.monotonic()
-        agent = await self.connect_agent(socket, self.timeouts.attach)
-        t2 = time.monotonic()
+    async def load_attached(
+        self, spec: DomainSpec, state: Path, *, ignore_shared: bool, how: str, t0: float
+    ) -> Launched:
+        """Load ``state`` into the paused domain ``hv.start_incoming`` started (at ``t0``) and
+        resume it, with the channel connected first: the guest's agent, which was connected
+        when the state was saved, then never sees its host go away and answers at once (else
+        it notices the new connection only on its next look, up to 0.1 s later). Then the clone
+        hygiene: fresh clock, entropy and seeds. The agent is closed on failure; the caller
+        destroys the domain."""
+        agent = AgentClient(spec.channel_socket, max_frame_bytes=self.settings.max_frame_bytes)
         try:
+            await agent.connect(timeout=self.timeouts.attach)
+            await asyncio.to_thread(self.hv.load_into, spec.name, state, ignore_shared=ignore_shared)
+            t1 = time.monotonic()
+            await agent.hello(timeout=self.timeouts.attach)
+            t2 = time.monotonic()
             await self.hygiene(agent)
         except BaseException:
             await agent.close()
@@ -302,8 +310,8 @@ class VmFactory:
         t0 = time.monotonic()
         spec = self.spec(domain, image, meta, incoming=True)
         try:
-            await asyncio.to_thread(self.hv.start_from_state, spec, path, ignore_shared=False)
-            return await self.attach_fresh(spec.channel_socket, "wake", t0)
+            await asyncio.to_thread(self.hv.start_incoming, spec)
+            return await self.load_attached(spec, path, ignore_shared=False, how="wake", t0=t0)
         except BaseException:
             await self.destroy_tracked(domain)
             raise
