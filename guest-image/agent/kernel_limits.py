@@ -66,9 +66,6 @@ def _reseed_if_resumed() -> None:
         numpy.random.seed()
 
 
-FLUSH_CHARS = 1 << 19  # of buffered output, past which a stream flushes at once (a 1 MiB frame)
-
-
 def _requested_cap(parent: Any) -> int | None:
     meta = parent.get("metadata") if isinstance(parent, dict) else None
     limits = meta.get("kernelhost") if isinstance(meta, dict) else None
@@ -120,14 +117,7 @@ def install() -> None:
             # line under emulation (a getpid, a second lock, calls): the buffer, then one flush
             with self._buffer_lock:
                 self._buffer.write(string)
-                full = self._buffer.tell() >= FLUSH_CHARS
-            if full:
-                # a flood leaves in pieces of about FLUSH_CHARS as it is written, not all of a
-                # flush interval's worth in one message: each piece is one frame the agent
-                # passes on as it is, the host streams it sooner, and the buffer stays small
-                # (ipykernel's own flush: sent from the IO thread, waited for)
-                self.flush()
-            elif not self._flush_pending:
+            if not self._flush_pending:
                 self._schedule_flush()
             return len(string)
         return original_write(self, string)
