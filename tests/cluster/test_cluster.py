@@ -282,8 +282,13 @@ def _cli(cluster: Cluster, *args: str) -> str:
 
 
 async def test_a_drained_node_takes_no_new_sandbox(cluster: Cluster) -> None:
+    async with aiohttp.ClientSession() as http:
+        _, listed = await _call(http, cluster, "GET", "/v1/sandboxes")
+    # KEEP["node-b"], and the dead node's sandbox if it woke here (node B had the most room)
+    on_b = [s["id"] for s in listed["sandboxes"] if s.get("node") == "node-b" and s["state"] == "running"]
+    assert KEEP["node-b"] in on_b, listed
     drained = await asyncio.to_thread(_cli, cluster, "node", "drain", "--node", "node-b")
-    assert "node node-b drains: 1 sandboxes hibernated" in drained, drained
+    assert f"node node-b drains: {len(on_b)} sandboxes hibernated" in drained, (drained, on_b)
     listed = await asyncio.to_thread(_cli, cluster, "nodes")
     states = {line.split()[0]: line.split()[1] for line in listed.splitlines()[1:]}
     assert states == {"node-a": "alive", "node-b": "draining", "node-c": "dead"}, listed
