@@ -34,6 +34,7 @@ __all__ = [
     "FrameTooLarge",
     "MalformedFrame",
     "encode_frame",
+    "encode_frame_head",
 ]
 
 DEFAULT_MAX_FRAME_BYTES = 64 * 1024 * 1024
@@ -102,6 +103,33 @@ def encode_frame(
     if len(body) > max_frame_bytes:
         raise FrameTooLarge(len(body), max_frame_bytes)
     return bytes(_HEADER.pack(len(body)) + body)
+
+
+def encode_frame_head(
+    message: dict[str, Any], key: str, size: int, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
+) -> bytes:
+    """The start of a frame whose last entry is ``key``: a bin of ``size`` bytes that the
+    caller writes right after these (from a pipe, say, without copying it through here).
+
+    The frame is ``message`` with ``key`` added last, so the receiver decodes it as any other;
+    the bin's header is always the 4-byte-length form (0xc6), which msgpack reads for any size.
+    """
+    if not isinstance(message, dict) or not isinstance(message.get("op"), str) or key in message:
+        raise MalformedFrame(f"a frame head needs a map with a string 'op' and no {key!r}: {message!r:.200}")
+    if not 0 <= size <= 0xFFFFFFFF:
+        raise FrameTooLarge(size, max_frame_bytes)
+    count_objects(message, MAX_FRAME_OBJECTS)
+    packer = msgpack.Packer(use_bin_type=True)
+    parts = [packer.pack_map_header(len(message) + 1)]
+    for name, value in message.items():
+        parts.append(packer.pack(name))
+        parts.append(packer.pack(value))
+    parts.append(packer.pack(key))
+    parts.append(b"\xc6" + _HEADER.pack(size))
+    head = b"".join(parts)
+    if len(head) + size > max_frame_bytes:
+        raise FrameTooLarge(len(head) + size, max_frame_bytes)
+    return _HEADER.pack(len(head) + size) + head
 
 
 class FrameDecoder:

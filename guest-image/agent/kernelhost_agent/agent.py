@@ -88,12 +88,16 @@ class Agent:
         self.kernel = Kernel(config, self.send)
         self.relay = Relay(self.kernel, ExecutionMeter(self.kernel.pid), self.send, self.tasks)
         self.proxy = NetProxy(self.send, config.proxy_port)
-        self.bash = Bash(config, self.send, self.tasks, Cgroups(config.cgroup_root))
+        cgroups = Cgroups(config.cgroup_root)
+        self.bash = Bash(config, self.send, self.tasks, cgroups, self.send_spliced)
         self.network = Network(config, self.kernel, self.bash, self.proxy)
         self.dispatcher = Dispatcher(self.send, self.tasks)
         self.dispatcher.register(KernelOps(self.kernel, self.dispatcher, self.boot_id))
         self.dispatcher.register(self.bash)
         self.dispatcher.register(self.bash.processes())
+        raw_output = self.bash.raw_output()
+        if raw_output is not None:
+            self.dispatcher.register(raw_output)
         self.dispatcher.register(Files(config))
         self.dispatcher.register(self.network)
         self.dispatcher.register(Snapshots(config, self.kernel))
@@ -107,6 +111,16 @@ class Agent:
             log(f"no port open yet; dropping a {message.get('op')!r} frame")
             return False
         return self.port.send(message)
+
+    def send_spliced(self, message: dict[str, Any], key: str, fd: int, size: int) -> asyncio.Future[bool]:
+        """Queue a frame whose ``key`` is the next ``size`` bytes of the pipe ``fd``
+        (``Port.send_spliced``); False at once if no port is open (the bytes stay in the pipe)."""
+        if self.port is None:
+            log(f"no port open yet; dropping a {message.get('op')!r} frame")
+            done: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+            done.set_result(False)
+            return done
+        return self.port.send_spliced(message, key, fd, size)
 
     async def start(self) -> None:
         """Open the port, start the kernel, and return once it answers."""

@@ -7,7 +7,10 @@ working directory are saved by an EXIT trap and handed to the next command, so t
 between calls (unless ``keep_state: false``: a background process must not bring back, when it
 ends, the state it started from). Output and the end come back as Jupyter-shaped messages
 whose parent msg_id is the host's run_id: iopub "stream", then shell "bash_reply" {exit_code,
-signal, failure, cpu_ms, peak_memory_bytes}.
+signal, failure, cpu_ms, peak_memory_bytes}. A command started with ``raw_output`` (capability
+``raw_output``) sends its output as ``bash_out`` frames instead, each the next bytes of its
+stdout or stderr spliced from the pipe to the port (``Port.send_spliced``): the agent never
+copies, decodes or encodes them, and the host turns them into the same stream messages.
 """
 
 from __future__ import annotations
@@ -32,6 +35,8 @@ from .tasks import TaskSet
 __all__ = ["Bash"]
 
 Send = Callable[[dict[str, Any]], bool]
+#: (the frame without its data, the key of its data, the pipe, how many of its bytes)
+SendSpliced = Callable[[dict[str, Any], str, int, int], "asyncio.Future[bool]"]
 
 DRAIN_SECONDS = 0.5
 STATE_MAX = 1 << 20
@@ -72,9 +77,17 @@ class Bash:
 
     capability = protocol.Capability.BASH
 
-    def __init__(self, config: AgentConfig, send: Send, tasks: TaskSet, cgroups: Cgroups) -> None:
+    def __init__(
+        self,
+        config: AgentConfig,
+        send: Send,
+        tasks: TaskSet,
+        cgroups: Cgroups,
+        send_spliced: SendSpliced | None = None,
+    ) -> None:
         self.config = config
         self._send = send
+        self._send_spliced = send_spliced
         self._tasks = tasks
         self._cgroups = cgroups
         self.runs: dict[str, _Run] = {}
@@ -116,8 +129,12 @@ class Bash:
         if run_id in self.runs:
             raise ValueError(f"bash run {run_id} is already running; pick a new run_id")
         stdin, keep_state = frame.get("stdin", False), frame.get("keep_state", True)
-        if not isinstance(stdin, bool) or not isinstance(keep_state, bool):
-            raise ValueError(f"stdin and keep_state must be booleans, got {stdin!r:.20}, {keep_state!r:.20}")
+        raw = frame.get("raw_output", False)
+        if not all(isinstance(flag, bool) for flag in (stdin, keep_state, raw)):
+            raise ValueError(
+                "stdin, keep_state and raw_output must be booleans, got "
+                f"{stdin!r:.20}, {keep_state!r:.20}, {raw!r:.20}"
+            )
         run = self._start(run_id, command, stdin)
         run.keep_state = keep_state
         self.runs[run_id] = run
@@ -125,7 +142,8 @@ class Bash:
             loop = asyncio.get_running_loop()
             run.stdin, _ = await loop.connect_write_pipe(asyncio.Protocol, run.proc.stdin)
         budget = None if cap is None else cap + 1  # one more: the host sees the cut
-        run.task = self._tasks.spawn(self._relay(run, budget), name=f"bash-{run_id}")
+        raw = raw and self._send_spliced is not None
+        run.task = self._tasks.spawn(self._relay(run, budget, raw), name=f"bash-{run_id}")
         return {"pid": run.proc.pid}
 
     async def op_bash_signal(self, frame: dict[str, Any]) -> dict[str, Any]:
@@ -219,12 +237,13 @@ class Bash:
             raise
         return _Run(run_id, proc, script, state, cgroup, self._generation)
 
-    async def _relay(self, run: _Run, cap: int | None) -> None:
+    async def _relay(self, run: _Run, cap: int | None, raw: bool = False) -> None:
         """Relay one run's output, then report its end (bash_reply), whatever happens."""
         left = [cap]
+        pump = self._pump_raw if raw else self._pump
         pumps = [
-            asyncio.ensure_future(self._pump(run.run_id, run.proc.stdout, "stdout", left)),
-            asyncio.ensure_future(self._pump(run.run_id, run.proc.stderr, "stderr", left)),
+            asyncio.ensure_future(pump(run.run_id, run.proc.stdout, "stdout", left)),
+            asyncio.ensure_future(pump(run.run_id, run.proc.stderr, "stderr", left)),
         ]
         reply: dict[str, Any] = {"exit_code": None, "signal": None, "failure": None}
         try:
@@ -297,6 +316,34 @@ class Bash:
         finally:
             pipe.close()
 
+    async def _pump_raw(self, run_id: str, pipe: IO[bytes] | None, name: str, left: list[int | None]) -> None:
+        """Splice one of bash's pipes to the port as bash_out frames, at most ``left[0]`` bytes
+        of both; past that the pipe is drained into /dev/null, so bash never blocks."""
+        if pipe is None:
+            return
+        assert self._send_spliced is not None
+        fd = pipe.fileno()
+        head = {"op": protocol.Frame.BASH_OUT, "run_id": run_id, "name": name}
+        sending: asyncio.Future[bool] | None = None
+        try:
+            async for held in outpipe.spans(fd, min(outpipe.CHUNK, protocol.BASH_OUT_MAX)):
+                budget = left[0]
+                take = held if budget is None else min(held, max(0, budget))
+                if budget is not None:
+                    left[0] = max(0, budget) - take
+                sent = False
+                if take:
+                    sending = self._send_spliced(head, "data", fd, take)
+                    sent = await asyncio.shield(sending)
+                    sending = None
+                outpipe.discard(fd, held - take if sent else held)
+        finally:
+            if sending is not None and not sending.done():
+                # the writer still moves bytes out of this pipe: it is closed once it is done
+                sending.add_done_callback(lambda _: pipe.close())
+            else:
+                pipe.close()
+
     def _emit(self, run_id: str, channel: str, msg_type: str, content: dict[str, Any]) -> None:
         """One Jupyter-shaped message of a run, its parent being the run_id."""
         parent = {"msg_id": run_id, "msg_type": protocol.BashFrame.REQUEST}
@@ -332,6 +379,10 @@ class Bash:
         """The ops of background processes (their own capability)."""
         return ProcessOps(self)
 
+    def raw_output(self) -> RawOutput | None:
+        """``raw_output`` of ``bash`` (its own capability), where output can be spliced."""
+        return RawOutput() if self._send_spliced is not None else None
+
     async def stop(self, timeout: float = 2.0) -> None:
         """Kill what still runs and let the relays reap it (the agent is stopping)."""
         relays = [run.task for run in self.runs.values() if run.task is not None]
@@ -350,6 +401,15 @@ class ProcessOps:
 
     def ops(self) -> Mapping[str, Handler]:
         return {protocol.Op.BASH_INPUT: self.bash.op_bash_input}
+
+
+class RawOutput:
+    """``bash`` with ``raw_output``: output as bash_out frames (capability ``raw_output``)."""
+
+    capability = protocol.Capability.RAW_OUTPUT
+
+    def ops(self) -> Mapping[str, Handler]:
+        return {}
 
 
 async def _wait_process(pid: int) -> tuple[int, Any]:

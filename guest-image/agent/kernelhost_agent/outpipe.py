@@ -6,18 +6,24 @@ Here the pipe is widened to ``PIPE_BYTES`` and read without the event loop's str
 once output flows (the last chunk went out less than ``COALESCE_SECONDS`` ago) the reader waits
 that long for more before it hands a chunk on, so a flood leaves in chunks of up to ``CHUNK``
 bytes, while the first bytes after a quiet spell (a prompt, a progress line) go at once.
+
+``spans`` does the same for a consumer that never reads the pipe itself: it says how many bytes
+the pipe holds (FIONREAD), and the consumer moves exactly that many out (by splice(2), straight
+to the port) before it asks again; ``discard`` drops bytes nobody will keep.
 """
 
 from __future__ import annotations
 
+import array
 import asyncio
 import contextlib
 import fcntl
 import os
+import termios
 import time
 from collections.abc import AsyncIterator
 
-__all__ = ["CHUNK", "COALESCE_SECONDS", "PIPE_BYTES", "chunks", "readable"]
+__all__ = ["CHUNK", "COALESCE_SECONDS", "PIPE_BYTES", "chunks", "discard", "pending", "readable", "spans"]
 
 CHUNK = 1 << 20  # at most this much output per message
 PIPE_BYTES = 1 << 20  # the kernel's default pipe-max-size: what an unprivileged process may ask
@@ -90,3 +96,50 @@ async def chunks(
         if filled:
             last_sent = time.monotonic()
             yield buf[:filled]
+
+
+def pending(fd: int) -> int:
+    """How many bytes the pipe ``fd`` holds (FIONREAD)."""
+    count = array.array("i", [0])
+    fcntl.ioctl(fd, termios.FIONREAD, count)
+    return count[0]
+
+
+async def spans(fd: int, chunk: int = CHUNK, coalesce: float = COALESCE_SECONDS) -> AsyncIterator[int]:
+    """How many bytes (at most ``chunk``) to take out of the pipe ``fd`` next, until its EOF.
+
+    The consumer takes exactly that many out before it asks for the next span, and only it reads
+    the pipe. As ``chunks`` does, a flood is coalesced: within ``coalesce`` seconds of the last
+    span the pipe is given that long to fill before its content is announced."""
+    os.set_blocking(fd, False)
+    widen(fd)
+    last = 0.0
+    while True:
+        await readable(fd, None)
+        held = pending(fd)
+        if not held:  # readable and empty: every writer has closed it
+            return
+        if held < chunk and time.monotonic() - last < coalesce:
+            await asyncio.sleep(coalesce)  # output is flowing: let it gather for a moment
+            held = pending(fd)
+        yield min(held, chunk)
+        last = time.monotonic()
+
+
+def discard(fd: int, size: int) -> None:
+    """Drop the next ``size`` bytes of the pipe ``fd`` (which holds them): spliced to /dev/null,
+    or read where that cannot be done."""
+    null = os.open(os.devnull, os.O_WRONLY)
+    try:
+        while size > 0:
+            try:
+                moved = os.splice(fd, null, size)
+            except OSError:
+                moved = len(os.read(fd, min(size, CHUNK)))
+            if not moved:
+                return
+            size -= moved
+    except BlockingIOError:
+        return  # nothing more in it after all
+    finally:
+        os.close(null)

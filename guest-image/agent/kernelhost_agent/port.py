@@ -3,11 +3,19 @@
 Threads, not the event loop: the port is a character device whose readiness the loop's selector
 cannot be trusted with (it reports POLLHUP while no host is connected, and writes block), and a
 blocking writer is the simplest way to keep output produced meanwhile for the next host.
+
+The writer is the port's only writer, so frames stay whole. Besides encoded frames it writes
+spliced ones (``send_spliced``): a frame whose last value is ``size`` bytes of a pipe, written
+as its head (length, the map up to the bin's header) and then moved from the pipe to the port by
+splice(2), which the guest kernel's virtio console does without copying the pages; the agent
+never reads, decodes or encodes those bytes.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import errno
 import glob
 import os
 import queue
@@ -15,6 +23,7 @@ import select
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from .shared import codec, log, log_exception
@@ -27,6 +36,19 @@ _IDLE_RETRY = 0.1  # seconds between looks at a port with no host behind it
 _JOIN_TIMEOUT = 2.0
 _WRITE_BATCH = 4 << 20  # bytes of queued frames written in one go
 _WRITE_BUFFERS = 256  # and at most this many of them (writev takes up to IOV_MAX, 1024)
+_COPY_CHUNK = 1 << 20  # bytes read at a time where the port cannot splice
+#: splice(2) errors that mean "not for this pair of files": the writer copies instead
+_NO_SPLICE = frozenset({errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.EBADF})
+
+
+@dataclass
+class _Spliced:
+    """A frame whose last ``size`` bytes the writer moves from the pipe ``fd`` to the port."""
+
+    head: bytes
+    fd: int
+    size: int
+    done: asyncio.Future[bool]
 
 
 def find_port(name: str, timeout: float = 30.0) -> str:
@@ -70,7 +92,9 @@ class Port:
         self.on_frame = on_frame
         self.max_frame_bytes = max_frame_bytes
         self._owns_fd = owns_fd
-        self._outbox: queue.Queue[bytes | None] = queue.Queue()
+        self._outbox: queue.Queue[bytes | _Spliced | None] = queue.Queue()
+        self._can_splice = True  # until the port refuses it once
+        self._failing = False  # log a failed write once per outage, not ten times a second
         self._stopping = threading.Event()
         self._wake_r, self._wake_w = os.pipe()  # wakes the reader out of poll() at close
         self._threads = [
@@ -101,6 +125,21 @@ class Port:
             return False
         self._outbox.put(frame)
         return True
+
+    def send_spliced(self, message: dict[str, Any], key: str, fd: int, size: int) -> asyncio.Future[bool]:
+        """Queue a frame of ``message`` whose last entry ``key`` is the next ``size`` bytes of
+        the pipe ``fd`` (which must hold them). Call it on the loop's thread; the future is
+        True once they are written (the pipe may then be read again or closed), False if the
+        frame could not be encoded (the bytes are still in the pipe)."""
+        done: asyncio.Future[bool] = self.loop.create_future()
+        try:
+            head = codec.encode_frame_head(message, key, size, self.max_frame_bytes)
+        except (codec.FrameError, TypeError, ValueError, OverflowError) as exc:
+            log(f"dropping an unsendable {message.get('op')!r} frame: {type(exc).__name__}: {exc}")
+            done.set_result(False)
+            return done
+        self._outbox.put(_Spliced(head, fd, size, done))
+        return done
 
     def close(self) -> None:
         """Stop both threads; the fd is closed only if the agent opened it."""
@@ -194,34 +233,91 @@ class Port:
 
     def _write_loop(self) -> None:
         """Write queued frames out whole, waiting out a host that is away. Frames queued while
-        one was written leave together, in one system call of up to ``_WRITE_BATCH`` bytes."""
-        failing = False  # log a failed write once per outage, not ten times a second
+        one was written leave together, in one system call of up to ``_WRITE_BATCH`` bytes; a
+        spliced frame ends a batch, its bytes following its head."""
         while True:
-            batch = self._next_batch()
-            if batch is None:
+            taken = self._next_batch()
+            if taken is None:
                 return
-            while batch:
-                if self._stopping.is_set():
-                    return
-                try:
-                    n = os.writev(self.fd, batch)
-                except BlockingIOError:
-                    self._stopping.wait(0.01)
-                    continue
-                except OSError as exc:  # host gone mid-write: wait for the next one
-                    if not failing:
-                        log("write failed, retrying:", exc)
-                        failing = True
-                    self._stopping.wait(_IDLE_RETRY)
-                    continue
-                failing = False
-                batch = _advance(batch, n)
+            batch, spliced = taken
+            written = self._write_all(batch)
+            if spliced is not None:
+                written = written and self._splice_all(spliced)
+                self._resolve(spliced.done, written)
+            if not written:
+                return
 
-    def _next_batch(self) -> list[memoryview] | None:
-        """The next frame and those queued behind it (up to _WRITE_BATCH bytes); None: stop."""
+    def _write_all(self, batch: list[memoryview]) -> bool:
+        """Write every byte of ``batch``; False if the port closed first."""
+        while batch:
+            if self._stopping.is_set():
+                return False
+            try:
+                n = os.writev(self.fd, batch)
+            except BlockingIOError:
+                self._stopping.wait(0.01)
+                continue
+            except OSError as exc:  # host gone mid-write: wait for the next one
+                self._write_failed(exc)
+                continue
+            self._failing = False
+            batch = _advance(batch, n)
+        return True
+
+    def _splice_all(self, job: _Spliced) -> bool:
+        """Move ``job.size`` bytes from its pipe to the port; False if the port closed first."""
+        left = job.size
+        while left:
+            if self._stopping.is_set():
+                return False
+            try:
+                n = os.splice(job.fd, self.fd, left) if self._can_splice else self._copy(job.fd, left)
+            except BlockingIOError:
+                self._stopping.wait(0.01)
+                continue
+            except OSError as exc:
+                if self._can_splice and exc.errno in _NO_SPLICE:
+                    log(f"the port cannot splice ({exc}); copying output instead")
+                    self._can_splice = False
+                else:
+                    self._write_failed(exc)
+                continue
+            self._failing = False
+            if not n:  # the pipe ran dry: it never does (only this reads it), but keep the frame whole
+                log(f"a pipe held {left} bytes fewer than announced; padding its frame")
+                return self._write_all([memoryview(bytes(left))])
+            left -= n
+        return True
+
+    def _copy(self, fd: int, left: int) -> int:
+        """Read up to ``left`` bytes of the pipe and write them all to the port: what was moved."""
+        data = os.read(fd, min(left, _COPY_CHUNK))
+        if data and not self._write_all([memoryview(data)]):
+            raise OSError(errno.EPIPE, "the port closed")
+        return len(data)
+
+    def _write_failed(self, exc: OSError) -> None:
+        if not self._failing:
+            log("write failed, retrying:", exc)
+            self._failing = True
+        self._stopping.wait(_IDLE_RETRY)
+
+    def _resolve(self, done: asyncio.Future[bool], written: bool) -> None:
+        def resolve() -> None:
+            if not done.done():
+                done.set_result(written)
+
+        with contextlib.suppress(RuntimeError):  # the loop is closed: the agent is stopping
+            self.loop.call_soon_threadsafe(resolve)
+
+    def _next_batch(self) -> tuple[list[memoryview], _Spliced | None] | None:
+        """The next frame and those queued behind it (up to _WRITE_BATCH bytes, and up to the
+        first spliced frame, whose head ends the batch); None: stop."""
         data = self._outbox.get()
         if data is None:
             return None
+        if isinstance(data, _Spliced):
+            return [memoryview(data.head)], data
         batch, size = [memoryview(data)], len(data)
         while size < _WRITE_BATCH and len(batch) < _WRITE_BUFFERS:
             try:
@@ -231,9 +327,12 @@ class Port:
             if more is None:  # stop after this batch
                 self._outbox.put(None)
                 break
+            if isinstance(more, _Spliced):
+                batch.append(memoryview(more.head))
+                return batch, more
             batch.append(memoryview(more))
             size += len(more)
-        return batch
+        return batch, None
 
 
 def _advance(batch: list[memoryview], n: int) -> list[memoryview]:
