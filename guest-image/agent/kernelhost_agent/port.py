@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
+import fcntl
 import glob
 import os
 import queue
@@ -36,7 +37,8 @@ _IDLE_RETRY = 0.1  # seconds between looks at a port with no host behind it
 _JOIN_TIMEOUT = 2.0
 _WRITE_BATCH = 4 << 20  # bytes of queued frames written in one go
 _WRITE_BUFFERS = 256  # and at most this many of them (writev takes up to IOV_MAX, 1024)
-_COPY_CHUNK = 1 << 20  # bytes read at a time where the port cannot splice
+_COPY_CHUNK = 1 << 20  # bytes read at a time where the port cannot splice; the relay pipe's size
+_F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
 #: splice(2) errors that mean "not for this pair of files": the writer copies instead
 _NO_SPLICE = frozenset({errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.EBADF})
 
@@ -94,6 +96,7 @@ class Port:
         self._owns_fd = owns_fd
         self._outbox: queue.Queue[bytes | _Spliced | None] = queue.Queue()
         self._can_splice = True  # until the port refuses it once
+        self._relay: tuple[int, int] | None = None  # the writer's own pipe, for spliced frames
         self._failing = False  # log a failed write once per outage, not ten times a second
         self._stopping = threading.Event()
         self._wake_r, self._wake_w = os.pipe()  # wakes the reader out of poll() at close
@@ -156,6 +159,7 @@ class Port:
             return
         os.close(self._wake_r)
         os.close(self._wake_w)
+        self._close_relay()
         if self._owns_fd:
             os.close(self.fd)
 
@@ -265,13 +269,47 @@ class Port:
         return True
 
     def _splice_all(self, job: _Spliced) -> bool:
-        """Move ``job.size`` bytes from its pipe to the port; False if the port closed first."""
+        """Move ``job.size`` bytes from its pipe to the port; False if the port closed first.
+
+        They go through a pipe of the writer's own: the guest's virtio console (Linux 6.1)
+        builds a scatterlist of as many entries as its source pipe has buffers but fills only
+        those it takes, and the empty rest reaches the device (QEMU: "zero sized buffers are not
+        allowed", and the port is dead) whenever the command wrote more after the size was
+        taken. The writer's pipe holds exactly the frame's bytes, so the port takes all of it;
+        a pipe-to-pipe splice moves the pages and copies nothing."""
         left = job.size
         while left:
             if self._stopping.is_set():
                 return False
             try:
-                n = os.splice(job.fd, self.fd, left) if self._can_splice else self._copy(job.fd, left)
+                moved = os.splice(job.fd, self._relay_pipe()[1], left)
+            except BlockingIOError:
+                moved = 0
+            if not moved:  # the pipe ran dry: it never does (only this reads it), but keep the frame whole
+                log(f"a pipe held {left} bytes fewer than announced; padding its frame")
+                return self._write_all([memoryview(bytes(left))])
+            if not self._to_port(moved):
+                return False
+            left -= moved
+        return True
+
+    def _relay_pipe(self) -> tuple[int, int]:
+        """The writer's own pipe (read end, write end), made at first use."""
+        if self._relay is None:
+            self._relay = os.pipe2(os.O_CLOEXEC)
+            with contextlib.suppress(OSError):
+                fcntl.fcntl(self._relay[1], _F_SETPIPE_SZ, _COPY_CHUNK)
+        return self._relay
+
+    def _to_port(self, size: int) -> bool:
+        """Move all ``size`` bytes the writer's pipe holds to the port; False if it closed first."""
+        relay = self._relay_pipe()[0]
+        while size:
+            if self._stopping.is_set():
+                self._close_relay()  # what it still holds belongs to no frame any more
+                return False
+            try:
+                n = os.splice(relay, self.fd, size) if self._can_splice else self._copy(relay, size)
             except BlockingIOError:
                 self._stopping.wait(0.01)
                 continue
@@ -283,10 +321,7 @@ class Port:
                     self._write_failed(exc)
                 continue
             self._failing = False
-            if not n:  # the pipe ran dry: it never does (only this reads it), but keep the frame whole
-                log(f"a pipe held {left} bytes fewer than announced; padding its frame")
-                return self._write_all([memoryview(bytes(left))])
-            left -= n
+            size -= n
         return True
 
     def _copy(self, fd: int, left: int) -> int:
@@ -295,6 +330,12 @@ class Port:
         if data and not self._write_all([memoryview(data)]):
             raise OSError(errno.EPIPE, "the port closed")
         return len(data)
+
+    def _close_relay(self) -> None:
+        if self._relay is not None:
+            for fd in self._relay:
+                os.close(fd)
+            self._relay = None
 
     def _write_failed(self, exc: OSError) -> None:
         if not self._failing:
