@@ -26,7 +26,7 @@ from .netproxy import NetProxy
 from .network import Network
 from .port import Port, find_port
 from .relay import Relay
-from .shared import log, protocol
+from .shared import codec, log, protocol
 from .snapshot import Snapshots, WarmUp
 from .tasks import TaskSet
 
@@ -112,15 +112,15 @@ class Agent:
             return False
         return self.port.send(message)
 
-    def send_spliced(self, message: dict[str, Any], key: str, fd: int, size: int) -> asyncio.Future[bool]:
-        """Queue a frame whose ``key`` is the next ``size`` bytes of the pipe ``fd``
-        (``Port.send_spliced``); False at once if no port is open (the bytes stay in the pipe)."""
+    def send_spliced(self, head: codec.FrameHead, fd: int, size: int) -> asyncio.Future[bool]:
+        """Queue a frame of ``head`` whose last entry is the next ``size`` bytes of the pipe
+        ``fd`` (``Port.send_spliced``); False at once if no port is open (the bytes stay put)."""
         if self.port is None:
-            log(f"no port open yet; dropping a {message.get('op')!r} frame")
+            log("no port open yet; dropping a spliced frame")
             done: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
             done.set_result(False)
             return done
-        return self.port.send_spliced(message, key, fd, size)
+        return self.port.send_spliced(head, fd, size)
 
     async def start(self) -> None:
         """Open the port, start the kernel, and return once it answers."""

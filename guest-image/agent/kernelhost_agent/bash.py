@@ -29,14 +29,14 @@ from . import outpipe
 from .cgroups import Cgroups
 from .config import AgentConfig
 from .dispatch import Handler
-from .shared import log, log_exception, protocol
+from .shared import codec, log, log_exception, protocol
 from .tasks import TaskSet
 
 __all__ = ["Bash"]
 
 Send = Callable[[dict[str, Any]], bool]
-#: (the frame without its data, the key of its data, the pipe, how many of its bytes)
-SendSpliced = Callable[[dict[str, Any], str, int, int], "asyncio.Future[bool]"]
+#: (the head of the frame, the pipe, how many of its bytes): ``Port.send_spliced``
+SendSpliced = Callable[[codec.FrameHead, int, int], "asyncio.Future[bool]"]
 
 DRAIN_SECONDS = 0.5
 STATE_MAX = 1 << 20
@@ -323,7 +323,8 @@ class Bash:
             return
         assert self._send_spliced is not None
         fd = pipe.fileno()
-        head = {"op": protocol.Frame.BASH_OUT, "run_id": run_id, "name": name}
+        message = {"op": protocol.Frame.BASH_OUT, "run_id": run_id, "name": name}
+        head = codec.FrameHead(message, "data", self.config.max_frame_bytes)
         sending: asyncio.Future[bool] | None = None
         try:
             async for held in outpipe.spans(fd, min(outpipe.CHUNK, protocol.BASH_OUT_MAX)):
@@ -333,7 +334,7 @@ class Bash:
                     left[0] = max(0, budget) - take
                 sent = False
                 if take:
-                    sending = self._send_spliced(head, "data", fd, take)
+                    sending = self._send_spliced(head, fd, take)
                     sent = await asyncio.shield(sending)
                     sending = None
                 outpipe.discard(fd, held - take if sent else held)

@@ -23,11 +23,22 @@ import termios
 import time
 from collections.abc import AsyncIterator
 
-__all__ = ["CHUNK", "COALESCE_SECONDS", "PIPE_BYTES", "chunks", "discard", "pending", "readable", "spans"]
+__all__ = [
+    "CHUNK",
+    "COALESCE_SECONDS",
+    "GATHER_SECONDS",
+    "PIPE_BYTES",
+    "chunks",
+    "discard",
+    "pending",
+    "readable",
+    "spans",
+]
 
 CHUNK = 1 << 20  # at most this much output per message
 PIPE_BYTES = 1 << 20  # the kernel's default pipe-max-size: what an unprivileged process may ask
 COALESCE_SECONDS = 0.005
+GATHER_SECONDS = 0.05  # the longest a flowing output is held to make a span of CHUNK bytes
 _F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
 
 
@@ -105,23 +116,34 @@ def pending(fd: int) -> int:
     return count[0]
 
 
-async def spans(fd: int, chunk: int = CHUNK, coalesce: float = COALESCE_SECONDS) -> AsyncIterator[int]:
+async def spans(
+    fd: int, chunk: int = CHUNK, coalesce: float = COALESCE_SECONDS, gather: float = GATHER_SECONDS
+) -> AsyncIterator[int]:
     """How many bytes (at most ``chunk``) to take out of the pipe ``fd`` next, until its EOF.
 
     The consumer takes exactly that many out before it asks for the next span, and only it reads
-    the pipe. As ``chunks`` does, a flood is coalesced: within ``coalesce`` seconds of the last
-    span the pipe is given that long to fill before its content is announced."""
+    the pipe. The first bytes after a quiet spell are announced at once; while output flows (the
+    last span was announced less than ``coalesce`` seconds ago) the pipe is given ``coalesce``
+    seconds at a time to fill, for up to ``gather`` seconds and while it keeps growing, so a
+    flood leaves in spans near ``chunk`` (each frame costs the guest the same fixed work)."""
     os.set_blocking(fd, False)
     widen(fd)
     last = 0.0
     while True:
-        await readable(fd, None)
         held = pending(fd)
-        if not held:  # readable and empty: every writer has closed it
-            return
-        if held < chunk and time.monotonic() - last < coalesce:
-            await asyncio.sleep(coalesce)  # output is flowing: let it gather for a moment
+        if not held:
+            await readable(fd, None)
             held = pending(fd)
+            if not held:  # readable and empty: every writer has closed it
+                return
+        if time.monotonic() - last < coalesce:
+            deadline = time.monotonic() + gather
+            while held < chunk and time.monotonic() < deadline:
+                await asyncio.sleep(coalesce)
+                more = pending(fd)
+                if more == held:  # the command paused (or the pipe is full): send what is there
+                    break
+                held = more
         yield min(held, chunk)
         last = time.monotonic()
 
@@ -129,6 +151,8 @@ async def spans(fd: int, chunk: int = CHUNK, coalesce: float = COALESCE_SECONDS)
 def discard(fd: int, size: int) -> None:
     """Drop the next ``size`` bytes of the pipe ``fd`` (which holds them): spliced to /dev/null,
     or read where that cannot be done."""
+    if size <= 0:
+        return
     null = os.open(os.devnull, os.O_WRONLY)
     try:
         while size > 0:

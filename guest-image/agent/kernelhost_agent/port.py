@@ -129,19 +129,19 @@ class Port:
         self._outbox.put(frame)
         return True
 
-    def send_spliced(self, message: dict[str, Any], key: str, fd: int, size: int) -> asyncio.Future[bool]:
-        """Queue a frame of ``message`` whose last entry ``key`` is the next ``size`` bytes of
-        the pipe ``fd`` (which must hold them). Call it on the loop's thread; the future is
-        True once they are written (the pipe may then be read again or closed), False if the
-        frame could not be encoded (the bytes are still in the pipe)."""
+    def send_spliced(self, head: codec.FrameHead, fd: int, size: int) -> asyncio.Future[bool]:
+        """Queue a frame of ``head`` whose last entry is the next ``size`` bytes of the pipe
+        ``fd`` (which must hold them). Call it on the loop's thread; the future is True once they
+        are written (the pipe may then be read again or closed), False if the frame cannot be
+        sent (too large: the bytes are still in the pipe)."""
         done: asyncio.Future[bool] = self.loop.create_future()
         try:
-            head = codec.encode_frame_head(message, key, size, self.max_frame_bytes)
-        except (codec.FrameError, TypeError, ValueError, OverflowError) as exc:
-            log(f"dropping an unsendable {message.get('op')!r} frame: {type(exc).__name__}: {exc}")
+            data = head.head(size)
+        except codec.FrameError as exc:
+            log(f"dropping an unsendable spliced frame: {exc}")
             done.set_result(False)
             return done
-        self._outbox.put(_Spliced(head, fd, size, done))
+        self._outbox.put(_Spliced(data, fd, size, done))
         return done
 
     def close(self) -> None:
