@@ -12,7 +12,7 @@ import pytest
 
 from kernelhost.channel import AgentClient, ProtocolViolation
 from kernelhost.channel.bash_output import BashOutput
-from kernelhost.channel.protocol import BASH_OUT_MAX, Capability, Op
+from kernelhost.channel.protocol import BASH_OUT_MAX, Op
 
 from .fake_agent import WAIT, Closes, FakeAgent, jupyter_msg, unchecked_frame, wait_until_stalled
 
