@@ -21,7 +21,7 @@ pytestmark = pytest.mark.unit
 RUN = "a1b2c3"
 
 
-def out(data: bytes, name: str = "stdout", run_id: Any = RUN) -> dict[str, Any]:
+def out(data: bytes, name: Any = "stdout", run_id: Any = RUN) -> dict[str, Any]:
     return {"op": "bash_out", "run_id": run_id, "name": name, "data": data}
 
 
