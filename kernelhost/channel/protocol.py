@@ -154,7 +154,7 @@ CAPABILITY_OF: dict[Op, Capability] = {
 LEGACY_CAPABILITIES = frozenset({Capability.BASH, Capability.FILES, Capability.NETWORK, Capability.SNAPSHOT})
 
 #: The largest ``data`` of one ``bash_out`` frame; a larger one is a protocol violation.
-BASH_OUT_MAX = 1 << 20
+BASH_OUT_MAX = 2 << 20
 
 # -- network tunnels ---------------------------------------------------------------------------
 

@@ -327,7 +327,7 @@ class Bash:
         head = codec.FrameHead(message, "data", self.config.max_frame_bytes)
         sending: asyncio.Future[bool] | None = None
         try:
-            async for held in outpipe.spans(fd, min(outpipe.CHUNK, protocol.BASH_OUT_MAX)):
+            async for held in outpipe.spans(fd, protocol.BASH_OUT_MAX):
                 budget = left[0]
                 take = held if budget is None else min(held, max(0, budget))
                 if budget is not None:

@@ -39,6 +39,7 @@ CHUNK = 1 << 20  # at most this much output per message
 PIPE_BYTES = 1 << 20  # the kernel's default pipe-max-size: what an unprivileged process may ask
 COALESCE_SECONDS = 0.005
 GATHER_SECONDS = 0.05  # the longest a flowing output is held to make a span of CHUNK bytes
+_MIN_WAIT = 0.001
 _F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
 
 
@@ -122,12 +123,13 @@ async def spans(
     """How many bytes (at most ``chunk``) to take out of the pipe ``fd`` next, until its EOF.
 
     The consumer takes exactly that many out before it asks for the next span, and only it reads
-    the pipe. The first bytes after a quiet spell are announced at once; while output flows (the
-    last span was announced less than ``coalesce`` seconds ago) the pipe is given ``coalesce``
-    seconds at a time to fill, for up to ``gather`` seconds and while it keeps growing, so a
-    flood leaves in spans near ``chunk`` (each frame costs the guest the same fixed work)."""
+    the pipe, which is widened to hold two spans: the command writes on while one leaves. The
+    first bytes after a quiet spell are announced at once; while output flows (the last span was
+    announced less than ``coalesce`` seconds ago) they gather for up to ``gather`` seconds, while
+    the pipe keeps growing, so a flood leaves in spans of ``chunk`` bytes (each costs the guest
+    the same fixed work). The waits are sized by the rate the pipe fills at: a few per span."""
     os.set_blocking(fd, False)
-    widen(fd)
+    widen(fd, max(PIPE_BYTES, 2 * chunk))
     last = 0.0
     while True:
         held = pending(fd)
@@ -137,15 +139,26 @@ async def spans(
             if not held:  # readable and empty: every writer has closed it
                 return
         if time.monotonic() - last < coalesce:
-            deadline = time.monotonic() + gather
-            while held < chunk and time.monotonic() < deadline:
-                await asyncio.sleep(coalesce)
-                more = pending(fd)
-                if more == held:  # the command paused (or the pipe is full): send what is there
-                    break
-                held = more
+            held = await _gather(fd, held, chunk, coalesce, time.monotonic() + gather)
         yield min(held, chunk)
         last = time.monotonic()
+
+
+async def _gather(fd: int, held: int, chunk: int, step: float, deadline: float) -> int:
+    """Let the pipe fill towards ``chunk`` bytes until ``deadline``, while it grows; what it holds."""
+    rate = 0.0  # bytes a second, as last seen
+    while held < chunk:
+        now = time.monotonic()
+        wait = min(deadline - now, (chunk - held) / rate if rate else step)
+        if wait <= 0:
+            break
+        await asyncio.sleep(max(wait, _MIN_WAIT))
+        more = pending(fd)
+        if more <= held:  # the command paused (or the pipe is full): send what is there
+            break
+        rate = (more - held) / max(time.monotonic() - now, _MIN_WAIT)
+        held = more
+    return held
 
 
 def discard(fd: int, size: int) -> None:

@@ -37,7 +37,9 @@ _IDLE_RETRY = 0.1  # seconds between looks at a port with no host behind it
 _JOIN_TIMEOUT = 2.0
 _WRITE_BATCH = 4 << 20  # bytes of queued frames written in one go
 _WRITE_BUFFERS = 256  # and at most this many of them (writev takes up to IOV_MAX, 1024)
-_COPY_CHUNK = 1 << 20  # bytes read at a time where the port cannot splice; the relay pipe's size
+_COPY_CHUNK = 1 << 20  # bytes read at a time where the port cannot splice
+#: what the writer's own pipe holds (a spliced frame larger than that goes through it in parts)
+_RELAY_BYTES = 2 << 20
 _F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
 #: splice(2) errors that mean "not for this pair of files": the writer copies instead
 _NO_SPLICE = frozenset({errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.EBADF})
@@ -298,7 +300,7 @@ class Port:
         if self._relay is None:
             self._relay = os.pipe2(os.O_CLOEXEC)
             with contextlib.suppress(OSError):
-                fcntl.fcntl(self._relay[1], _F_SETPIPE_SZ, _COPY_CHUNK)
+                fcntl.fcntl(self._relay[1], _F_SETPIPE_SZ, _RELAY_BYTES)
         return self._relay
 
     def _to_port(self, size: int) -> bool:
