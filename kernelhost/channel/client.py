@@ -68,7 +68,9 @@ __all__ = [
 
 log = structlog.get_logger("kernelhost.channel")
 
-READ_CHUNK = 1 << 16
+#: bytes read at a time (and the reader's limit: it stops reading past twice that); bash output
+#: comes in frames of up to 2 MiB, and every read costs the reader the same fixed work
+READ_CHUNK = 1 << 18
 #: how long closing may wait for the transport to finish (a guest that reads nothing gets none)
 CLOSE_TIMEOUT = 1.0
 #: ids of requests that ended without their reply, remembered so that a late reply is dropped

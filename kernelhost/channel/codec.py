@@ -196,7 +196,8 @@ class FrameDecoder:
                 self._buf += view[:take]
                 view = view[take:]
                 if len(self._buf) == self._need:
-                    frames.append(_decode_body(bytes(self._buf), self.max_objects))
+                    # msgpack copies what it keeps, so the buffer is decoded in place, not copied
+                    frames.append(_decode_body(self._buf, self.max_objects))
                     self._buf.clear()
                     self._need = None
         except FrameError as exc:
@@ -228,7 +229,7 @@ class _Budget:
         return obj
 
 
-def _decode_body(body: bytes, max_objects: int) -> tuple[dict[str, Any], int]:
+def _decode_body(body: bytes | bytearray, max_objects: int) -> tuple[dict[str, Any], int]:
     budget = _Budget(max_objects)
     try:
         message = msgpack.unpackb(

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import array
 import asyncio
-import contextlib
 import fcntl
 import os
 import termios
@@ -41,12 +40,22 @@ COALESCE_SECONDS = 0.005
 GATHER_SECONDS = 0.05  # the longest a flowing output is held to make a span of CHUNK bytes
 _MIN_WAIT = 0.001
 _F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
+_F_GETPIPE_SZ = getattr(fcntl, "F_GETPIPE_SZ", 1032)
+_DEFAULT_PIPE_BYTES = 1 << 16
 
 
-def widen(fd: int, size: int = PIPE_BYTES) -> None:
-    """Make the pipe ``fd`` hold ``size`` bytes, if the kernel lets it (best effort)."""
-    with contextlib.suppress(OSError):
-        fcntl.fcntl(fd, _F_SETPIPE_SZ, size)
+def widen(fd: int, size: int = PIPE_BYTES) -> int:
+    """Make the pipe ``fd`` hold ``size`` bytes, or else ``PIPE_BYTES`` (past that the kernel
+    asks for CAP_SYS_RESOURCE), if the kernel lets it: best effort. What it holds now."""
+    for want in (size, PIPE_BYTES) if size > PIPE_BYTES else (size,):
+        try:
+            return int(fcntl.fcntl(fd, _F_SETPIPE_SZ, want))
+        except OSError:
+            continue
+    try:
+        return int(fcntl.fcntl(fd, _F_GETPIPE_SZ))
+    except OSError:
+        return _DEFAULT_PIPE_BYTES
 
 
 async def readable(fd: int, timeout: float | None) -> bool:
@@ -126,10 +135,11 @@ async def spans(
     the pipe, which is widened to hold two spans: the command writes on while one leaves. The
     first bytes after a quiet spell are announced at once; while output flows (the last span was
     announced less than ``coalesce`` seconds ago) they gather for up to ``gather`` seconds, while
-    the pipe keeps growing, so a flood leaves in spans of ``chunk`` bytes (each costs the guest
-    the same fixed work). The waits are sized by the rate the pipe fills at: a few per span."""
+    the pipe keeps growing, so a flood leaves in spans of ``chunk`` bytes, or half what the pipe
+    could be made to hold (each span costs the guest the same fixed work). The waits are sized by
+    the rate the pipe fills at: a few per span."""
     os.set_blocking(fd, False)
-    widen(fd, max(PIPE_BYTES, 2 * chunk))
+    target = max(1, min(chunk, widen(fd, max(PIPE_BYTES, 2 * chunk)) // 2))
     last = 0.0
     while True:
         held = pending(fd)
@@ -139,17 +149,17 @@ async def spans(
             if not held:  # readable and empty: every writer has closed it
                 return
         if time.monotonic() - last < coalesce:
-            held = await _gather(fd, held, chunk, coalesce, time.monotonic() + gather)
+            held = await _gather(fd, held, target, coalesce, time.monotonic() + gather)
         yield min(held, chunk)
         last = time.monotonic()
 
 
-async def _gather(fd: int, held: int, chunk: int, step: float, deadline: float) -> int:
-    """Let the pipe fill towards ``chunk`` bytes until ``deadline``, while it grows; what it holds."""
+async def _gather(fd: int, held: int, target: int, step: float, deadline: float) -> int:
+    """Let the pipe fill towards ``target`` bytes until ``deadline``, while it grows; what it holds."""
     rate = 0.0  # bytes a second, as last seen
-    while held < chunk:
+    while held < target:
         now = time.monotonic()
-        wait = min(deadline - now, (chunk - held) / rate if rate else step)
+        wait = min(deadline - now, (target - held) / rate if rate else step)
         if wait <= 0:
             break
         await asyncio.sleep(max(wait, _MIN_WAIT))
