@@ -7,6 +7,7 @@ import os
 import signal
 import uuid
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -170,3 +171,15 @@ async def test_a_command_that_keeps_no_state_leaves_the_shell_as_it_was(
     await bash(host, "cd / && export KH_BG=no", keep_state=False)
     run = await bash(host, 'pwd; echo "${KH_BG:-unset}"')
     assert run.streams["stdout"] == f"{running.config.kernel_cwd}\nunset\n"
+
+
+async def test_a_state_cut_short_is_not_taken(host: HostEnd, running: Running) -> None:
+    await bash(host, "export KH_WHOLE=1")
+    area = running.agent.bash
+    before = (dict(area.env or {}), area.cwd)
+    path = Path(running.config.bash_dir) / "partial.state"
+    path.write_bytes(b"/\0KH_PARTIAL=1\0")  # its EXIT trap killed before it wrote the end
+    area._load_state(str(path))
+    path.unlink()
+    assert (area.env, area.cwd) == before
+    assert (await bash(host, 'echo "$KH_WHOLE${KH_PARTIAL:-}"')).streams["stdout"] == "1\n"

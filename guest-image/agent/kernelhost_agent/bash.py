@@ -40,17 +40,19 @@ SendSpliced = Callable[[codec.FrameHead, int, int], "asyncio.Future[bool]"]
 
 DRAIN_SECONDS = 0.5
 STATE_MAX = 1 << 20
+STATE_END = b"__kh_end"  # the last entry of a whole saved state
 RUN_ID_MAX = 64
 STDIN_BUFFER_MAX = 4 << 20  # input written but not yet read by the command
 SIGNALS = {"INT": signal.SIGINT, "TERM": signal.SIGTERM, "KILL": signal.SIGKILL}
 # $1: where the EXIT trap saves the working directory and the exported environment (NUL-separated,
-# the directory first); $2: the file holding the command, run by eval so errors read "bash: ...".
+# the directory first, then STATE_END: a state cut short, its trap killed, lacks it); $2: the file
+# holding the command, run by eval so errors read "bash: ...". (No temporary file and mv: under
+# emulation every process the trap starts costs tens of milliseconds of each call.)
 PRELUDE = r"""__kh_state=$1 __kh_cmd=$2
 [ -z "$3" ] || echo $$ >"$3/cgroup.procs" 2>/dev/null  # $3: the run's cgroup, or empty
 set --
 __kh_save() {
-    { printf '%s\0' "$PWD"; env -0; } >"$__kh_state.tmp" 2>/dev/null \
-        && mv -f "$__kh_state.tmp" "$__kh_state"
+    { printf '%s\0' "$PWD"; env -0; printf '__kh_end\0'; } >"$__kh_state" 2>/dev/null
 }
 trap __kh_save EXIT
 eval "$(< "$__kh_cmd")"
@@ -290,7 +292,7 @@ class Bash:
         if run.cgroup:
             self._stale_cgroups.append(run.cgroup)
         self._prune_cgroups()
-        for path in (run.script, run.state, run.state + ".tmp"):
+        for path in (run.script, run.state):
             with contextlib.suppress(OSError):
                 os.unlink(path)
 
@@ -362,6 +364,9 @@ class Bash:
             log("bash state over", STATE_MAX, "bytes; keeping the previous one")
             return
         cwd, *entries = raw.split(b"\0")
+        if entries[-2:] != [STATE_END, b""]:
+            log("bash state cut short (its EXIT trap was killed); keeping the previous one")
+            return
         env: dict[str, str] = {}
         for entry in entries:
             key, sep, value = entry.partition(b"=")
