@@ -89,7 +89,7 @@ class Agent:
         self.relay = Relay(self.kernel, ExecutionMeter(self.kernel.pid), self.send, self.tasks)
         self.proxy = NetProxy(self.send, config.proxy_port)
         cgroups = Cgroups(config.cgroup_root)
-        self.bash = Bash(config, self.send, self.tasks, cgroups, self.send_spliced)
+        self.bash = Bash(config, self.send, self.tasks, cgroups, self.write_spliced)
         self.network = Network(config, self.kernel, self.bash, self.proxy)
         self.dispatcher = Dispatcher(self.send, self.tasks)
         self.dispatcher.register(KernelOps(self.kernel, self.dispatcher, self.boot_id))
@@ -112,15 +112,14 @@ class Agent:
             return False
         return self.port.send(message)
 
-    def send_spliced(self, head: codec.FrameHead, fd: int, size: int) -> asyncio.Future[bool]:
-        """Queue a frame of ``head`` whose last entry is the next ``size`` bytes of the pipe
-        ``fd`` (``Port.send_spliced``); False at once if no port is open (the bytes stay put)."""
-        if self.port is None:
+    def write_spliced(self, head: codec.FrameHead, fd: int, size: int) -> bool:
+        """Write a frame of ``head`` whose last entry is the next ``size`` bytes of the pipe
+        ``fd`` (``Port.write_spliced``; a relay thread calls it); False if no port is open."""
+        port = self.port
+        if port is None:
             log("no port open yet; dropping a spliced frame")
-            done: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
-            done.set_result(False)
-            return done
-        return self.port.send_spliced(head, fd, size)
+            return False
+        return port.write_spliced(head, fd, size)
 
     async def start(self) -> None:
         """Open the port, start the kernel, and return once it answers."""

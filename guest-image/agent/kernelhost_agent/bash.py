@@ -9,7 +9,7 @@ ends, the state it started from). Output and the end come back as Jupyter-shaped
 whose parent msg_id is the host's run_id: iopub "stream", then shell "bash_reply" {exit_code,
 signal, failure, cpu_ms, peak_memory_bytes}. A command started with ``raw_output`` (capability
 ``raw_output``) sends its output as ``bash_out`` frames instead, each the next bytes of its
-stdout or stderr spliced from the pipe to the port (``Port.send_spliced``): the agent never
+stdout or stderr spliced from the pipe to the port (``rawout``, ``Port.write_spliced``): the agent never
 copies, decodes or encodes them, and the host turns them into the same stream messages.
 """
 
@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import codecs
 import contextlib
+import functools
 import os
 import signal
 import subprocess
@@ -25,7 +26,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import IO, Any
 
-from . import outpipe
+from . import outpipe, rawout
 from .cgroups import Cgroups
 from .config import AgentConfig
 from .dispatch import Handler
@@ -35,8 +36,9 @@ from .tasks import TaskSet
 __all__ = ["Bash"]
 
 Send = Callable[[dict[str, Any]], bool]
-#: (the head of the frame, the pipe, how many of its bytes): ``Port.send_spliced``
-SendSpliced = Callable[[codec.FrameHead, int, int], "asyncio.Future[bool]"]
+#: (the head of the frame, the pipe, how many of its bytes) -> written: ``Port.write_spliced``,
+#: which blocks until the frame is written (a relay thread calls it)
+WriteSpliced = Callable[[codec.FrameHead, int, int], bool]
 
 DRAIN_SECONDS = 0.5
 STATE_MAX = 1 << 20
@@ -85,11 +87,11 @@ class Bash:
         send: Send,
         tasks: TaskSet,
         cgroups: Cgroups,
-        send_spliced: SendSpliced | None = None,
+        write_spliced: WriteSpliced | None = None,
     ) -> None:
         self.config = config
         self._send = send
-        self._send_spliced = send_spliced
+        self._write_spliced = write_spliced
         self._tasks = tasks
         self._cgroups = cgroups
         self.runs: dict[str, _Run] = {}
@@ -144,7 +146,7 @@ class Bash:
             loop = asyncio.get_running_loop()
             run.stdin, _ = await loop.connect_write_pipe(asyncio.Protocol, run.proc.stdin)
         budget = None if cap is None else cap + 1  # one more: the host sees the cut
-        raw = raw and self._send_spliced is not None
+        raw = raw and self._write_spliced is not None
         run.task = self._tasks.spawn(self._relay(run, budget, raw), name=f"bash-{run_id}")
         return {"pid": run.proc.pid}
 
@@ -241,12 +243,13 @@ class Bash:
 
     async def _relay(self, run: _Run, cap: int | None, raw: bool = False) -> None:
         """Relay one run's output, then report its end (bash_reply), whatever happens."""
-        left = [cap]
-        pump = self._pump_raw if raw else self._pump
-        pumps = [
-            asyncio.ensure_future(pump(run.run_id, run.proc.stdout, "stdout", left)),
-            asyncio.ensure_future(pump(run.run_id, run.proc.stderr, "stderr", left)),
-        ]
+        if raw:
+            budget = rawout.Budget(cap)
+            outputs = [self._pump_raw(run.run_id, pipe, name, budget) for pipe, name in _pipes(run)]
+        else:
+            left = [cap]
+            outputs = [self._pump(run.run_id, pipe, name, left) for pipe, name in _pipes(run)]
+        pumps = [asyncio.ensure_future(output) for output in outputs]
         reply: dict[str, Any] = {"exit_code": None, "signal": None, "failure": None}
         try:
             reply.update(await self._wait(run))
@@ -318,34 +321,16 @@ class Bash:
         finally:
             pipe.close()
 
-    async def _pump_raw(self, run_id: str, pipe: IO[bytes] | None, name: str, left: list[int | None]) -> None:
-        """Splice one of bash's pipes to the port as bash_out frames, at most ``left[0]`` bytes
-        of both; past that the pipe is drained into /dev/null, so bash never blocks."""
+    async def _pump_raw(self, run_id: str, pipe: IO[bytes] | None, name: str, budget: rawout.Budget) -> None:
+        """Splice one of bash's pipes to the port as bash_out frames (``rawout``), within the
+        run's budget; past it the pipe is drained into /dev/null, so bash never blocks."""
         if pipe is None:
             return
-        assert self._send_spliced is not None
-        fd = pipe.fileno()
+        assert self._write_spliced is not None
         message = {"op": protocol.Frame.BASH_OUT, "run_id": run_id, "name": name}
         head = codec.FrameHead(message, "data", self.config.max_frame_bytes)
-        sending: asyncio.Future[bool] | None = None
-        try:
-            async for held in outpipe.spans(fd, protocol.BASH_OUT_MAX):
-                budget = left[0]
-                take = held if budget is None else min(held, max(0, budget))
-                if budget is not None:
-                    left[0] = max(0, budget) - take
-                sent = False
-                if take:
-                    sending = self._send_spliced(head, fd, take)
-                    sent = await asyncio.shield(sending)
-                    sending = None
-                outpipe.discard(fd, held - take if sent else held)
-        finally:
-            if sending is not None and not sending.done():
-                # the writer still moves bytes out of this pipe: it is closed once it is done
-                sending.add_done_callback(lambda _: pipe.close())
-            else:
-                pipe.close()
+        write = functools.partial(self._write_spliced, head)
+        await rawout.run(pipe, write, budget, protocol.BASH_OUT_MAX, f"bash-{run_id}-{name}")
 
     def _emit(self, run_id: str, channel: str, msg_type: str, content: dict[str, Any]) -> None:
         """One Jupyter-shaped message of a run, its parent being the run_id."""
@@ -387,7 +372,7 @@ class Bash:
 
     def raw_output(self) -> RawOutput | None:
         """``raw_output`` of ``bash`` (its own capability), where output can be spliced."""
-        return RawOutput() if self._send_spliced is not None else None
+        return RawOutput() if self._write_spliced is not None else None
 
     async def stop(self, timeout: float = 2.0) -> None:
         """Kill what still runs and let the relays reap it (the agent is stopping)."""
@@ -416,6 +401,10 @@ class RawOutput:
 
     def ops(self) -> Mapping[str, Handler]:
         return {}
+
+
+def _pipes(run: _Run) -> list[tuple[IO[bytes] | None, str]]:
+    return [(run.proc.stdout, "stdout"), (run.proc.stderr, "stderr")]
 
 
 async def _wait_process(pid: int) -> tuple[int, Any]:

@@ -7,9 +7,8 @@ once output flows (the last chunk went out less than ``COALESCE_SECONDS`` ago) t
 that long for more before it hands a chunk on, so a flood leaves in chunks of up to ``CHUNK``
 bytes, while the first bytes after a quiet spell (a prompt, a progress line) go at once.
 
-``spans`` does the same for a consumer that never reads the pipe itself: it says how many bytes
-the pipe holds (FIONREAD), and the consumer moves exactly that many out (by splice(2), straight
-to the port) before it asks again; ``discard`` drops bytes nobody will keep.
+``pending`` (FIONREAD), ``widen`` and ``discard`` (bytes nobody will keep) serve ``rawout`` too,
+which moves a command's output to the port without reading it.
 """
 
 from __future__ import annotations
@@ -25,20 +24,17 @@ from collections.abc import AsyncIterator
 __all__ = [
     "CHUNK",
     "COALESCE_SECONDS",
-    "GATHER_SECONDS",
     "PIPE_BYTES",
     "chunks",
     "discard",
     "pending",
     "readable",
-    "spans",
+    "widen",
 ]
 
 CHUNK = 1 << 20  # at most this much output per message
 PIPE_BYTES = 1 << 20  # the kernel's default pipe-max-size: what an unprivileged process may ask
 COALESCE_SECONDS = 0.005
-GATHER_SECONDS = 0.05  # the longest a flowing output is held to make a span of CHUNK bytes
-_MIN_WAIT = 0.001
 _F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
 _F_GETPIPE_SZ = getattr(fcntl, "F_GETPIPE_SZ", 1032)
 _DEFAULT_PIPE_BYTES = 1 << 16
@@ -124,51 +120,6 @@ def pending(fd: int) -> int:
     count = array.array("i", [0])
     fcntl.ioctl(fd, termios.FIONREAD, count)
     return count[0]
-
-
-async def spans(
-    fd: int, chunk: int = CHUNK, coalesce: float = COALESCE_SECONDS, gather: float = GATHER_SECONDS
-) -> AsyncIterator[int]:
-    """How many bytes (at most ``chunk``) to take out of the pipe ``fd`` next, until its EOF.
-
-    The consumer takes exactly that many out before it asks for the next span, and only it reads
-    the pipe, which is widened to hold two spans: the command writes on while one leaves. The
-    first bytes after a quiet spell are announced at once; while output flows (the last span was
-    announced less than ``coalesce`` seconds ago) they gather for up to ``gather`` seconds, while
-    the pipe keeps growing, so a flood leaves in spans of ``chunk`` bytes, or half what the pipe
-    could be made to hold (each span costs the guest the same fixed work). The waits are sized by
-    the rate the pipe fills at: a few per span."""
-    os.set_blocking(fd, False)
-    target = max(1, min(chunk, widen(fd, max(PIPE_BYTES, 2 * chunk)) // 2))
-    last = 0.0
-    while True:
-        held = pending(fd)
-        if not held:
-            await readable(fd, None)
-            held = pending(fd)
-            if not held:  # readable and empty: every writer has closed it
-                return
-        if time.monotonic() - last < coalesce:
-            held = await _gather(fd, held, target, coalesce, time.monotonic() + gather)
-        yield min(held, chunk)
-        last = time.monotonic()
-
-
-async def _gather(fd: int, held: int, target: int, step: float, deadline: float) -> int:
-    """Let the pipe fill towards ``target`` bytes until ``deadline``, while it grows; what it holds."""
-    rate = 0.0  # bytes a second, as last seen
-    while held < target:
-        now = time.monotonic()
-        wait = min(deadline - now, (target - held) / rate if rate else step)
-        if wait <= 0:
-            break
-        await asyncio.sleep(max(wait, _MIN_WAIT))
-        more = pending(fd)
-        if more <= held:  # the command paused (or the pipe is full): send what is there
-            break
-        rate = (more - held) / max(time.monotonic() - now, _MIN_WAIT)
-        held = more
-    return held
 
 
 def discard(fd: int, size: int) -> None:

@@ -4,11 +4,12 @@ Threads, not the event loop: the port is a character device whose readiness the 
 cannot be trusted with (it reports POLLHUP while no host is connected, and writes block), and a
 blocking writer is the simplest way to keep output produced meanwhile for the next host.
 
-The writer is the port's only writer, so frames stay whole. Besides encoded frames it writes
-spliced ones (``send_spliced``): a frame whose last value is ``size`` bytes of a pipe, written
-as its head (length, the map up to the bin's header) and then moved from the pipe to the port by
-splice(2), which the guest kernel's virtio console does without copying the pages; the agent
-never reads, decodes or encodes those bytes.
+Every write to the port holds the port's write lock, so frames stay whole: the writer's batches
+of queued frames, and spliced frames (``write_spliced``), which the thread relaying a command's
+output writes itself: a frame whose last value is ``size`` bytes of a pipe, written as its head
+(length, the map up to the bin's header) and then moved from the pipe to the port by splice(2),
+which the guest kernel's virtio console does without copying the pages. The agent never reads,
+decodes or encodes those bytes, and no thread hands them to another.
 """
 
 from __future__ import annotations
@@ -24,7 +25,6 @@ import select
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from .shared import codec, log, log_exception
@@ -43,16 +43,6 @@ _RELAY_BYTES = 2 << 20
 _F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
 #: splice(2) errors that mean "not for this pair of files": the writer copies instead
 _NO_SPLICE = frozenset({errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.EBADF})
-
-
-@dataclass
-class _Spliced:
-    """A frame whose last ``size`` bytes the writer moves from the pipe ``fd`` to the port."""
-
-    head: bytes
-    fd: int
-    size: int
-    done: asyncio.Future[bool]
 
 
 def find_port(name: str, timeout: float = 30.0) -> str:
@@ -96,7 +86,8 @@ class Port:
         self.on_frame = on_frame
         self.max_frame_bytes = max_frame_bytes
         self._owns_fd = owns_fd
-        self._outbox: queue.Queue[bytes | _Spliced | None] = queue.Queue()
+        self._outbox: queue.Queue[bytes | None] = queue.Queue()
+        self._write_lock = threading.Lock()  # held by whoever writes to the port
         self._can_splice = True  # until the port refuses it once
         self._relay: tuple[int, int] | None = None  # the writer's own pipe, for spliced frames
         self._failing = False  # log a failed write once per outage, not ten times a second
@@ -131,20 +122,18 @@ class Port:
         self._outbox.put(frame)
         return True
 
-    def send_spliced(self, head: codec.FrameHead, fd: int, size: int) -> asyncio.Future[bool]:
-        """Queue a frame of ``head`` whose last entry is the next ``size`` bytes of the pipe
-        ``fd`` (which must hold them). Call it on the loop's thread; the future is True once they
-        are written (the pipe may then be read again or closed), False if the frame cannot be
-        sent (too large: the bytes are still in the pipe)."""
-        done: asyncio.Future[bool] = self.loop.create_future()
+    def write_spliced(self, head: codec.FrameHead, fd: int, size: int) -> bool:
+        """Write a frame of ``head`` whose last entry is the next ``size`` bytes of the pipe
+        ``fd`` (which must hold them), in turn with the writer's frames; blocks until it is
+        written, so call it from a thread of its own, never the loop's. False if it could not
+        be sent: too large (the bytes are still in the pipe), or the port closed."""
         try:
             data = head.head(size)
         except codec.FrameError as exc:
             log(f"dropping an unsendable spliced frame: {exc}")
-            done.set_result(False)
-            return done
-        self._outbox.put(_Spliced(data, fd, size, done))
-        return done
+            return False
+        with self._write_lock:
+            return self._write_all([memoryview(data)]) and self._splice_all(fd, size)
 
     def close(self) -> None:
         """Stop both threads; the fd is closed only if the agent opened it."""
@@ -156,6 +145,12 @@ class Port:
             if thread.ident is not None:
                 thread.join(_JOIN_TIMEOUT)
                 alive = alive or thread.is_alive()
+        # a relay thread that writes holds the write lock; one that takes it later finds the
+        # port stopping and writes nothing
+        if not alive and self._write_lock.acquire(timeout=_JOIN_TIMEOUT):
+            self._write_lock.release()
+        else:
+            alive = True
         if alive:  # a thread still uses the fds: leave them open rather than reuse them under it
             log(f"port threads did not stop within {_JOIN_TIMEOUT}s; leaving their fds open")
             return
@@ -239,19 +234,14 @@ class Port:
 
     def _write_loop(self) -> None:
         """Write queued frames out whole, waiting out a host that is away. Frames queued while
-        one was written leave together, in one system call of up to ``_WRITE_BATCH`` bytes; a
-        spliced frame ends a batch, its bytes following its head."""
+        one was written leave together, in one system call of up to ``_WRITE_BATCH`` bytes."""
         while True:
-            taken = self._next_batch()
-            if taken is None:
+            batch = self._next_batch()
+            if batch is None:
                 return
-            batch, spliced = taken
-            written = self._write_all(batch)
-            if spliced is not None:
-                written = written and self._splice_all(spliced)
-                self._resolve(spliced.done, written)
-            if not written:
-                return
+            with self._write_lock:
+                if not self._write_all(batch):
+                    return
 
     def _write_all(self, batch: list[memoryview]) -> bool:
         """Write every byte of ``batch``; False if the port closed first."""
@@ -270,8 +260,8 @@ class Port:
             batch = _advance(batch, n)
         return True
 
-    def _splice_all(self, job: _Spliced) -> bool:
-        """Move ``job.size`` bytes from its pipe to the port; False if the port closed first.
+    def _splice_all(self, fd: int, size: int) -> bool:
+        """Move ``size`` bytes from the pipe ``fd`` to the port; False if the port closed first.
 
         They go through a pipe of the writer's own: the guest's virtio console (Linux 6.1)
         builds a scatterlist of as many entries as its source pipe has buffers but fills only
@@ -279,12 +269,12 @@ class Port:
         allowed", and the port is dead) whenever the command wrote more after the size was
         taken. The writer's pipe holds exactly the frame's bytes, so the port takes all of it;
         a pipe-to-pipe splice moves the pages and copies nothing."""
-        left = job.size
+        left = size
         while left:
             if self._stopping.is_set():
                 return False
             try:
-                moved = os.splice(job.fd, self._relay_pipe()[1], left)
+                moved = os.splice(fd, self._relay_pipe()[1], left)
             except BlockingIOError:
                 moved = 0
             if not moved:  # the pipe ran dry: it never does (only this reads it), but keep the frame whole
@@ -345,22 +335,11 @@ class Port:
             self._failing = True
         self._stopping.wait(_IDLE_RETRY)
 
-    def _resolve(self, done: asyncio.Future[bool], written: bool) -> None:
-        def resolve() -> None:
-            if not done.done():
-                done.set_result(written)
-
-        with contextlib.suppress(RuntimeError):  # the loop is closed: the agent is stopping
-            self.loop.call_soon_threadsafe(resolve)
-
-    def _next_batch(self) -> tuple[list[memoryview], _Spliced | None] | None:
-        """The next frame and those queued behind it (up to _WRITE_BATCH bytes, and up to the
-        first spliced frame, whose head ends the batch); None: stop."""
+    def _next_batch(self) -> list[memoryview] | None:
+        """The next frame and those queued behind it (up to _WRITE_BATCH bytes); None: stop."""
         data = self._outbox.get()
         if data is None:
             return None
-        if isinstance(data, _Spliced):
-            return [memoryview(data.head)], data
         batch, size = [memoryview(data)], len(data)
         while size < _WRITE_BATCH and len(batch) < _WRITE_BUFFERS:
             try:
@@ -370,12 +349,9 @@ class Port:
             if more is None:  # stop after this batch
                 self._outbox.put(None)
                 break
-            if isinstance(more, _Spliced):
-                batch.append(memoryview(more.head))
-                return batch, more
             batch.append(memoryview(more))
             size += len(more)
-        return batch, None
+        return batch
 
 
 def _advance(batch: list[memoryview], n: int) -> list[memoryview]:
