@@ -48,16 +48,39 @@ STDIN_BUFFER_MAX = 4 << 20  # input written but not yet read by the command
 SIGNALS = {"INT": signal.SIGINT, "TERM": signal.SIGTERM, "KILL": signal.SIGKILL}
 # $1: where the EXIT trap saves the working directory and the exported environment (NUL-separated,
 # the directory first, then STATE_END: a state cut short, its trap killed, lacks it); $2: the file
-# holding the command, run by eval so errors read "bash: ...". (No temporary file and mv: under
-# emulation every process the trap starts costs tens of milliseconds of each call.)
+# holding the command, run by eval so errors read "bash: ...". Under emulation every process bash
+# starts costs tens of milliseconds of each call, so the prelude and the trap start none: they
+# read the command with `read`, list the exported variables with `compgen -e` (set ones, not
+# arrays), and only when a function is exported (which `env -0` writes as bash passes it on)
+# take `env -0`. What they would print on stderr (`set -x` in the command) goes to /dev/null.
 PRELUDE = r"""__kh_state=$1 __kh_cmd=$2
 [ -z "$3" ] || echo $$ >"$3/cgroup.procs" 2>/dev/null  # $3: the run's cgroup, or empty
 set --
 __kh_save() {
-    { printf '%s\0' "$PWD"; env -0; printf '__kh_end\0'; } >"$__kh_state" 2>/dev/null
+    {
+        local IFS=$' \t\n' __kh_a __kh_n __kh_names __kh_fx=
+        compgen -e >"$__kh_state.names" || :
+        declare -F >"$__kh_state.funcs" || :
+        while read -r __kh_a __kh_a __kh_n; do
+            [[ $__kh_a == -fx ]] && __kh_fx=1
+        done <"$__kh_state.funcs"
+        mapfile -t __kh_names <"$__kh_state.names"
+        {
+            printf '%s\0' "$PWD"
+            if [[ -n $__kh_fx ]]; then
+                env -0
+            else
+                for __kh_n in "${__kh_names[@]}"; do
+                    [[ -v $__kh_n && ${!__kh_n@a} != *[aA]* ]] && printf '%s=%s\0' "$__kh_n" "${!__kh_n}"
+                done
+            fi
+            printf '__kh_end\0'
+        } >"$__kh_state"
+    } 2>/dev/null
 }
-trap __kh_save EXIT
-eval "$(< "$__kh_cmd")"
+trap '{ set +x; } 2>/dev/null; __kh_save' EXIT
+IFS= read -r -d '' __kh_code <"$__kh_cmd"
+eval "$__kh_code"
 """
 
 
@@ -295,7 +318,7 @@ class Bash:
         if run.cgroup:
             self._stale_cgroups.append(run.cgroup)
         self._prune_cgroups()
-        for path in (run.script, run.state):
+        for path in (run.script, run.state, run.state + ".names", run.state + ".funcs"):
             with contextlib.suppress(OSError):
                 os.unlink(path)
 
