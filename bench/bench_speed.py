@@ -2,7 +2,8 @@
 """Where a user waits: output throughput, fork, kernel restart and the first call of a pooled
 sandbox, each with its reference measured in the same run. Writes bench/results/speed.json.
 
-    .venv/bin/python bench/bench_speed.py [--quick] [--mib 32] [--rounds 5] [--only fork,pool]
+    .venv/bin/python bench/bench_speed.py [--quick] [--throughput] [--mib 32] [--rounds 5]
+        [--only stream,fork]
 
 Figures (median and p95 over ``--rounds``; the first run of each throughput figure warms up):
 - stdout MB/s of bash ``head -c | tr`` and of a Python cell printing 1 KiB lines, through the
@@ -10,13 +11,17 @@ Figures (median and p95 over ``--rounds``; the first run of each throughput figu
   same bash pipeline inside the guest to /dev/null (what the guest can make), a file of the same
   size read through the files API (the channel with no Jupyter in the way), the bash pipeline as
   a local subprocess and the Python cell on a local ipykernel (jupyter_client);
+- stdout MB/s of bash ``cat`` of that file (in the guest's RAM-backed root), a producer that is
+  not the bottleneck (``tr`` is, in the guest); reference: the same ``cat`` to /dev/null;
 - fork(1) of a parent holding 100 MB of fresh state, to the child answering ``1+1``; fork(5) to
   all five answering; against a pool-hit create of the same template;
 - kernel restart (``restart()``) to the next ``1+1`` answered, with the standby kernel ready;
 - pool hit: the first ``1+1`` of a sandbox just handed out of the warm pool, against its second.
 
 Columns: TCG always; KVM too when the acceleration probe finds KVM usable on this host (else the
-probe's reason is printed). Everything started here is stopped on exit, on error and on Ctrl-C.
+probe's reason is printed). ``--only`` runs some parts (stream, pool, fork, restart);
+``--throughput``: the output figures alone, TCG only. Everything started here is stopped on exit,
+on error and on Ctrl-C.
 """
 
 from __future__ import annotations
@@ -49,7 +54,18 @@ from common import summary as stats
 from kernelhost import AsyncSandbox
 
 PARTS = ("stream", "pool", "fork", "restart")
+BENCH_FILE = "/tmp/kh-bench-file"
 STATE_CELL = "import os\n_kh_bench_state = os.urandom(100 * 1000 * 1000)\nlen(_kh_bench_state)"
+
+
+THROUGHPUT_FIGURES = (
+    "bash_service",
+    "bash_in_guest",
+    "bash_cat_service",
+    "bash_cat_in_guest",
+    "python_service",
+    "channel_files_read",
+)
 
 
 def fig(samples: list[float], unit: str) -> dict[str, Any]:
@@ -86,13 +102,30 @@ async def throughput(sbx: AsyncSandbox, mib: int, rounds: int) -> dict[str, Any]
         ex = await sbx.run_code(cmd, language="bash", timeout=600)
         inside.append((mib << 20) / (int(ex.stdout.strip()) / 1e9) / 1e6)
     out["bash_in_guest"] = fig(inside, "MB/s")
-    await sbx.run_code(f"{bash_code(mib)} > /tmp/kh-bench-file", language="bash", timeout=600)
+    await sbx.run_code(f"{bash_code(mib)} > {BENCH_FILE}", language="bash", timeout=600)
     reads = []
     for _ in range(rounds):
-        took, data = await timed(sbx.files.read("/tmp/kh-bench-file", timeout=600))
+        took, data = await timed(sbx.files.read(BENCH_FILE, timeout=600))
         reads.append(len(data) / took / 1e6)
     out["channel_files_read"] = fig(reads, "MB/s")
+    out.update(await file_throughput(sbx, mib, rounds))
     return out
+
+
+async def file_throughput(sbx: AsyncSandbox, mib: int, rounds: int) -> dict[str, Any]:
+    """``cat`` of a file in the guest's RAM: through the service, and to /dev/null in the guest."""
+    rates = []
+    for i in range(rounds + 1):
+        took, ex = await timed(sbx.run_code(f"cat {BENCH_FILE}", language="bash", timeout=600))
+        assert ex.status == "ok" and not ex.output_truncated and len(ex.stdout) == mib << 20, ex.status
+        if i:
+            rates.append(len(ex.stdout) / took / 1e6)
+    inside = []
+    for _ in range(rounds):
+        cmd = f"s=$(date +%s%N); cat {BENCH_FILE} > /dev/null; e=$(date +%s%N); echo $((e - s))"
+        ex = await sbx.run_code(cmd, language="bash", timeout=600)
+        inside.append((mib << 20) / (int(ex.stdout.strip()) / 1e9) / 1e6)
+    return {"bash_cat_service": fig(rates, "MB/s"), "bash_cat_in_guest": fig(inside, "MB/s")}
 
 
 async def local_references(mib: int, rounds: int) -> dict[str, Any]:
@@ -176,7 +209,8 @@ async def pool_hits(svc: Service, rounds: int) -> dict[str, Any]:
 
 
 async def column(tmp: Path, accel: str, r: argparse.Namespace) -> dict[str, Any]:
-    env = {"KERNELHOST_ACCEL": accel, "KERNELHOST_POOL_SIZE": "2"}
+    # the output figures alone: no pool refilling beside them (a booting VM takes a core)
+    env = {"KERNELHOST_ACCEL": accel, "KERNELHOST_POOL_SIZE": "0" if r.only == {"stream"} else "2"}
     async with service(
         tmp, f"speed-{accel}", KERNELHOST_MAX_OUTPUT_BYTES=str((r.mib + 8) << 20), **env
     ) as svc:
@@ -186,7 +220,7 @@ async def column(tmp: Path, accel: str, r: argparse.Namespace) -> dict[str, Any]
         if "stream" in r.only:
             async with AsyncSandbox(url=svc.url, api_key=svc.api_key) as sbx:
                 out.update(await throughput(sbx, r.mib, r.rounds))
-            for name in ("bash_service", "python_service", "bash_in_guest", "channel_files_read"):
+            for name in THROUGHPUT_FIGURES:
                 show(f"[{accel}] {name}", out[name])
         if "pool" in r.only:
             out.update(await pool_hits(svc, max(r.rounds, 5)))
@@ -207,6 +241,9 @@ async def column(tmp: Path, accel: str, r: argparse.Namespace) -> dict[str, Any]
 async def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true", help="fewer rounds and a smaller stream")
+    parser.add_argument(
+        "--throughput", action="store_true", help="the output figures alone, TCG only (--only stream)"
+    )
     parser.add_argument("--mib", type=int, default=32)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--out", type=Path, default=RESULTS)
@@ -214,7 +251,7 @@ async def main() -> None:
         "--only", default=",".join(PARTS), help=f"comma-separated parts to run, of {','.join(PARTS)}"
     )
     r = parser.parse_args()
-    r.only = set(r.only.split(","))
+    r.only = {"stream"} if r.throughput else set(r.only.split(","))
     if not r.only <= set(PARTS):
         parser.error(f"--only {','.join(sorted(r.only))}: choose from {','.join(PARTS)}")
     if r.quick:
@@ -225,15 +262,22 @@ async def main() -> None:
         for name, figure in res["local"].items():
             show(f"[host] {name}", figure)
         res["columns"]["tcg"] = await column(Path(tmp), "tcg", r)
+        if r.throughput:
+            _write(res, r.out, "speed-throughput.json")
+            return
         probe = await column_probe(Path(tmp))
         res["kvm_probe"] = probe
         if probe["accel"] == "kvm":
             res["columns"]["kvm"] = await column(Path(tmp), "kvm", r)
         else:
             print(f"KVM column: not measured, the acceleration probe says: {probe['accel_reason']}")
-    r.out.mkdir(parents=True, exist_ok=True)
-    (r.out / "speed.json").write_text(json.dumps(res, indent=1))
-    print(f"wrote {r.out / 'speed.json'}")
+    _write(res, r.out, "speed.json")
+
+
+def _write(res: dict[str, Any], out: Path, name: str) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / name).write_text(json.dumps(res, indent=1))
+    print(f"wrote {out / name}")
 
 
 async def column_probe(tmp: Path) -> dict[str, Any]:

@@ -12,6 +12,7 @@ from aiohttp import web
 
 from ..metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from ..sandboxes import End, Event, InvalidRequest, Sandbox, SandboxError
+from . import ndjson
 from .cluster import remote_views
 from .errors import error_body, status_for
 from .state import KEY_ID, RUNTIME, Runtime, json_object
@@ -156,7 +157,7 @@ def _ndjson(event: Event) -> bytes:
     event; should anything still not serialize strictly (NaN, a cycle), the event is replaced by
     an error saying so, and the stream goes on."""
     try:
-        return json.dumps(event.wire(), separators=(",", ":"), allow_nan=False).encode() + b"\n"
+        return ndjson.line(event)
     except (TypeError, ValueError, RecursionError) as exc:
         note = {
             "type": "error",

@@ -8,8 +8,11 @@ dropped, and the channel goes on.
 
 Output is delivered to bounded per-request queues (``Subscription``); when a consumer falls
 behind, the reader stops reading, so the guest blocks on its own writes instead of growing host
-memory. Everything else a channel carries goes to its listeners (``ChannelListener``), in the
-order they were added, on the reader task: a listener must not block.
+memory. A bash command started with ``start_bash`` on an agent that announced ``raw_output``
+sends its output as raw ``bash_out`` frames, which are decoded here (``bash_output.py``) into
+the same Jupyter ``stream`` messages an older agent sends, so nothing past the channel differs.
+Everything else a channel carries goes to its listeners (``ChannelListener``), in the order they
+were added, on the reader task: a listener must not block.
 
 Every wait has a deadline: a request's ``timeout`` covers sending it (a guest that stopped
 reading cannot hold the sender) as well as the reply, and closing never waits for a guest.
@@ -36,6 +39,7 @@ from typing import Any
 
 import structlog
 
+from .bash_output import BashOutput
 from .codec import DEFAULT_MAX_FRAME_BYTES, FrameDecoder, FrameError, encode_frame
 from .errors import (
     AgentError,
@@ -46,7 +50,7 @@ from .errors import (
     ProtocolViolation,
 )
 from .messages import AgentInfo, JupyterMessage, Subscription, check_jupyter
-from .protocol import CAPABILITY_OF, Capability, Frame, Op
+from .protocol import CAPABILITY_OF, BashFrame, Capability, Frame, Op
 
 __all__ = [
     "AgentClient",
@@ -64,7 +68,9 @@ __all__ = [
 
 log = structlog.get_logger("kernelhost.channel")
 
-READ_CHUNK = 1 << 16
+#: bytes read at a time (and the reader's limit: it stops reading past twice that); bash output
+#: comes in frames of up to 2 MiB, and every read costs the reader the same fixed work
+READ_CHUNK = 1 << 18
 #: how long closing may wait for the transport to finish (a guest that reads nothing gets none)
 CLOSE_TIMEOUT = 1.0
 #: ids of requests that ended without their reply, remembered so that a late reply is dropped
@@ -131,6 +137,7 @@ class AgentClient:
         self._subs: dict[str, Subscription] = {}
         self._send_lock = asyncio.Lock()
         self.stats = ChannelStats()
+        self.bash_output = BashOutput()  # the decoders of the runs started with raw output
 
     @property
     def connected(self) -> bool:
@@ -225,6 +232,22 @@ class AgentClient:
         self._expired[req_id] = None
         while len(self._expired) > EXPIRED_KEPT:
             self._expired.popitem(last=False)
+
+    async def start_bash(self, run_id: str, timeout: float, **fields: Any) -> dict[str, Any]:
+        """Start a bash command (``Op.BASH``); its output comes back as Jupyter ``stream``
+        messages whose parent is ``run_id``, whether the agent sends them so or (capability
+        ``raw_output``) as raw bytes that are decoded here."""
+        raw = self.supports(Capability.RAW_OUTPUT)
+        if raw:
+            fields["raw_output"] = True
+            self.bash_output.expect(run_id)  # before the request: output may beat its reply
+        try:
+            return await self.request(Op.BASH, timeout=timeout, run_id=run_id, **fields)
+        except ChannelTimeout:
+            raise  # it may run all the same: its output stays welcome until its reply
+        except ChannelError:
+            self.bash_output.forget(run_id)
+            raise
 
     def subscribe(self, msg_id: str) -> Subscription:
         sub = Subscription(self, msg_id, self.queue_size)
@@ -322,12 +345,16 @@ class AgentClient:
         op = frame["op"]
         if op == Frame.REPLY:
             self._on_reply(frame)
+        elif op == Frame.BASH_OUT:
+            stream = self.bash_output.decode(frame)
+            if stream is not None:
+                await self._deliver(stream)
         elif op == Frame.JUPYTER:
             message = check_jupyter(frame, size)
-            self._tell(lambda listener: listener.on_message(message), "on_message")
-            sub = self._subs.get(message.parent_id or "")
-            if sub is not None:
-                await sub.put(message)
+            if message.channel == "shell" and message.msg_type == BashFrame.REPLY and message.parent_id:
+                for tail in self.bash_output.finish(message.parent_id):  # output before the end
+                    await self._deliver(tail)
+            await self._deliver(message)
         elif op == Frame.NET:
             self._tell(lambda listener: listener.on_net(frame), "on_net")
         elif op == Frame.EVENT:
@@ -336,6 +363,13 @@ class AgentClient:
             self._tell(lambda listener: listener.on_event(frame), "on_event")
         else:
             raise ProtocolViolation(f"guest sent unknown op {str(op)[:40]!r}")
+
+    async def _deliver(self, message: JupyterMessage) -> None:
+        """To the listeners, then to the subscription of its parent (waiting while it is full)."""
+        self._tell(lambda listener: listener.on_message(message), "on_message")
+        sub = self._subs.get(message.parent_id or "")
+        if sub is not None:
+            await sub.put(message)
 
     def _on_reply(self, frame: dict[str, Any]) -> None:
         req_id = frame.get("id")
@@ -356,6 +390,7 @@ class AgentClient:
         if self.closed_reason is not None:
             return
         self.closed_reason = reason
+        self.bash_output.clear()
         for fut in self._pending.values():
             if not fut.done():
                 fut.set_exception(ChannelClosed(reason))

@@ -30,10 +30,12 @@ __all__ = [
     "MAX_FRAME_OBJECTS",
     "FrameDecoder",
     "FrameError",
+    "FrameHead",
     "FrameTooComplex",
     "FrameTooLarge",
     "MalformedFrame",
     "encode_frame",
+    "encode_frame_head",
 ]
 
 DEFAULT_MAX_FRAME_BYTES = 64 * 1024 * 1024
@@ -104,6 +106,47 @@ def encode_frame(
     return bytes(_HEADER.pack(len(body)) + body)
 
 
+class FrameHead:
+    """The start of frames whose last entry ``key`` is a bin of bytes that the caller writes
+    right after the head (from a pipe, say, without copying them through here). ``message`` is
+    packed once; ``head(size)`` is the length prefix and the map up to the bin's header.
+
+    The frame is ``message`` with ``key`` added last, so the receiver decodes it as any other;
+    the bin's header is always the 4-byte-length form (0xc6), which msgpack reads for any size.
+    """
+
+    def __init__(
+        self, message: dict[str, Any], key: str, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
+    ) -> None:
+        if not isinstance(message, dict) or not isinstance(message.get("op"), str) or key in message:
+            raise MalformedFrame(
+                f"a frame head needs a map with a string 'op' and no {key!r}: {message!r:.200}"
+            )
+        count_objects(message, MAX_FRAME_OBJECTS)
+        packer = msgpack.Packer(use_bin_type=True)
+        parts = [packer.pack_map_header(len(message) + 1)]
+        for name, value in message.items():
+            parts.append(packer.pack(name))
+            parts.append(packer.pack(value))
+        parts.append(packer.pack(key))
+        self._body = b"".join(parts) + b"\xc6"
+        self.max_frame_bytes = max_frame_bytes
+
+    def head(self, size: int) -> bytes:
+        """The head of the frame whose bin holds ``size`` bytes."""
+        length = len(self._body) + _HEADER.size + size
+        if size < 0 or length > self.max_frame_bytes:
+            raise FrameTooLarge(length, self.max_frame_bytes)
+        return _HEADER.pack(length) + self._body + _HEADER.pack(size)
+
+
+def encode_frame_head(
+    message: dict[str, Any], key: str, size: int, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
+) -> bytes:
+    """``FrameHead(message, key, max_frame_bytes).head(size)``, for one frame."""
+    return FrameHead(message, key, max_frame_bytes).head(size)
+
+
 class FrameDecoder:
     """Incremental decoder: ``feed(bytes) -> list[dict]`` (``feed_costed`` also gives each
     frame's estimated cost in bytes of memory).
@@ -153,7 +196,8 @@ class FrameDecoder:
                 self._buf += view[:take]
                 view = view[take:]
                 if len(self._buf) == self._need:
-                    frames.append(_decode_body(bytes(self._buf), self.max_objects))
+                    # msgpack copies what it keeps, so the buffer is decoded in place, not copied
+                    frames.append(_decode_body(self._buf, self.max_objects))
                     self._buf.clear()
                     self._need = None
         except FrameError as exc:
@@ -185,7 +229,7 @@ class _Budget:
         return obj
 
 
-def _decode_body(body: bytes, max_objects: int) -> tuple[dict[str, Any], int]:
+def _decode_body(body: bytes | bytearray, max_objects: int) -> tuple[dict[str, Any], int]:
     budget = _Budget(max_objects)
     try:
         message = msgpack.unpackb(

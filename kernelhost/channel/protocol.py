@@ -20,6 +20,7 @@ from typing import Any
 
 __all__ = [
     "AGENT_PROTOCOL",
+    "BASH_OUT_MAX",
     "CAPABILITY_OF",
     "JUPYTER_PROTOCOL_VERSION",
     "LEGACY_CAPABILITIES",
@@ -52,6 +53,10 @@ class Frame(enum.StrEnum):
     JUPYTER = "jupyter"  # both ways: one Jupyter message {"channel", "msg"}
     NET = "net"  # both ways: one frame of a network tunnel (``NetFrame``)
     EVENT = "event"  # agent -> host: something happened (``Event``)
+    #: agent -> host: raw output bytes of a bash run started with ``raw_output``
+    #: {run_id, name: "stdout" | "stderr", data: bin of at most BASH_OUT_MAX bytes}; the host
+    #: decodes them (UTF-8, a character may span frames) into Jupyter ``stream`` messages
+    BASH_OUT = "bash_out"
 
 
 class Op(enum.StrEnum):
@@ -61,7 +66,7 @@ class Op(enum.StrEnum):
     PING = "ping"
     INTERRUPT = "interrupt"  # SIGINT to the kernel
     RESTART = "restart"  # a fresh kernel process (same VM, same files)
-    BASH = "bash"  # start one bash command {run_id, command, max_output_bytes}
+    BASH = "bash"  # start one bash command {run_id, command, max_output_bytes, raw_output}
     BASH_SIGNAL = "bash_signal"  # {run_id | None, signal: INT | TERM | KILL}
     BASH_RESET = "bash_reset"  # kill every command, forget the shell's cwd and exports
     BASH_INPUT = "bash_input"  # {run_id, data: bytes, eof}: to the stdin of a command run with stdin
@@ -122,6 +127,9 @@ class Capability(enum.StrEnum):
     NETWORK = "network"
     SNAPSHOT = "snapshot"
     WARM_UP = "warm_up"
+    #: ``bash`` with ``raw_output: true`` sends the command's output as ``bash_out`` frames of
+    #: raw bytes (spliced from its pipe to the port) instead of ``stream`` messages
+    RAW_OUTPUT = "raw_output"
 
 
 #: The capability each optional op needs; ops not listed every agent has.
@@ -144,6 +152,9 @@ CAPABILITY_OF: dict[Op, Capability] = {
 
 #: What an agent of protocol 1 (which announced no capabilities) could do.
 LEGACY_CAPABILITIES = frozenset({Capability.BASH, Capability.FILES, Capability.NETWORK, Capability.SNAPSHOT})
+
+#: The largest ``data`` of one ``bash_out`` frame; a larger one is a protocol violation.
+BASH_OUT_MAX = 2 << 20
 
 # -- network tunnels ---------------------------------------------------------------------------
 

@@ -67,6 +67,7 @@ class HostEnd:
         )
         self.sent_parents: set[str] = set()  # msg_ids (and bash run_ids) the host sent
         self.jupyter_log: list[tuple[str, dict[str, Any]]] = []
+        self.bash_out_log: list[dict[str, Any]] = []
         self._reader_task: asyncio.Task[None] | None = None
         self._writer: asyncio.StreamWriter | None = None
 
@@ -103,6 +104,9 @@ class HostEnd:
             self.events.put_nowait(frame)
         elif op == protocol.Frame.NET:
             self.net.put_nowait(frame)
+        elif op == protocol.Frame.BASH_OUT:  # raw output of a run, in order with its messages
+            self.bash_out_log.append(frame)
+            self._jupyter[frame["run_id"]].put_nowait(("bash_out", frame))
         elif op == protocol.Frame.JUPYTER:
             msg = frame["msg"]
             self.jupyter_log.append((frame["channel"], msg))
@@ -179,7 +183,8 @@ class HostEnd:
         await self.send({"op": protocol.Frame.JUPYTER, "channel": channel, "msg": msg})
 
     async def next_message(self, parent_id: str, timeout: float = WAIT) -> tuple[str, dict[str, Any]]:
-        """The next Jupyter message (channel, msg) whose parent is ``parent_id``."""
+        """The next Jupyter message (channel, msg) whose parent is ``parent_id``; a bash_out
+        frame of the run ``parent_id`` comes as ("bash_out", frame)."""
         return await asyncio.wait_for(self._jupyter[parent_id].get(), timeout)
 
     async def execute(

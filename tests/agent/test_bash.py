@@ -7,6 +7,7 @@ import os
 import signal
 import uuid
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -170,3 +171,45 @@ async def test_a_command_that_keeps_no_state_leaves_the_shell_as_it_was(
     await bash(host, "cd / && export KH_BG=no", keep_state=False)
     run = await bash(host, 'pwd; echo "${KH_BG:-unset}"')
     assert run.streams["stdout"] == f"{running.config.kernel_cwd}\nunset\n"
+
+
+async def test_a_state_cut_short_is_not_taken(host: HostEnd, running: Running) -> None:
+    await bash(host, "export KH_WHOLE=1")
+    area = running.agent.bash
+    before = (dict(area.env or {}), area.cwd)
+    path = Path(running.config.bash_dir) / "partial.state"
+    path.write_bytes(b"/\0KH_PARTIAL=1\0")  # its EXIT trap killed before it wrote the end
+    area._load_state(str(path))
+    path.unlink()
+    assert (area.env, area.cwd) == before
+    assert (await bash(host, 'echo "$KH_WHOLE${KH_PARTIAL:-}"')).streams["stdout"] == "1\n"
+
+
+async def test_what_the_next_command_inherits(host: HostEnd) -> None:
+    setup = (
+        "export KH_A='two\nlines = and \"quotes\"' KH_EMPTY= KH_GONE=1 KH_UNEXP=1; export -n KH_UNEXP; "
+        "unset KH_GONE; KH_LOCAL=1; export KH_ONLY_MARKED; declare -ax KH_ARR=(1 2)"
+    )
+    await bash(host, setup)
+    check = (
+        'printf "%s|" "$KH_A" "${KH_EMPTY-unset}" "${KH_GONE-unset}" "${KH_UNEXP-unset}" '
+        '"${KH_LOCAL-unset}" "${KH_ONLY_MARKED-unset}" "${KH_ARR-unset}"'
+    )
+    run = await bash(host, check)
+    assert run.streams["stdout"] == 'two\nlines = and "quotes"||unset|unset|unset|unset|unset|'
+
+
+async def test_an_exported_function_is_inherited(host: HostEnd) -> None:
+    await bash(host, "kh_greet() { echo hello from a function; }; export -f kh_greet; export KH_F=1")
+    run = await bash(host, 'kh_greet; echo "$KH_F"')
+    assert run.streams["stdout"] == "hello from a function\n1\n"
+    await bash(host, "export -nf kh_greet")
+    assert "kh_greet: command not found" in (await bash(host, "kh_greet")).streams["stderr"]
+
+
+@pytest.mark.parametrize("options", ["set -x", "set -eu", "set -o pipefail -C; IFS=,"])
+async def test_shell_options_neither_leak_nor_lose_the_state(host: HostEnd, options: str) -> None:
+    run = await bash(host, f"{options}; export KH_OPT=kept; cd /")
+    assert run.reply["exit_code"] == 0
+    assert "__kh" not in run.streams["stderr"]  # the trap's own commands are not traced
+    assert (await bash(host, 'echo "$KH_OPT $PWD"')).streams["stdout"] == "kept /\n"

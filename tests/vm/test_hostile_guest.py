@@ -225,3 +225,39 @@ async def test_a_listing_the_guest_garbles_is_an_empty_listing_not_a_500(
     assert ended.status == "ok", (ended.status, ended.error)
     listing = await asyncio.wait_for(victim.files.list("."), 30)
     assert listing == []
+
+
+# -- raw bash output (bash_out frames) -------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "frame",
+    [
+        "{'op': 'bash_out', 'run_id': 5, 'name': 'stdout', 'data': b'x'}",
+        "{'op': 'bash_out', 'run_id': 'r', 'name': 'stdin', 'data': b'x'}",
+        "{'op': 'bash_out', 'run_id': 'r', 'name': 'stdout', 'data': 'text'}",
+        "{'op': 'bash_out', 'run_id': 'r', 'name': 'stdout', 'data': b'x' * (3 << 20)}",  # oversize
+    ],
+    ids=["run_id", "name", "data", "oversize"],
+)
+async def test_bash_output_of_the_wrong_shape_cuts_the_guest_off(
+    service: Service, victim: AsyncSandbox, frame: str
+) -> None:
+    await _cut_off(service, victim, f"send({frame})\nimport time\ntime.sleep(60)")
+
+
+async def test_bash_output_of_runs_the_host_never_started_reaches_nobody(
+    service: Service, victim: AsyncSandbox
+) -> None:
+    # raw output claiming the running cell (a Python execute) and a made-up run: dropped, and the
+    # guest is not cut off for it (a fork's children carry on their parent's commands honestly)
+    body = (
+        "send({'op': 'bash_out', 'run_id': parent['msg_id'], 'name': 'stdout', 'data': b'injected'})\n"
+        "send({'op': 'bash_out', 'run_id': 'made-up', 'name': 'stderr', 'data': b'x' * (2 << 20)})\n"
+        "jupyter('iopub', 'stream', {'name': 'stdout', 'text': 'after\\n'})\n"
+        "finish()"
+    )
+    ended = await asyncio.wait_for(victim.run_code(impostor(body), timeout=60), 120)
+    assert ended.status == "ok" and ended.error is None, (ended.status, ended.error)
+    assert ended.stdout == "after\n" and ended.stderr == ""
+    await victim.info()  # still there

@@ -26,7 +26,7 @@ from .netproxy import NetProxy
 from .network import Network
 from .port import Port, find_port
 from .relay import Relay
-from .shared import log, protocol
+from .shared import codec, log, protocol
 from .snapshot import Snapshots, WarmUp
 from .tasks import TaskSet
 
@@ -88,12 +88,16 @@ class Agent:
         self.kernel = Kernel(config, self.send)
         self.relay = Relay(self.kernel, ExecutionMeter(self.kernel.pid), self.send, self.tasks)
         self.proxy = NetProxy(self.send, config.proxy_port)
-        self.bash = Bash(config, self.send, self.tasks, Cgroups(config.cgroup_root))
+        cgroups = Cgroups(config.cgroup_root)
+        self.bash = Bash(config, self.send, self.tasks, cgroups, self.write_spliced)
         self.network = Network(config, self.kernel, self.bash, self.proxy)
         self.dispatcher = Dispatcher(self.send, self.tasks)
         self.dispatcher.register(KernelOps(self.kernel, self.dispatcher, self.boot_id))
         self.dispatcher.register(self.bash)
         self.dispatcher.register(self.bash.processes())
+        raw_output = self.bash.raw_output()
+        if raw_output is not None:
+            self.dispatcher.register(raw_output)
         self.dispatcher.register(Files(config))
         self.dispatcher.register(self.network)
         self.dispatcher.register(Snapshots(config, self.kernel))
@@ -107,6 +111,15 @@ class Agent:
             log(f"no port open yet; dropping a {message.get('op')!r} frame")
             return False
         return self.port.send(message)
+
+    def write_spliced(self, head: codec.FrameHead, fd: int, size: int) -> bool:
+        """Write a frame of ``head`` whose last entry is the next ``size`` bytes of the pipe
+        ``fd`` (``Port.write_spliced``; a relay thread calls it); False if no port is open."""
+        port = self.port
+        if port is None:
+            log("no port open yet; dropping a spliced frame")
+            return False
+        return port.write_spliced(head, fd, size)
 
     async def start(self) -> None:
         """Open the port, start the kernel, and return once it answers."""

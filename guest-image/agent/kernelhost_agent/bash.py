@@ -7,7 +7,10 @@ working directory are saved by an EXIT trap and handed to the next command, so t
 between calls (unless ``keep_state: false``: a background process must not bring back, when it
 ends, the state it started from). Output and the end come back as Jupyter-shaped messages
 whose parent msg_id is the host's run_id: iopub "stream", then shell "bash_reply" {exit_code,
-signal, failure, cpu_ms, peak_memory_bytes}.
+signal, failure, cpu_ms, peak_memory_bytes}. A command started with ``raw_output`` (capability
+``raw_output``) sends its output as ``bash_out`` frames instead, each the next bytes of its
+stdout or stderr spliced from the pipe to the port (``rawout``, ``Port.write_spliced``): the agent never
+copies, decodes or encodes them, and the host turns them into the same stream messages.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import codecs
 import contextlib
+import functools
 import os
 import signal
 import subprocess
@@ -22,33 +26,61 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import IO, Any
 
-from . import outpipe
+from . import outpipe, rawout
 from .cgroups import Cgroups
 from .config import AgentConfig
 from .dispatch import Handler
-from .shared import log, log_exception, protocol
+from .shared import codec, log, log_exception, protocol
 from .tasks import TaskSet
 
 __all__ = ["Bash"]
 
 Send = Callable[[dict[str, Any]], bool]
+#: (the head of the frame, the pipe, how many of its bytes) -> written: ``Port.write_spliced``,
+#: which blocks until the frame is written (a relay thread calls it)
+WriteSpliced = Callable[[codec.FrameHead, int, int], bool]
 
 DRAIN_SECONDS = 0.5
 STATE_MAX = 1 << 20
+STATE_END = b"__kh_end"  # the last entry of a whole saved state
 RUN_ID_MAX = 64
 STDIN_BUFFER_MAX = 4 << 20  # input written but not yet read by the command
 SIGNALS = {"INT": signal.SIGINT, "TERM": signal.SIGTERM, "KILL": signal.SIGKILL}
 # $1: where the EXIT trap saves the working directory and the exported environment (NUL-separated,
-# the directory first); $2: the file holding the command, run by eval so errors read "bash: ...".
+# the directory first, then STATE_END: a state cut short, its trap killed, lacks it); $2: the file
+# holding the command, run by eval so errors read "bash: ...". Under emulation every process bash
+# starts costs tens of milliseconds of each call, so the prelude and the trap start none: they
+# read the command with `read`, list the exported variables with `compgen -e` (set ones, not
+# arrays), and only when a function is exported (which `env -0` writes as bash passes it on)
+# take `env -0`. What they would print on stderr (`set -x` in the command) goes to /dev/null.
 PRELUDE = r"""__kh_state=$1 __kh_cmd=$2
 [ -z "$3" ] || echo $$ >"$3/cgroup.procs" 2>/dev/null  # $3: the run's cgroup, or empty
 set --
 __kh_save() {
-    { printf '%s\0' "$PWD"; env -0; } >"$__kh_state.tmp" 2>/dev/null \
-        && mv -f "$__kh_state.tmp" "$__kh_state"
+    {
+        local IFS=$' \t\n' __kh_a __kh_n __kh_names __kh_fx=
+        compgen -e >"$__kh_state.names" || :
+        declare -F >"$__kh_state.funcs" || :
+        while read -r __kh_a __kh_a __kh_n; do
+            [[ $__kh_a == -fx ]] && __kh_fx=1
+        done <"$__kh_state.funcs"
+        mapfile -t __kh_names <"$__kh_state.names"
+        {
+            printf '%s\0' "$PWD"
+            if [[ -n $__kh_fx ]]; then
+                env -0
+            else
+                for __kh_n in "${__kh_names[@]}"; do
+                    [[ -v $__kh_n && ${!__kh_n@a} != *[aA]* ]] && printf '%s=%s\0' "$__kh_n" "${!__kh_n}"
+                done
+            fi
+            printf '__kh_end\0'
+        } >"$__kh_state"
+    } 2>/dev/null
 }
-trap __kh_save EXIT
-eval "$(< "$__kh_cmd")"
+trap '{ set +x; } 2>/dev/null; __kh_save' EXIT
+IFS= read -r -d '' __kh_code <"$__kh_cmd"
+eval "$__kh_code"
 """
 
 
@@ -72,9 +104,17 @@ class Bash:
 
     capability = protocol.Capability.BASH
 
-    def __init__(self, config: AgentConfig, send: Send, tasks: TaskSet, cgroups: Cgroups) -> None:
+    def __init__(
+        self,
+        config: AgentConfig,
+        send: Send,
+        tasks: TaskSet,
+        cgroups: Cgroups,
+        write_spliced: WriteSpliced | None = None,
+    ) -> None:
         self.config = config
         self._send = send
+        self._write_spliced = write_spliced
         self._tasks = tasks
         self._cgroups = cgroups
         self.runs: dict[str, _Run] = {}
@@ -116,8 +156,12 @@ class Bash:
         if run_id in self.runs:
             raise ValueError(f"bash run {run_id} is already running; pick a new run_id")
         stdin, keep_state = frame.get("stdin", False), frame.get("keep_state", True)
-        if not isinstance(stdin, bool) or not isinstance(keep_state, bool):
-            raise ValueError(f"stdin and keep_state must be booleans, got {stdin!r:.20}, {keep_state!r:.20}")
+        raw = frame.get("raw_output", False)
+        if not all(isinstance(flag, bool) for flag in (stdin, keep_state, raw)):
+            raise ValueError(
+                "stdin, keep_state and raw_output must be booleans, got "
+                f"{stdin!r:.20}, {keep_state!r:.20}, {raw!r:.20}"
+            )
         run = self._start(run_id, command, stdin)
         run.keep_state = keep_state
         self.runs[run_id] = run
@@ -125,7 +169,8 @@ class Bash:
             loop = asyncio.get_running_loop()
             run.stdin, _ = await loop.connect_write_pipe(asyncio.Protocol, run.proc.stdin)
         budget = None if cap is None else cap + 1  # one more: the host sees the cut
-        run.task = self._tasks.spawn(self._relay(run, budget), name=f"bash-{run_id}")
+        raw = raw and self._write_spliced is not None
+        run.task = self._tasks.spawn(self._relay(run, budget, raw), name=f"bash-{run_id}")
         return {"pid": run.proc.pid}
 
     async def op_bash_signal(self, frame: dict[str, Any]) -> dict[str, Any]:
@@ -219,13 +264,15 @@ class Bash:
             raise
         return _Run(run_id, proc, script, state, cgroup, self._generation)
 
-    async def _relay(self, run: _Run, cap: int | None) -> None:
+    async def _relay(self, run: _Run, cap: int | None, raw: bool = False) -> None:
         """Relay one run's output, then report its end (bash_reply), whatever happens."""
-        left = [cap]
-        pumps = [
-            asyncio.ensure_future(self._pump(run.run_id, run.proc.stdout, "stdout", left)),
-            asyncio.ensure_future(self._pump(run.run_id, run.proc.stderr, "stderr", left)),
-        ]
+        if raw:
+            budget = rawout.Budget(cap)
+            outputs = [self._pump_raw(run.run_id, pipe, name, budget) for pipe, name in _pipes(run)]
+        else:
+            left = [cap]
+            outputs = [self._pump(run.run_id, pipe, name, left) for pipe, name in _pipes(run)]
+        pumps = [asyncio.ensure_future(output) for output in outputs]
         reply: dict[str, Any] = {"exit_code": None, "signal": None, "failure": None}
         try:
             reply.update(await self._wait(run))
@@ -271,7 +318,7 @@ class Bash:
         if run.cgroup:
             self._stale_cgroups.append(run.cgroup)
         self._prune_cgroups()
-        for path in (run.script, run.state, run.state + ".tmp"):
+        for path in (run.script, run.state, run.state + ".names", run.state + ".funcs"):
             with contextlib.suppress(OSError):
                 os.unlink(path)
 
@@ -297,6 +344,17 @@ class Bash:
         finally:
             pipe.close()
 
+    async def _pump_raw(self, run_id: str, pipe: IO[bytes] | None, name: str, budget: rawout.Budget) -> None:
+        """Splice one of bash's pipes to the port as bash_out frames (``rawout``), within the
+        run's budget; past it the pipe is drained into /dev/null, so bash never blocks."""
+        if pipe is None:
+            return
+        assert self._write_spliced is not None
+        message = {"op": protocol.Frame.BASH_OUT, "run_id": run_id, "name": name}
+        head = codec.FrameHead(message, "data", self.config.max_frame_bytes)
+        write = functools.partial(self._write_spliced, head)
+        await rawout.run(pipe, write, budget, protocol.BASH_OUT_MAX, f"bash-{run_id}-{name}")
+
     def _emit(self, run_id: str, channel: str, msg_type: str, content: dict[str, Any]) -> None:
         """One Jupyter-shaped message of a run, its parent being the run_id."""
         parent = {"msg_id": run_id, "msg_type": protocol.BashFrame.REQUEST}
@@ -314,6 +372,9 @@ class Bash:
             log("bash state over", STATE_MAX, "bytes; keeping the previous one")
             return
         cwd, *entries = raw.split(b"\0")
+        if entries[-2:] != [STATE_END, b""]:
+            log("bash state cut short (its EXIT trap was killed); keeping the previous one")
+            return
         env: dict[str, str] = {}
         for entry in entries:
             key, sep, value = entry.partition(b"=")
@@ -331,6 +392,10 @@ class Bash:
     def processes(self) -> ProcessOps:
         """The ops of background processes (their own capability)."""
         return ProcessOps(self)
+
+    def raw_output(self) -> RawOutput | None:
+        """``raw_output`` of ``bash`` (its own capability), where output can be spliced."""
+        return RawOutput() if self._write_spliced is not None else None
 
     async def stop(self, timeout: float = 2.0) -> None:
         """Kill what still runs and let the relays reap it (the agent is stopping)."""
@@ -350,6 +415,19 @@ class ProcessOps:
 
     def ops(self) -> Mapping[str, Handler]:
         return {protocol.Op.BASH_INPUT: self.bash.op_bash_input}
+
+
+class RawOutput:
+    """``bash`` with ``raw_output``: output as bash_out frames (capability ``raw_output``)."""
+
+    capability = protocol.Capability.RAW_OUTPUT
+
+    def ops(self) -> Mapping[str, Handler]:
+        return {}
+
+
+def _pipes(run: _Run) -> list[tuple[IO[bytes] | None, str]]:
+    return [(run.proc.stdout, "stdout"), (run.proc.stderr, "stderr")]
 
 
 async def _wait_process(pid: int) -> tuple[int, Any]:

@@ -6,29 +6,52 @@ Here the pipe is widened to ``PIPE_BYTES`` and read without the event loop's str
 once output flows (the last chunk went out less than ``COALESCE_SECONDS`` ago) the reader waits
 that long for more before it hands a chunk on, so a flood leaves in chunks of up to ``CHUNK``
 bytes, while the first bytes after a quiet spell (a prompt, a progress line) go at once.
+
+``pending`` (FIONREAD), ``widen`` and ``discard`` (bytes nobody will keep) serve ``rawout`` too,
+which moves a command's output to the port without reading it.
 """
 
 from __future__ import annotations
 
+import array
 import asyncio
-import contextlib
 import fcntl
 import os
+import termios
 import time
 from collections.abc import AsyncIterator
 
-__all__ = ["CHUNK", "COALESCE_SECONDS", "PIPE_BYTES", "chunks", "readable"]
+__all__ = [
+    "CHUNK",
+    "COALESCE_SECONDS",
+    "PIPE_BYTES",
+    "chunks",
+    "discard",
+    "pending",
+    "readable",
+    "widen",
+]
 
 CHUNK = 1 << 20  # at most this much output per message
 PIPE_BYTES = 1 << 20  # the kernel's default pipe-max-size: what an unprivileged process may ask
 COALESCE_SECONDS = 0.005
 _F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
+_F_GETPIPE_SZ = getattr(fcntl, "F_GETPIPE_SZ", 1032)
+_DEFAULT_PIPE_BYTES = 1 << 16
 
 
-def widen(fd: int, size: int = PIPE_BYTES) -> None:
-    """Make the pipe ``fd`` hold ``size`` bytes, if the kernel lets it (best effort)."""
-    with contextlib.suppress(OSError):
-        fcntl.fcntl(fd, _F_SETPIPE_SZ, size)
+def widen(fd: int, size: int = PIPE_BYTES) -> int:
+    """Make the pipe ``fd`` hold ``size`` bytes, or else ``PIPE_BYTES`` (past that the kernel
+    asks for CAP_SYS_RESOURCE), if the kernel lets it: best effort. What it holds now."""
+    for want in (size, PIPE_BYTES) if size > PIPE_BYTES else (size,):
+        try:
+            return int(fcntl.fcntl(fd, _F_SETPIPE_SZ, want))
+        except OSError:
+            continue
+    try:
+        return int(fcntl.fcntl(fd, _F_GETPIPE_SZ))
+    except OSError:
+        return _DEFAULT_PIPE_BYTES
 
 
 async def readable(fd: int, timeout: float | None) -> bool:
@@ -90,3 +113,31 @@ async def chunks(
         if filled:
             last_sent = time.monotonic()
             yield buf[:filled]
+
+
+def pending(fd: int) -> int:
+    """How many bytes the pipe ``fd`` holds (FIONREAD)."""
+    count = array.array("i", [0])
+    fcntl.ioctl(fd, termios.FIONREAD, count)
+    return count[0]
+
+
+def discard(fd: int, size: int) -> None:
+    """Drop the next ``size`` bytes of the pipe ``fd`` (which holds them): spliced to /dev/null,
+    or read where that cannot be done."""
+    if size <= 0:
+        return
+    null = os.open(os.devnull, os.O_WRONLY)
+    try:
+        while size > 0:
+            try:
+                moved = os.splice(fd, null, size)
+            except OSError:
+                moved = len(os.read(fd, min(size, CHUNK)))
+            if not moved:
+                return
+            size -= moved
+    except BlockingIOError:
+        return  # nothing more in it after all
+    finally:
+        os.close(null)

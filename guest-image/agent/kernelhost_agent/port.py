@@ -3,11 +3,21 @@
 Threads, not the event loop: the port is a character device whose readiness the loop's selector
 cannot be trusted with (it reports POLLHUP while no host is connected, and writes block), and a
 blocking writer is the simplest way to keep output produced meanwhile for the next host.
+
+Every write to the port holds the port's write lock, so frames stay whole: the writer's batches
+of queued frames, and spliced frames (``write_spliced``), which the thread relaying a command's
+output writes itself: a frame whose last value is ``size`` bytes of a pipe, written as its head
+(length, the map up to the bin's header) and then moved from the pipe to the port by splice(2),
+which the guest kernel's virtio console does without copying the pages. The agent never reads,
+decodes or encodes those bytes, and no thread hands them to another.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import errno
+import fcntl
 import glob
 import os
 import queue
@@ -27,6 +37,12 @@ _IDLE_RETRY = 0.1  # seconds between looks at a port with no host behind it
 _JOIN_TIMEOUT = 2.0
 _WRITE_BATCH = 4 << 20  # bytes of queued frames written in one go
 _WRITE_BUFFERS = 256  # and at most this many of them (writev takes up to IOV_MAX, 1024)
+_COPY_CHUNK = 1 << 20  # bytes read at a time where the port cannot splice
+#: what the writer's own pipe holds (a spliced frame larger than that goes through it in parts)
+_RELAY_BYTES = 2 << 20
+_F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
+#: splice(2) errors that mean "not for this pair of files": the writer copies instead
+_NO_SPLICE = frozenset({errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.EBADF})
 
 
 def find_port(name: str, timeout: float = 30.0) -> str:
@@ -71,6 +87,10 @@ class Port:
         self.max_frame_bytes = max_frame_bytes
         self._owns_fd = owns_fd
         self._outbox: queue.Queue[bytes | None] = queue.Queue()
+        self._write_lock = threading.Lock()  # held by whoever writes to the port
+        self._can_splice = True  # until the port refuses it once
+        self._relay: tuple[int, int] | None = None  # the writer's own pipe, for spliced frames
+        self._failing = False  # log a failed write once per outage, not ten times a second
         self._stopping = threading.Event()
         self._wake_r, self._wake_w = os.pipe()  # wakes the reader out of poll() at close
         self._threads = [
@@ -102,6 +122,19 @@ class Port:
         self._outbox.put(frame)
         return True
 
+    def write_spliced(self, head: codec.FrameHead, fd: int, size: int) -> bool:
+        """Write a frame of ``head`` whose last entry is the next ``size`` bytes of the pipe
+        ``fd`` (which must hold them), in turn with the writer's frames; blocks until it is
+        written, so call it from a thread of its own, never the loop's. False if it could not
+        be sent: too large (the bytes are still in the pipe), or the port closed."""
+        try:
+            data = head.head(size)
+        except codec.FrameError as exc:
+            log(f"dropping an unsendable spliced frame: {exc}")
+            return False
+        with self._write_lock:
+            return self._write_all([memoryview(data)]) and self._splice_all(fd, size)
+
     def close(self) -> None:
         """Stop both threads; the fd is closed only if the agent opened it."""
         self._stopping.set()
@@ -112,11 +145,18 @@ class Port:
             if thread.ident is not None:
                 thread.join(_JOIN_TIMEOUT)
                 alive = alive or thread.is_alive()
+        # a relay thread that writes holds the write lock; one that takes it later finds the
+        # port stopping and writes nothing
+        if not alive and self._write_lock.acquire(timeout=_JOIN_TIMEOUT):
+            self._write_lock.release()
+        else:
+            alive = True
         if alive:  # a thread still uses the fds: leave them open rather than reuse them under it
             log(f"port threads did not stop within {_JOIN_TIMEOUT}s; leaving their fds open")
             return
         os.close(self._wake_r)
         os.close(self._wake_w)
+        self._close_relay()
         if self._owns_fd:
             os.close(self.fd)
 
@@ -195,27 +235,105 @@ class Port:
     def _write_loop(self) -> None:
         """Write queued frames out whole, waiting out a host that is away. Frames queued while
         one was written leave together, in one system call of up to ``_WRITE_BATCH`` bytes."""
-        failing = False  # log a failed write once per outage, not ten times a second
         while True:
             batch = self._next_batch()
             if batch is None:
                 return
-            while batch:
-                if self._stopping.is_set():
+            with self._write_lock:
+                if not self._write_all(batch):
                     return
-                try:
-                    n = os.writev(self.fd, batch)
-                except BlockingIOError:
-                    self._stopping.wait(0.01)
-                    continue
-                except OSError as exc:  # host gone mid-write: wait for the next one
-                    if not failing:
-                        log("write failed, retrying:", exc)
-                        failing = True
-                    self._stopping.wait(_IDLE_RETRY)
-                    continue
-                failing = False
-                batch = _advance(batch, n)
+
+    def _write_all(self, batch: list[memoryview]) -> bool:
+        """Write every byte of ``batch``; False if the port closed first."""
+        while batch:
+            if self._stopping.is_set():
+                return False
+            try:
+                n = os.writev(self.fd, batch)
+            except BlockingIOError:
+                self._stopping.wait(0.01)
+                continue
+            except OSError as exc:  # host gone mid-write: wait for the next one
+                self._write_failed(exc)
+                continue
+            self._failing = False
+            batch = _advance(batch, n)
+        return True
+
+    def _splice_all(self, fd: int, size: int) -> bool:
+        """Move ``size`` bytes from the pipe ``fd`` to the port; False if the port closed first.
+
+        They go through a pipe of the writer's own: the guest's virtio console (Linux 6.1)
+        builds a scatterlist of as many entries as its source pipe has buffers but fills only
+        those it takes, and the empty rest reaches the device (QEMU: "zero sized buffers are not
+        allowed", and the port is dead) whenever the command wrote more after the size was
+        taken. The writer's pipe holds exactly the frame's bytes, so the port takes all of it;
+        a pipe-to-pipe splice moves the pages and copies nothing."""
+        left = size
+        while left:
+            if self._stopping.is_set():
+                return False
+            try:
+                moved = os.splice(fd, self._relay_pipe()[1], left)
+            except BlockingIOError:
+                moved = 0
+            if not moved:  # the pipe ran dry: it never does (only this reads it), but keep the frame whole
+                log(f"a pipe held {left} bytes fewer than announced; padding its frame")
+                return self._write_all([memoryview(bytes(left))])
+            if not self._to_port(moved):
+                return False
+            left -= moved
+        return True
+
+    def _relay_pipe(self) -> tuple[int, int]:
+        """The writer's own pipe (read end, write end), made at first use."""
+        if self._relay is None:
+            self._relay = os.pipe2(os.O_CLOEXEC)
+            with contextlib.suppress(OSError):
+                fcntl.fcntl(self._relay[1], _F_SETPIPE_SZ, _RELAY_BYTES)
+        return self._relay
+
+    def _to_port(self, size: int) -> bool:
+        """Move all ``size`` bytes the writer's pipe holds to the port; False if it closed first."""
+        relay = self._relay_pipe()[0]
+        while size:
+            if self._stopping.is_set():
+                self._close_relay()  # what it still holds belongs to no frame any more
+                return False
+            try:
+                n = os.splice(relay, self.fd, size) if self._can_splice else self._copy(relay, size)
+            except BlockingIOError:
+                self._stopping.wait(0.01)
+                continue
+            except OSError as exc:
+                if self._can_splice and exc.errno in _NO_SPLICE:
+                    log(f"the port cannot splice ({exc}); copying output instead")
+                    self._can_splice = False
+                else:
+                    self._write_failed(exc)
+                continue
+            self._failing = False
+            size -= n
+        return True
+
+    def _copy(self, fd: int, left: int) -> int:
+        """Read up to ``left`` bytes of the pipe and write them all to the port: what was moved."""
+        data = os.read(fd, min(left, _COPY_CHUNK))
+        if data and not self._write_all([memoryview(data)]):
+            raise OSError(errno.EPIPE, "the port closed")
+        return len(data)
+
+    def _close_relay(self) -> None:
+        if self._relay is not None:
+            for fd in self._relay:
+                os.close(fd)
+            self._relay = None
+
+    def _write_failed(self, exc: OSError) -> None:
+        if not self._failing:
+            log("write failed, retrying:", exc)
+            self._failing = True
+        self._stopping.wait(_IDLE_RETRY)
 
     def _next_batch(self) -> list[memoryview] | None:
         """The next frame and those queued behind it (up to _WRITE_BATCH bytes); None: stop."""

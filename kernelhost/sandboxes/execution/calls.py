@@ -193,10 +193,9 @@ class BashCall(Call):
         if not self.keep_state:
             process["keep_state"] = False
         try:
-            await self.agent.request(
-                Op.BASH,
+            await self.agent.start_bash(
+                self.run_id,
                 timeout=self.agent_timeout,
-                run_id=self.run_id,
                 command=self.command,
                 max_output_bytes=self.budget.limits.max_output_bytes,
                 **process,
