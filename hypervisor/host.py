@@ -252,9 +252,7 @@ class Hypervisor:
         disk) or QEMU's memory cannot be read here; copy it with ``fork_into`` then."""
         return find_ram(self.qemu_pid(parent), memory_bytes)
 
-    def fork_pages(
-        self, parent: str, source: RamMapping, ram: Path, state: Path, *, base: bool
-    ) -> PageCopy:
+    def fork_pages(self, parent: str, source: RamMapping, ram: Path, state: Path, *, base: bool) -> PageCopy:
         """Copy the running ``parent`` (its RAM at ``source``) into ``ram``, a file made by
         ``forkram.make_ram_file`` (or already holding the base's data: ``base=False``), and its
         device state into ``state``: the base file's data while it runs, then, paused, the
