@@ -10,8 +10,8 @@ The cap comes with each execute_request, in ``metadata["kernelhost"]["max_output
 request without it (another Jupyter client) is not capped here. One character more than the cap
 is let through, so the host always sees that the cap was crossed and adds its visible marker.
 
-A hook on every shell message reseeds the kernel's random streams (``random``, numpy's global
-one) before the first one after the VM was cloned, forked or woken: the agent then replaces the file named by
+The same hook reseeds the kernel's random streams (``random``, numpy's global one) before the
+first cell after the VM was cloned, forked or woken: the agent then replaces the file named by
 ``KERNELHOST_RESUMED_MARK`` (after it fed the guest fresh entropy), and a new file is the sign.
 """
 
@@ -87,21 +87,12 @@ def install() -> None:
     # other keeps ipykernel's write
     lean = all(hasattr(iostream.OutStream, a) for a in ("_schedule_flush", "_rotate_buffer"))
     os.register_at_fork(after_in_child=_note_fork)
-    original_dispatch: Callable[..., Any] = kernelbase.Kernel.dispatch_shell
-
-    async def dispatch_shell(self: Any, *args: Any, **kwargs: Any) -> Any:
-        # every shell message (an execute, a widget's comm message, a completion) may run the
-        # user's code: the first after a resume finds fresh random streams
-        _reseed_if_resumed()
-        result = original_dispatch(self, *args, **kwargs)
-        if inspect.isawaitable(result):
-            result = await result
-        return result
 
     async def execute_request(self: Any, stream: Any, ident: Any, parent: Any) -> Any:
         global _cap
         with _lock:
             _cap = _requested_cap(parent)
+        _reseed_if_resumed()
         result = original_execute(self, stream, ident, parent)
         if inspect.isawaitable(result):
             result = await result
@@ -132,5 +123,4 @@ def install() -> None:
         return original_write(self, string)
 
     kernelbase.Kernel.execute_request = execute_request  # type: ignore[method-assign]
-    kernelbase.Kernel.dispatch_shell = dispatch_shell  # type: ignore[method-assign]
     iostream.OutStream.write = write  # type: ignore[method-assign]
