@@ -9,24 +9,18 @@ output ipykernel captures) are dropped where they happen.
 The cap comes with each execute_request, in ``metadata["kernelhost"]["max_output_bytes"]``; a
 request without it (another Jupyter client) is not capped here. One character more than the cap
 is let through, so the host always sees that the cap was crossed and adds its visible marker.
-
-The same hook reseeds the kernel's random streams (``random``, numpy's global one) before the
-first cell after the VM was cloned, forked or woken: the agent then replaces the file named by
-``KERNELHOST_RESUMED_MARK`` (after it fed the guest fresh entropy), and a new file is the sign.
 """
 
 from __future__ import annotations
 
 import inspect
 import os
-import sys
 import threading
 from collections.abc import Callable
 from typing import Any
 
 from ipykernel import iostream, kernelbase
 
-_MARK = os.environ.get("KERNELHOST_RESUMED_MARK")
 _lock = threading.Lock()
 _cap: int | None = None  # characters the current execution may still write (plus one)
 _installed = False
@@ -36,34 +30,6 @@ _forked = False
 def _note_fork() -> None:
     global _forked
     _forked = True  # a child process writes through ipykernel's own path (it handles forks)
-
-
-def _mark() -> tuple[int, int] | None:
-    """The resume mark's identity (inode, change time), None while there is none."""
-    if not _MARK:
-        return None
-    try:
-        st = os.stat(_MARK)
-    except OSError:
-        return None
-    return st.st_ino, st.st_ctime_ns
-
-
-_seen = _mark()  # a kernel started after the last resume drew its seeds afresh
-
-
-def _reseed_if_resumed() -> None:
-    global _seen
-    now = _mark()
-    if now == _seen:
-        return
-    _seen = now
-    import random
-
-    random.seed()
-    numpy = sys.modules.get("numpy")
-    if numpy is not None:
-        numpy.random.seed()
 
 
 def _requested_cap(parent: Any) -> int | None:
@@ -92,7 +58,6 @@ def install() -> None:
         global _cap
         with _lock:
             _cap = _requested_cap(parent)
-        _reseed_if_resumed()
         result = original_execute(self, stream, ident, parent)
         if inspect.isawaitable(result):
             result = await result

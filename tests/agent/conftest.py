@@ -100,7 +100,6 @@ def test_config(root: Path, port_fd: int, **overrides: Any) -> AgentConfig:
         "request_ready_timeout": START_TIMEOUT,
         "environ": environ,
         "bash_dir": str(root / "bash"),
-        "resumed_mark": str(root / "resumed"),
         "cgroup_root": None,
         "pip_conf": str(root / "pip.conf"),
         "pip_site": str(root / "site-packages"),

@@ -71,19 +71,3 @@ async def test_warm_up_runs_the_first_cells_and_leaves_no_trace(host: HostEnd) -
     assert after.stream() == f"{shown + 1} False []\n"
     assert after.reply["content"]["execution_count"] == count + 1
     assert host.strays() == []
-
-
-async def test_every_resume_reseeds_the_next_cell(host: HostEnd) -> None:
-    """The kernelhost kernel reseeds itself before the first cell after each resume (the agent
-    replaces its resume mark): the same seed set before two resumes gives two other streams,
-    and a cell between resumes keeps its stream (no reseed without a resume)."""
-    draws = []
-    for _ in range(2):
-        await host.execute("import random; random.seed(1234)")
-        await host.ok(protocol.Op.RESUMED, time_ns=1, entropy=b"\x02" * 64)
-        draws.append(float((await host.execute("print(random.random())")).stream()))
-    seeded = random.Random(1234)
-    assert all(d != seeded.random() for d in draws) and draws[0] != draws[1]
-    await host.execute("random.seed(99)")
-    kept = float((await host.execute("print(random.random())")).stream())
-    assert kept == random.Random(99).random()

@@ -72,10 +72,6 @@ class AgentConfig:
 
     #: Scripts and saved state of bash commands (tmpfs in the guest).
     bash_dir: str = "/run/kernelhost/bash"
-    #: A file ``resumed`` replaces after a clone, fork or wake; the kernelhost kernel reseeds its
-    #: random streams before the next cell it runs when it finds a new one (``kernel_limits``),
-    #: so the clone hygiene runs no cell of its own. None: ``resumed`` runs the reseed cell.
-    resumed_mark: str | None = "/run/kernelhost/resumed"
     #: cgroup2 mount point for per-command groups (mounted on first use); None: do without
     #: (no memory peak, no pids limit, KILL reaches only the process group).
     cgroup_root: str | None = "/sys/fs/cgroup"

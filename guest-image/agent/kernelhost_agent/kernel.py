@@ -26,9 +26,6 @@ from .languages import language_for
 from .shared import log, log_exception, protocol
 from .standby import Standby
 
-#: The kernel's environment variable naming ``AgentConfig.resumed_mark`` (read by kernel_limits)
-RESUMED_MARK_ENV = "KERNELHOST_RESUMED_MARK"
-
 __all__ = ["CHANNELS", "HOST_CHANNELS", "Kernel", "KernelNotReady"]
 
 #: Every socket of the kernel the agent listens to, and those the host may write to.
@@ -76,8 +73,6 @@ class Kernel:
         self._restart_lock = asyncio.Lock()
         self.language = language_for(config.language)
         self._standby_task: asyncio.Task[None] | None = None
-        if self.reseeds_itself:  # every kernel started from now on (standbys too) looks there
-            config.environ[RESUMED_MARK_ENV] = str(config.resumed_mark)
 
     def _manager(self, connection_file: str | None) -> AsyncKernelManager:
         extra: dict[str, Any] = {}
@@ -88,21 +83,10 @@ class Kernel:
         # jupyter_client 7 defaults to a blocking zmq.Context; the relay needs asyncio sockets.
         km = AsyncKernelManager(kernel_name=self.config.kernel_name, context=self.context, **extra)
         km.session.unpacker = "kernel_wire.unpack"  # msgpack from our kernel, JSON from others
-        if self.ours:
+        unsigned = self.config.unsigned_kernel
+        if unsigned or (unsigned is None and self.config.kernel_name == "kernelhost"):
             km.session.key = b""
         return km
-
-    @property
-    def ours(self) -> bool:
-        """Whether the kernel is the kernelhost kernel (``launch_kernel.py``): its sockets are the
-        agent's alone (no signatures), and it reseeds itself after a resume."""
-        unsigned = self.config.unsigned_kernel
-        return bool(unsigned or (unsigned is None and self.config.kernel_name == "kernelhost"))
-
-    @property
-    def reseeds_itself(self) -> bool:
-        """Whether a new ``resumed_mark`` makes the kernel reseed before its next cell."""
-        return self.ours and self.config.resumed_mark is not None
 
     @property
     def session(self) -> Any:

@@ -99,11 +99,7 @@ class Snapshots:
             if self.config.add_entropy:
                 add_entropy(entropy)
         await self.kernel.until_ready()
-        if self.kernel.reseeds_itself and self.config.resumed_mark is not None:
-            # the kernel reseeds before the next cell it runs: no cell here, whose first run in
-            # a clone (code not yet translated, under emulation) would cost a few hundred ms
-            mark_resumed(self.config.resumed_mark)
-        elif self.language.reseed is not None:
+        if self.language.reseed is not None:
             await self.kernel.run_silent(self.language.reseed, timeout=RESEED_TIMEOUT)
         return {"seconds": round(time.monotonic() - t0, 4)}
 
@@ -149,16 +145,6 @@ def _drop_page_cache() -> None:
         os.write(fd, b"3\n")
     finally:
         os.close(fd)
-
-
-def mark_resumed(path: str) -> None:
-    """Replace the file at ``path`` with a new one (a new inode): the sign for the kernel that
-    it runs in a new clone. Written after the entropy was added, so its reseed draws fresh."""
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "wb") as f:
-        f.write(os.urandom(16))
-    os.replace(tmp, path)
 
 
 def add_entropy(data: bytes) -> None:
