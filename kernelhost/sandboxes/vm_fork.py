@@ -123,7 +123,8 @@ class VmForker:
                 source = await asyncio.to_thread(self.hv.fork_source, parent, memory)
             except PageForkUnavailable as exc:
                 log.info("vm.fork_whole_ram", parent=parent, reason=str(exc))
-                mid = await self._copy_whole(parent, image, snap)
+                mid = self.hv.new_name()  # named first: a copy that fails half-way is destroyed too
+                await self._copy_whole(parent, mid, image, snap)
                 launched = await self._gather(self.vms.clone(d, image, snap, m) for d, m in children)
             else:
                 launched = await self._fork_pages(parent, source, image, snap, children)
@@ -167,7 +168,6 @@ class VmForker:
             paused_devices=round(copied.devices_seconds, 3),
             seconds=round(time.monotonic() - t0, 3),
         )
-        self.spares.refill(source.path, source.size)
 
         async def load(spec_index: int) -> Launched:
             spec = specs[spec_index]
@@ -175,17 +175,18 @@ class VmForker:
                 spec, snap.state, ignore_shared=False, how="fork", t0=time.monotonic()
             )
 
-        return await self._gather(load(i) for i in range(len(specs)))
+        launched = await self._gather(load(i) for i in range(len(specs)))
+        # the next ready copy once the children run: its copy would compete with their start
+        self.spares.refill(source.path, source.size)
+        return launched
 
-    async def _copy_whole(self, parent: str, image: GuestImage, snap: Snapshot) -> str:
-        """The parent's whole RAM into an intermediate VM with ``snap.ram`` as its shared RAM
-        file, whose device state is then saved like a template's; returns its domain."""
+    async def _copy_whole(self, parent: str, mid: str, image: GuestImage, snap: Snapshot) -> None:
+        """The parent's whole RAM into an intermediate VM ``mid`` with ``snap.ram`` as its shared
+        RAM file, whose device state is then saved like a template's."""
         t0 = time.monotonic()
-        mid = self.hv.new_name()
         spec = self.vms.spec(mid, image, {"role": "fork"}, mem_path=snap.ram, mem_share=True, incoming=True)
         await asyncio.to_thread(self.hv.fork_into, parent, spec, snap.state)
         log.info("vm.fork_copied", parent=parent, how="whole", seconds=round(time.monotonic() - t0, 3))
-        return mid
 
     @staticmethod
     async def _gather(coros: Iterable[Awaitable[Launched]]) -> list[Launched]:
