@@ -25,13 +25,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .errors import HypervisorError
+from .ramdiff import MAGIC, PAGE, VERSION, VM_CONFIGURATION
 
-PAGE = 4096
 _PRESENT = 1 << 63
 _SWAPPED = 1 << 62
 _FILE = 1 << 61
-_MAGIC_VERSION = bytes.fromhex("5145564d00000003")  # "QEVM", stream version 3
-_CONFIGURATION = 0x07
+_MAGIC_VERSION = MAGIC.to_bytes(4, "big") + VERSION.to_bytes(4, "big")
 _READ_RUN = 64 << 20  # bytes read from /proc/PID/mem at a time
 
 
@@ -185,5 +184,5 @@ def device_stream(devices: bytes, machine: str) -> bytes:
     if devices[:8] != _MAGIC_VERSION:
         raise ValueError("not a device state saved by QEMU (stream version 3)")
     name = machine.encode()
-    config = bytes([_CONFIGURATION]) + len(name).to_bytes(4, "big") + name
+    config = bytes([VM_CONFIGURATION]) + len(name).to_bytes(4, "big") + name
     return devices[:8] + config + devices[8:]

@@ -35,7 +35,6 @@ __all__ = [
     "FrameTooLarge",
     "MalformedFrame",
     "encode_frame",
-    "encode_frame_head",
 ]
 
 DEFAULT_MAX_FRAME_BYTES = 64 * 1024 * 1024
@@ -138,13 +137,6 @@ class FrameHead:
         if size < 0 or length > self.max_frame_bytes:
             raise FrameTooLarge(length, self.max_frame_bytes)
         return _HEADER.pack(length) + self._body + _HEADER.pack(size)
-
-
-def encode_frame_head(
-    message: dict[str, Any], key: str, size: int, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES
-) -> bytes:
-    """``FrameHead(message, key, max_frame_bytes).head(size)``, for one frame."""
-    return FrameHead(message, key, max_frame_bytes).head(size)
 
 
 class FrameDecoder:

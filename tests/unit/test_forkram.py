@@ -13,7 +13,6 @@ from pathlib import Path
 import pytest
 
 from hypervisor.forkram import (
-    PAGE,
     PageForkUnavailable,
     RamMapping,
     copy_base,
@@ -23,6 +22,7 @@ from hypervisor.forkram import (
     make_ram_file,
     written_runs,
 )
+from hypervisor.ramdiff import PAGE
 
 pytestmark = pytest.mark.unit
 

@@ -15,9 +15,7 @@ decodes or encodes those bytes, and no thread hands them to another.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import errno
-import fcntl
 import glob
 import os
 import queue
@@ -27,6 +25,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from . import outpipe
 from .shared import codec, log, log_exception
 
 __all__ = ["Port", "find_port"]
@@ -40,7 +39,6 @@ _WRITE_BUFFERS = 256  # and at most this many of them (writev takes up to IOV_MA
 _COPY_CHUNK = 1 << 20  # bytes read at a time where the port cannot splice
 #: what the writer's own pipe holds (a spliced frame larger than that goes through it in parts)
 _RELAY_BYTES = 2 << 20
-_F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
 #: splice(2) errors that mean "not for this pair of files": the writer copies instead
 _NO_SPLICE = frozenset({errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.EBADF})
 
@@ -289,8 +287,7 @@ class Port:
         """The writer's own pipe (read end, write end), made at first use."""
         if self._relay is None:
             self._relay = os.pipe2(os.O_CLOEXEC)
-            with contextlib.suppress(OSError):
-                fcntl.fcntl(self._relay[1], _F_SETPIPE_SZ, _RELAY_BYTES)
+            outpipe.widen(self._relay[1], _RELAY_BYTES)
         return self._relay
 
     def _to_port(self, size: int) -> bool:
