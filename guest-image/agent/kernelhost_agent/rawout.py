@@ -110,6 +110,7 @@ def relay(
     output.register(fd, select.POLLIN)
     output.register(stop_fd, select.POLLIN)
     stop.register(stop_fd, select.POLLIN)
+    stop.register(fd, 0)  # POLLHUP only: every writer closed it, so nothing more will come
     last = 0.0
     while True:
         held = pending(fd)
@@ -131,15 +132,18 @@ def relay(
 
 
 def _gather(fd: int, held: int, target: int, stop: select.poll, step: float, deadline: float) -> int:
-    """Let the pipe fill towards ``target`` bytes until ``deadline``, while it grows: what it
-    holds then, or -1 if told to stop meanwhile."""
+    """Let the pipe fill towards ``target`` bytes until ``deadline``, while it grows and has a
+    writer: what it holds then, or -1 if told to stop meanwhile."""
     rate = 0.0  # bytes a second, as last seen
     while held < target:
         now = time.monotonic()
         wait = min(deadline - now, (target - held) / rate if rate else step)
         if wait <= 0:
             break
-        if stop.poll(max(wait, _MIN_WAIT) * 1000):
+        events = dict(stop.poll(max(wait, _MIN_WAIT) * 1000))
+        if events.pop(fd, 0):  # the command closed its output: what is there is all
+            return pending(fd) if not events else -1
+        if events:
             return -1
         more = pending(fd)
         if more <= held:  # the command paused (or the pipe is full): send what is there

@@ -46,10 +46,12 @@ class OutputBudget:
             return [Stream(name, text)]
         if self.truncated:
             return []
-        data = text.encode("utf-8", "surrogatepass")
-        if self.used + len(data) <= cap:
-            self.used += len(data)
+        # ASCII text (most output) is as many bytes as characters: no encoded copy to count it
+        size = len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
+        if self.used + size <= cap:
+            self.used += size
             return [Stream(name, text)]
+        data = text.encode("utf-8", "surrogatepass")
         keep = data[: cap - self.used].decode("utf-8", "ignore")
         self.used, self.truncated = cap, True
         events = [Stream(name, keep)] if keep else []
