@@ -41,7 +41,8 @@ def _run(
     for n, data in enumerate(chunks, 1):
         os.write(w, data)
         if settle and n < len(chunks):
-            _until(lambda: sum(map(len, spans)) == sum(map(len, chunks[:n])))
+            sent = sum(map(len, chunks[:n]))
+            _until(lambda sent=sent: sum(map(len, spans)) == sent)
     if settle:
         time.sleep(0.3)  # the relay is gathering the last chunk now
     os.close(w)
@@ -79,6 +80,7 @@ def test_the_budget_caps_what_is_sent_and_the_pipe_is_still_drained() -> None:
 def test_a_closed_pipe_ends_a_gathering_span_at_once() -> None:
     # Output keeps flowing (coalesce) and a span may gather for an hour: only the writer closing
     # the pipe can end the relay within JOIN seconds, with every byte sent.
-    spans, ended = _run([b"a" * 100, b"b" * 100], Budget(None), chunk=1 << 20, settle=True, coalesce=3600, gather=3600)
+    chunks = [b"a" * 100, b"b" * 100]
+    spans, ended = _run(chunks, Budget(None), chunk=1 << 20, settle=True, coalesce=3600, gather=3600)
     assert ended, "the relay kept gathering after every writer had closed the pipe"
     assert b"".join(spans) == b"a" * 100 + b"b" * 100
