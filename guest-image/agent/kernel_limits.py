@@ -63,29 +63,48 @@ def install() -> None:
             result = await result
         return result
 
-    def write(self: Any, string: Any) -> Any:
+    def capped(string: str) -> int:
+        """How much of ``string`` the execution may still write, taken from its cap."""
         global _cap
+        with _lock:
+            if _cap is None:
+                return len(string)
+            allowed = min(len(string), _cap)
+            _cap -= allowed
+            return allowed
+
+    def write(self: Any, string: Any) -> Any:
         if not isinstance(string, str):
             return original_write(self, string)  # raises ipykernel's own TypeError
-        allowed = len(string)
-        if _cap is not None:
-            with _lock:
-                if _cap is not None:
-                    allowed = min(allowed, _cap)
-                    _cap -= allowed
+        allowed = len(string) if _cap is None else capped(string)
         if allowed < len(string):
             if allowed:
                 original_write(self, string[:allowed])
             return len(string)  # the caller's text counts as written: dropping it is the point
-        if lean and not _forked and self.echo is None and getattr(self, "_buffer", None) is not None:
-            # ipykernel's own write, less what a cell printing line by line pays for on every
-            # line under emulation (a getpid, a second lock, calls): the buffer, then one flush
-            with self._buffer_lock:
-                self._buffer.write(string)
-            if not self._flush_pending:
-                self._schedule_flush()
-            return len(string)
         return original_write(self, string)
 
+    def lean_write(self: Any, string: Any) -> Any:
+        global _cap
+        # ipykernel's own write, less what a cell printing line by line pays for on every line
+        # under emulation (a getpid, a second lock, calls, each check it need not make twice):
+        # the buffer, then one flush. Anything unusual takes ``write``.
+        if string.__class__ is not str or _forked or self.echo is not None:
+            return write(self, string)
+        size = len(string)
+        if _cap is not None:  # ``capped``, inline: a call costs microseconds under emulation
+            with _lock:
+                allowed = size if _cap is None else min(size, _cap)
+                if _cap is not None:
+                    _cap -= allowed
+            if allowed < size:
+                if allowed:
+                    original_write(self, string[:allowed])
+                return size
+        with self._buffer_lock:
+            self._buffer.write(string)
+        if not self._flush_pending:
+            self._schedule_flush()
+        return size
+
     kernelbase.Kernel.execute_request = execute_request  # type: ignore[method-assign]
-    iostream.OutStream.write = write  # type: ignore[method-assign]
+    iostream.OutStream.write = lean_write if lean else write  # type: ignore[method-assign]

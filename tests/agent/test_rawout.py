@@ -16,7 +16,7 @@ pytestmark = pytest.mark.unit
 JOIN = 20.0  # seconds; far under the hour-long gather the tests below would otherwise wait out
 
 
-def _reader(spans: list[bytes]):
+def _reader(spans: list[bytes]) -> Callable[[int, int], bool]:
     def write(fd: int, size: int) -> bool:
         data = b""
         while len(data) < size:
@@ -42,7 +42,7 @@ def _run(
         os.write(w, data)
         if settle and n < len(chunks):
             sent = sum(map(len, chunks[:n]))
-            _until(lambda sent=sent: sum(map(len, spans)) == sent)
+            _until(lambda: sum(map(len, spans)) == sent)  # noqa: B023 (called at once)
     if settle:
         time.sleep(0.3)  # the relay is gathering the last chunk now
     os.close(w)

@@ -86,7 +86,8 @@ class Agent:
         self.tasks = TaskSet()
         self.port: Port | None = None
         self.kernel = Kernel(config, self.send)
-        self.relay = Relay(self.kernel, ExecutionMeter(self.kernel.pid), self.send, self.tasks)
+        meter = ExecutionMeter(self.kernel.pid)
+        self.relay = Relay(self.kernel, meter, self.send, self.tasks, self.send_frames)
         self.proxy = NetProxy(self.send, config.proxy_port)
         cgroups = Cgroups(config.cgroup_root)
         self.bash = Bash(config, self.send, self.tasks, cgroups, self.write_spliced)
@@ -111,6 +112,13 @@ class Agent:
             log(f"no port open yet; dropping a {message.get('op')!r} frame")
             return False
         return self.port.send(message)
+
+    def send_frames(self, frames: list[tuple[bytes, memoryview]]) -> bool:
+        """Queue frames already encoded (``Port.send_frames``); False if no port is open."""
+        if self.port is None:
+            log("no port open yet; dropping stream frames")
+            return False
+        return self.port.send_frames(frames)
 
     def write_spliced(self, head: codec.FrameHead, fd: int, size: int) -> bool:
         """Write a frame of ``head`` whose last entry is the next ``size`` bytes of the pipe

@@ -102,6 +102,18 @@ class ExecutionMeter:
             wire["metadata"]["kernelhost"] = usage
         return True
 
+    def stream_fits(self, parent_header: dict[str, Any], size: int) -> bool:
+        """Whether a stream of ``size`` bytes answering ``parent_header`` passes whole, its size
+        then taken from the budget; False (nothing taken): ``cap_and_measure`` must cut it."""
+        parent = parent_header.get("msg_id")
+        if not isinstance(parent, str) or parent not in self.stream_left:
+            return True
+        left = self.stream_left[parent]
+        if size > left:
+            return False
+        self.stream_left[parent] = left - size
+        return True
+
     def _cut_stream(self, parent: str, content: dict[str, Any]) -> bool:
         """Let through what is left of the execution's budget; False: nothing is."""
         text = content.get("text")

@@ -84,7 +84,7 @@ class Port:
         self.on_frame = on_frame
         self.max_frame_bytes = max_frame_bytes
         self._owns_fd = owns_fd
-        self._outbox: queue.Queue[bytes | None] = queue.Queue()
+        self._outbox: queue.Queue[bytes | tuple[bytes, memoryview] | None] = queue.Queue()
         self._write_lock = threading.Lock()  # held by whoever writes to the port
         self._can_splice = True  # until the port refuses it once
         self._relay: tuple[int, int] | None = None  # the writer's own pipe, for spliced frames
@@ -118,6 +118,13 @@ class Port:
             log(f"dropping an unsendable {message.get('op')!r} frame: {type(exc).__name__}: {exc}")
             return False
         self._outbox.put(frame)
+        return True
+
+    def send_frames(self, frames: list[tuple[bytes, memoryview]]) -> bool:
+        """Queue frames already encoded as a head and a tail each (``streamwire.frame_parts``):
+        written as they are, never joined into one buffer."""
+        for frame in frames:
+            self._outbox.put(frame)
         return True
 
     def write_spliced(self, head: codec.FrameHead, fd: int, size: int) -> bool:
@@ -335,19 +342,22 @@ class Port:
     def _next_batch(self) -> list[memoryview] | None:
         """The next frame and those queued behind it (up to _WRITE_BATCH bytes); None: stop."""
         data = self._outbox.get()
-        if data is None:
-            return None
-        batch, size = [memoryview(data)], len(data)
-        while size < _WRITE_BATCH and len(batch) < _WRITE_BUFFERS:
+        batch: list[memoryview] = []
+        size = 0
+        while data is not None:
+            for part in data if isinstance(data, tuple) else (data,):
+                batch.append(memoryview(part))
+                size += len(part)
+            if size >= _WRITE_BATCH or len(batch) >= _WRITE_BUFFERS - 1:
+                break
             try:
-                more = self._outbox.get_nowait()
+                data = self._outbox.get_nowait()
             except queue.Empty:
                 break
-            if more is None:  # stop after this batch
-                self._outbox.put(None)
-                break
-            batch.append(memoryview(more))
-            size += len(more)
+        else:
+            if not batch:
+                return None
+            self._outbox.put(None)  # stop after this batch
         return batch
 
 

@@ -6,7 +6,9 @@
   ``{"op": "jupyter", "channel": ..., "msg": {header, parent_header, metadata, content,
   buffers}}``, except the answers to the agent's own requests (``Kernel.claim``).
 
-Both directions pass through the ``ExecutionMeter`` (output caps, usage figures).
+Both directions pass through the ``ExecutionMeter`` (output caps, usage figures). A stream
+message of ASCII text that fits its cap goes on with its text as the kernel packed it
+(``streamwire``): only its header, parent and metadata are decoded here.
 """
 
 from __future__ import annotations
@@ -19,12 +21,14 @@ import zmq.asyncio
 
 from .kernel import CHANNELS, HOST_CHANNELS, Kernel
 from .limits import ExecutionMeter
-from .shared import log, log_exception, protocol
+from .shared import codec, log, log_exception, protocol
+from .streamwire import frame_parts, raw_stream
 from .tasks import TaskSet
 
 __all__ = ["Relay", "parse", "split_stream"]
 
 Send = Callable[[dict[str, Any]], bool]
+SendFrames = Callable[[list[tuple[bytes, memoryview]]], bool]
 #: characters of one stream message to the host (at most 4 bytes each in UTF-8: one frame)
 STREAM_PIECE = 1 << 20
 
@@ -32,10 +36,18 @@ STREAM_PIECE = 1 << 20
 class Relay:
     """Moves Jupyter messages between the host and the kernel."""
 
-    def __init__(self, kernel: Kernel, meter: ExecutionMeter, send: Send, tasks: TaskSet) -> None:
+    def __init__(
+        self,
+        kernel: Kernel,
+        meter: ExecutionMeter,
+        send: Send,
+        tasks: TaskSet,
+        send_frames: SendFrames | None = None,
+    ) -> None:
         self.kernel = kernel
         self.meter = meter
         self._send = send
+        self._send_frames = send_frames
         self._tasks = tasks
         self._readers: list[asyncio.Task[None]] = []
         kernel.on_new_sockets = self.start
@@ -60,9 +72,10 @@ class Relay:
     async def _from_kernel(self, channel: str, sock: zmq.asyncio.Socket) -> None:
         """Relay one kernel socket for as long as the agent runs."""
         while True:
-            parts = await sock.recv_multipart(copy=True)
+            frames = await sock.recv_multipart(copy=False)
             try:
-                self._pass_on(channel, parts)
+                if not (channel == "iopub" and self._pass_stream(frames)):
+                    self._pass_on(channel, [frame.bytes for frame in frames])
             except Exception:  # user code shapes these messages: one odd one must not stop the relay
                 log_exception(f"dropping a {channel} message the relay could not handle:")
 
@@ -77,6 +90,39 @@ class Relay:
         if self.meter.cap_and_measure(channel, wire):
             for piece in split_stream(wire):
                 self._send({"op": protocol.Frame.JUPYTER, "channel": channel, "msg": piece})
+
+    def _pass_stream(self, frames: list[zmq.Frame]) -> bool:
+        """An iopub stream message of ASCII text that fits its cap, sent on with its text as the
+        kernel packed it (or claimed); False: not one, for ``_pass_on``."""
+        session = self.kernel.session
+        if self._send_frames is None:
+            return False
+        try:
+            _, msg_list = session.feed_identities(frames, copy=False)
+            if len(msg_list) != 5:  # a signature, the four parts, no buffers
+                return False
+            header = session.unpack(msg_list[1].bytes)
+            if not isinstance(header, dict) or header.get("msg_type") != "stream":
+                return False
+            stream = raw_stream(msg_list[4].buffer)
+            if stream is None:
+                return False
+            parent, metadata = (session.unpack(frame.bytes) for frame in msg_list[2:4])
+        except (KeyError, IndexError, TypeError, ValueError, UnicodeDecodeError):
+            return False
+        if not isinstance(parent, dict) or not isinstance(metadata, dict):
+            return False
+        if self.kernel.claim("iopub", {"parent_header": parent}):
+            return True
+        if not self.meter.stream_fits(parent, len(stream.text)):
+            return False  # to be cut at the cap: the slow path cuts it
+        max_bytes = self.kernel.config.max_frame_bytes
+        try:
+            parts = frame_parts("iopub", header, parent, metadata, stream, STREAM_PIECE, max_bytes)
+        except codec.FrameTooLarge:
+            return False
+        self._send_frames(parts)
+        return True
 
     # -- host -> kernel --------------------------------------------------------------------------
 
