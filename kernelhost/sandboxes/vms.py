@@ -35,6 +35,10 @@ from .snapshots import Snapshot, TemplateSnapshots
 from .vm_fork import VmForker
 
 log = structlog.get_logger("kernelhost.vms")
+#: CPU weights (cgroup cpu shares): a pooled clone is made and warmed up at the lowest, so a
+#: user's call never waits for the pool's refill; handed out, it gets the default back
+BACKGROUND_SHARES = 2
+DEFAULT_SHARES = 1024
 
 
 @dataclass(frozen=True)
@@ -224,6 +228,8 @@ class VmFactory:
         t0 = time.monotonic()
         spec = self.spec(domain, image, meta, mem_path=snap.ram, incoming=True)
         await asyncio.to_thread(self.hv.start_incoming, spec)
+        if meta.get("role") == "pool":  # made ahead: it must not slow a VM in use meanwhile
+            await self.set_weight(domain, BACKGROUND_SHARES)
         return await self.load_attached(spec, snap.state, ignore_shared=ignore_shared, how="clone", t0=t0)
 
     async def load_attached(
@@ -286,6 +292,15 @@ class VmFactory:
             t0 = time.monotonic()
             await agent.request(Op.WARM_UP, timeout=self.timeouts.attach)
             log.debug("vm.warmed_up", seconds=round(time.monotonic() - t0, 3))
+
+    async def set_weight(self, domain: str, shares: int) -> None:
+        """Set ``domain``'s CPU weight (``Hypervisor.set_cpu_shares``); logged where it cannot be."""
+        if not await asyncio.to_thread(self.hv.set_cpu_shares, domain, shares):
+            log.debug("vm.cpu_shares_unset", domain=domain, shares=shares)
+
+    async def foreground(self, domain: str) -> None:
+        """A pooled clone handed out: the default CPU weight back."""
+        await self.set_weight(domain, DEFAULT_SHARES)
 
     async def discard(self, clone: Clone) -> None:
         """Close and destroy a pooled clone (one made from an image that was rebuilt since)."""

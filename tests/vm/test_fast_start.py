@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from typing import Any
 
 import aiohttp
 import pytest
@@ -214,6 +215,10 @@ async def test_restart_racing_hibernate_and_delete_leaves_a_working_sandbox_or_n
         hv.close()
 
 
+def _cpu_shares(hv: Any, domain: str) -> int:
+    return int(hv.conn.lookupByName(domain).schedulerParameters()["cpu_shares"])
+
+
 async def test_pool_refills_after_being_drained(service: Service) -> None:
     async def pool() -> int:
         async with aiohttp.ClientSession() as http:
@@ -224,7 +229,20 @@ async def test_pool_refills_after_being_drained(service: Service) -> None:
     while await pool() < 2:
         assert time.monotonic() < deadline, "pool never filled"
         await asyncio.sleep(0.5)
-    taken = [await AsyncSandbox.create(url=service.url, api_key=service.api_key) for _ in range(3)]
+    hv = service.hypervisor()
+    try:  # pooled clones are made at the lowest CPU weight, and get the default back handed out
+        pooled = [d.name for d in hv.domains() if d.metadata.get("role") == "pool"]
+        assert pooled and all(_cpu_shares(hv, name) == 2 for name in pooled), pooled
+        taken = [await AsyncSandbox.create(url=service.url, api_key=service.api_key) for _ in range(3)]
+        mine = {sbx.id for sbx in taken}
+        for _ in range(40):  # the sandbox label comes just after the hand-over
+            held = [d.name for d in hv.domains() if d.metadata.get("sandbox") in mine]
+            if len(held) == 3:
+                break
+            await asyncio.sleep(0.25)
+        assert [_cpu_shares(hv, name) for name in held] == [1024] * 3
+    finally:
+        hv.close()
     try:
         assert await pool() < 2
         deadline = time.monotonic() + 120
