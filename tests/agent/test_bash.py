@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from kernelhost_agent import bashstandby
 
 from kernelhost.channel import protocol
 
@@ -139,7 +140,9 @@ async def test_a_background_job_does_not_hold_the_reply(host: HostEnd) -> None:
 
 async def test_scripts_and_state_files_are_removed(host: HostEnd, running: Running) -> None:
     await bash(host, "true")
-    assert os.listdir(running.config.bash_dir) == []
+    await bash(host, "true")  # the second runs on the standby the first left
+    left = os.listdir(running.config.bash_dir)  # only the next standby's FIFO (its go), if any
+    assert len(left) <= 1 and all(name.endswith(".go") for name in left), left
 
 
 async def test_a_command_reads_what_is_written_to_its_stdin(host: HostEnd) -> None:
@@ -213,3 +216,27 @@ async def test_shell_options_neither_leak_nor_lose_the_state(host: HostEnd, opti
     assert run.reply["exit_code"] == 0
     assert "__kh" not in run.streams["stderr"]  # the trap's own commands are not traced
     assert (await bash(host, 'echo "$KH_OPT $PWD"')).streams["stdout"] == "kept /\n"
+
+
+async def test_a_command_runs_on_the_bash_started_ahead_with_the_state_left(running: Running) -> None:
+    await bash(running.host, "cd /tmp && export KH_STANDBY=yes")
+    standby = running.agent.bash._standby
+    assert standby is not None  # started once the command ended, from the state it left
+    run = await bash(running.host, 'echo "$PWD $KH_STANDBY"')
+    assert run.pid == standby.proc.pid
+    assert run.streams["stdout"] == "/tmp yes\n"
+
+
+async def test_a_standby_that_died_or_no_longer_fits_is_replaced(running: Running) -> None:
+    await bash(running.host, "true")
+    standby = running.agent.bash._standby
+    assert standby is not None
+    os.kill(standby.proc.pid, signal.SIGKILL)  # a user's `pkill bash`
+    run = await bash(running.host, "echo still")
+    assert run.pid != standby.proc.pid and run.streams["stdout"] == "still\n"
+    stale = running.agent.bash._standby
+    assert stale is not None
+    running.agent.bash.env = {**(running.agent.bash.env or {}), "KH_CHANGED": "1"}  # as net_config does
+    run = await bash(running.host, 'echo "$KH_CHANGED"')
+    assert run.pid != stale.proc.pid and run.streams["stdout"] == "1\n"
+    assert not bashstandby.running(stale.proc.pid)  # killed, not left waiting

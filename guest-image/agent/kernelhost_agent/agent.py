@@ -142,6 +142,7 @@ class Agent:
         log(f"kernel ready in {time.monotonic() - t0:.2f}s")
         self.tasks.spawn(self.kernel.monitor(), name="kernel-monitor")
         self.kernel.spawn_standby()
+        self.bash.prepare_standby()
 
     async def _open_port(self) -> Port:
         loop = asyncio.get_running_loop()

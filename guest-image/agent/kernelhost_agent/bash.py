@@ -26,7 +26,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import IO, Any
 
-from . import outpipe, rawout
+from . import bashstandby, outpipe, rawout
 from .cgroups import Cgroups
 from .config import AgentConfig
 from .dispatch import Handler
@@ -52,8 +52,9 @@ SIGNALS = {"INT": signal.SIGINT, "TERM": signal.SIGTERM, "KILL": signal.SIGKILL}
 # starts costs tens of milliseconds of each call, so the prelude and the trap start none: they
 # read the command with `read`, list the exported variables with `compgen -e` (set ones, not
 # arrays), and only when a function is exported (which `env -0` writes as bash passes it on)
-# take `env -0`. What they would print on stderr (`set -x` in the command) goes to /dev/null.
-PRELUDE = r"""__kh_state=$1 __kh_cmd=$2
+# take `env -0`. What they would print on stderr (`set -x` in the command) goes to /dev/null. A
+# standby (bashstandby.py) gets this far ahead of its command, then waits for its go.
+PRELUDE = r"""__kh_state=$1 __kh_cmd=$2 __kh_go=$4
 [ -z "$3" ] || echo $$ >"$3/cgroup.procs" 2>/dev/null  # $3: the run's cgroup, or empty
 set --
 __kh_save() {
@@ -78,6 +79,8 @@ __kh_save() {
         } >"$__kh_state"
     } 2>/dev/null
 }
+# $4: a standby's FIFO (bashstandby), whose line says the command is in $2; or empty
+[ -z "$__kh_go" ] || read -r __kh_go <"$__kh_go" || exit 1
 trap '{ set +x; } 2>/dev/null; __kh_save' EXIT
 IFS= read -r -d '' __kh_code <"$__kh_cmd"
 eval "$__kh_code"
@@ -122,6 +125,9 @@ class Bash:
         self.cwd = config.kernel_cwd
         self._stale_cgroups: list[str] = []  # cgroups still holding background jobs
         self._generation = 0
+        self._standby: bashstandby.Standby | None = None
+        self._standbys = 0  # standbys started: their names
+        self._stopping = False
 
     def ops(self) -> Mapping[str, Handler]:
         """bash, bash_signal and bash_reset."""
@@ -162,7 +168,9 @@ class Bash:
                 "stdin, keep_state and raw_output must be booleans, got "
                 f"{stdin!r:.20}, {keep_state!r:.20}, {raw!r:.20}"
             )
-        run = self._start(run_id, command, stdin)
+        run = None if stdin else await self._start_standby(run_id, command)
+        if run is None:
+            run = self._start(run_id, command, stdin)
         run.keep_state = keep_state
         self.runs[run_id] = run
         if stdin:
@@ -233,29 +241,13 @@ class Bash:
 
     def _start(self, run_id: str, command: str, stdin: bool = False) -> _Run:
         """Write the command's script and start bash on it, in its own session and cgroup."""
-        bash_dir = self.config.bash_dir
-        os.makedirs(bash_dir, mode=0o700, exist_ok=True)
-        script = os.path.join(bash_dir, run_id + ".sh")
-        state = os.path.join(bash_dir, run_id + ".state")
-        with open(script, "w", encoding="utf-8", errors="surrogateescape") as f:
-            f.write(command)
-        env = dict(self.config.environ) if self.env is None else dict(self.env)
-        cwd = self.cwd if os.path.isdir(self.cwd) else self.config.kernel_cwd
+        script, state = self._paths(run_id)
+        bashstandby.write_script(script, command)
         self._prune_cgroups()
         cgroup = self._cgroups.create(f"kh-bash-{run_id}")
-        argv = ["/bin/bash", "--noprofile", "--norc", "-c", PRELUDE, "bash", state, script, cgroup]
+        env, cwd = self._environment()
         try:
-            proc = subprocess.Popen(  # reaped by _wait_process (pidfd), not by Popen
-                argv,
-                stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                cwd=cwd,
-                env=env,
-                start_new_session=True,
-                close_fds=True,
-                bufsize=0,
-            )
+            proc = self._spawn([state, script, cgroup, ""], env, cwd, stdin)
         except BaseException:
             with contextlib.suppress(OSError):
                 os.unlink(script)
@@ -263,6 +255,75 @@ class Bash:
                 self._cgroups.remove(cgroup)
             raise
         return _Run(run_id, proc, script, state, cgroup, self._generation)
+
+    def _paths(self, name: str) -> tuple[str, str]:
+        """The script and state files of a run (or standby) called ``name``."""
+        bash_dir = self.config.bash_dir
+        os.makedirs(bash_dir, mode=0o700, exist_ok=True)
+        return os.path.join(bash_dir, name + ".sh"), os.path.join(bash_dir, name + ".state")
+
+    def _environment(self) -> tuple[dict[str, str], str]:
+        """The environment and directory the next command starts with."""
+        env = dict(self.config.environ) if self.env is None else dict(self.env)
+        return env, self.cwd if os.path.isdir(self.cwd) else self.config.kernel_cwd
+
+    def _spawn(self, args: list[str], env: dict[str, str], cwd: str, stdin: bool) -> subprocess.Popen[bytes]:
+        """bash on the prelude (``args``: its $1 to $4), in a session of its own."""
+        return subprocess.Popen(  # reaped by wait_process (pidfd), not by Popen
+            ["/bin/bash", "--noprofile", "--norc", "-c", PRELUDE, "bash", *args],
+            stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            cwd=cwd,
+            env=env,
+            start_new_session=True,
+            close_fds=True,
+            bufsize=0,
+        )
+
+    # -- the standby (bashstandby) -----------------------------------------------------------
+
+    def prepare_standby(self) -> None:
+        """Start a standby for the next command, unless one waits already."""
+        if self._standby is not None or self._stopping:
+            return
+        self._standbys += 1
+        name = f"sb{self._standbys}"
+        script, state = self._paths(name)
+        go = os.path.join(self.config.bash_dir, name + ".go")
+        env, cwd = self._environment()
+        self._prune_cgroups()
+        cgroup = self._cgroups.create(f"kh-bash-{name}")
+        try:
+            bashstandby.make_fifo(go)
+            proc = self._spawn([state, script, cgroup, go], env, cwd, stdin=False)
+        except Exception:
+            log_exception("bash: cannot start a standby (commands start their own bash):")
+            if cgroup:
+                self._cgroups.remove(cgroup)
+            return
+        self._standby = bashstandby.Standby(proc, script, state, go, cgroup, env, cwd)
+
+    async def _start_standby(self, run_id: str, command: str) -> _Run | None:
+        """The standby, given ``command``; None (and the standby killed) if there is none or it
+        does not fit the shell's environment and directory now."""
+        standby, self._standby = self._standby, None
+        if standby is None:
+            return None
+        if standby.fits(*self._environment()):
+            bashstandby.write_script(standby.script, command)
+            if await bashstandby.release(standby):
+                proc, script, state, cgroup = standby.proc, standby.script, standby.state, standby.cgroup
+                return _Run(run_id, proc, script, state, cgroup, self._generation)
+        self._drop_standby(standby)
+        return None
+
+    def _drop_standby(self, standby: bashstandby.Standby) -> asyncio.Task[None]:
+        """Kill a standby; the task that reaps it."""
+        bashstandby.kill(standby)
+        if standby.cgroup:
+            self._stale_cgroups.append(standby.cgroup)
+        return self._tasks.spawn(bashstandby.reap(standby), name="bash-standby-reap")
 
     async def _relay(self, run: _Run, cap: int | None, raw: bool = False) -> None:
         """Relay one run's output, then report its end (bash_reply), whatever happens."""
@@ -289,10 +350,11 @@ class Bash:
             await asyncio.gather(*pumps, return_exceptions=True)
             self._finish(run)
         self._emit(run.run_id, "shell", protocol.BashFrame.REPLY, reply)
+        self.prepare_standby()  # for the next command, with the state this one left
 
     async def _wait(self, run: _Run) -> dict[str, Any]:
         """Wait for bash to exit and reap it: exit code, signal and usage figures."""
-        status, rusage = await _wait_process(run.proc.pid)
+        status, rusage = await bashstandby.wait_process(run.proc.pid)
         run.proc.returncode = os.waitstatus_to_exitcode(status)  # reaped here, not by Popen
         sig: int | None = None
         if os.WIFSIGNALED(status):
@@ -400,6 +462,10 @@ class Bash:
     async def stop(self, timeout: float = 2.0) -> None:
         """Kill what still runs and let the relays reap it (the agent is stopping)."""
         relays = [run.task for run in self.runs.values() if run.task is not None]
+        self._stopping = True
+        if self._standby is not None:
+            relays.append(self._drop_standby(self._standby))
+            self._standby = None
         await self.op_bash_reset({})
         if relays:
             await asyncio.wait(relays, timeout=timeout)
@@ -428,14 +494,3 @@ class RawOutput:
 
 def _pipes(run: _Run) -> list[tuple[IO[bytes] | None, str]]:
     return [(run.proc.stdout, "stdout"), (run.proc.stderr, "stderr")]
-
-
-async def _wait_process(pid: int) -> tuple[int, Any]:
-    """Wait for a child without a thread (pidfd), then reap it: (wait status, rusage)."""
-    pidfd = os.pidfd_open(pid)
-    try:
-        await outpipe.readable(pidfd, None)  # a pidfd reads ready once the process has exited
-    finally:
-        os.close(pidfd)
-    _, status, rusage = os.wait4(pid, 0)  # noqa: ASYNC222 (it has exited: returns at once)
-    return status, rusage
