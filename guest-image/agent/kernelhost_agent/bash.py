@@ -100,6 +100,7 @@ class _Run:
     keep_state: bool = True  # the state its EXIT trap saves becomes the shell's
     stdin: asyncio.WriteTransport | None = None  # its stdin pipe, until closed
     task: asyncio.Task[Any] | None = None  # the relay that waits for it and reports its end
+    standby: bashstandby.Standby | None = None  # the standby it runs on, if it does
 
 
 class Bash:
@@ -168,7 +169,7 @@ class Bash:
                 "stdin, keep_state and raw_output must be booleans, got "
                 f"{stdin!r:.20}, {keep_state!r:.20}, {raw!r:.20}"
             )
-        run = None if stdin else await self._start_standby(run_id, command)
+        run = None if stdin else self._take_standby(run_id, command)
         if run is None:
             run = self._start(run_id, command, stdin)
         run.keep_state = keep_state
@@ -295,16 +296,14 @@ class Bash:
         self._prune_cgroups()
         cgroup = self._cgroups.create(f"kh-bash-{name}")
         try:
-            bashstandby.make_fifo(go)
-            proc = self._spawn([state, script, cgroup, go], env, cwd, stdin=False)
+            spawn = functools.partial(self._spawn, stdin=False)
+            self._standby = bashstandby.start(spawn, script, state, go, cgroup, env, cwd)
         except Exception:
             log_exception("bash: cannot start a standby (commands start their own bash):")
             if cgroup:
                 self._cgroups.remove(cgroup)
-            return
-        self._standby = bashstandby.Standby(proc, script, state, go, cgroup, env, cwd)
 
-    async def _start_standby(self, run_id: str, command: str) -> _Run | None:
+    def _take_standby(self, run_id: str, command: str) -> _Run | None:
         """The standby, given ``command``; None (and the standby killed) if there is none or it
         does not fit the shell's environment and directory now."""
         standby, self._standby = self._standby, None
@@ -312,9 +311,9 @@ class Bash:
             return None
         if standby.fits(*self._environment()):
             bashstandby.write_script(standby.script, command)
-            if await bashstandby.release(standby):
+            if bashstandby.release(standby):
                 proc, script, state, cgroup = standby.proc, standby.script, standby.state, standby.cgroup
-                return _Run(run_id, proc, script, state, cgroup, self._generation)
+                return _Run(run_id, proc, script, state, cgroup, self._generation, standby=standby)
         self._drop_standby(standby)
         return None
 
@@ -374,6 +373,8 @@ class Bash:
     def _finish(self, run: _Run) -> None:
         """Forget a run and remove its files; its cgroup goes once its last process does."""
         self.runs.pop(run.run_id, None)
+        if run.standby is not None:
+            bashstandby.close(run.standby)
         if run.stdin is not None:
             run.stdin.close()
             run.stdin = None

@@ -4,41 +4,36 @@ Starting bash costs tens of milliseconds under emulation (a fork and an exec, th
 bash's own start-up), and a command waited for all of it. The standby is the ``bash -c PRELUDE``
 of the next command, started once the previous one ended (and when the agent starts, so a
 template's clones have one), with the environment and directory that command will have, in a
-session and cgroup of its own, blocked opening a FIFO (its go). A command that finds it, and
-that does not ask for stdin, writes its script and the go; bash reads the script and runs on. A
+session and cgroup of its own, blocked reading a FIFO (its go). A command that finds it, and
+that does not ask for stdin, writes its script and the go; bash reads the script and runs on
+(at once, or once it has started: the command never waits for it to get there). A
 standby whose environment or directory is no longer the shell's is killed, and the command
 starts its own bash as it would without one.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import errno
 import os
 import signal
 import subprocess
-import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from . import outpipe
 
 __all__ = [
-    "GO_SECONDS",
     "Standby",
     "kill",
     "make_fifo",
     "reap",
     "release",
     "running",
+    "start",
     "wait_process",
     "write_script",
 ]
-
-#: the longest a command waits for a standby still starting to reach its FIFO
-GO_SECONDS = 2.0
-_POLL = 0.002
 
 
 @dataclass
@@ -48,7 +43,8 @@ class Standby:
     proc: subprocess.Popen[bytes]
     script: str  # where its command is to be written
     state: str
-    go: str  # the FIFO it opens, then reads a line from, before it reads the script
+    go: str  # the FIFO it reads a line from before it reads the script
+    go_fd: int  # the agent's end of it, open both ways until the run ends (so nothing blocks)
     cgroup: str
     env: dict[str, str]
     cwd: str
@@ -66,26 +62,15 @@ def running(pid: int) -> bool:
         return False
 
 
-async def release(standby: Standby, timeout: float = GO_SECONDS) -> bool:
-    """Give the standby its go (its command is in its script): True once written; False if it
-    exited, or did not open its FIFO within ``timeout`` seconds (it is then the caller's to kill)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            fd = os.open(standby.go, os.O_WRONLY | os.O_NONBLOCK)
-            break
-        except OSError as exc:  # ENXIO: no reader yet, bash is still starting
-            if exc.errno != errno.ENXIO or not running(standby.proc.pid) or time.monotonic() > deadline:
-                return False
-        await asyncio.sleep(_POLL)
+def release(standby: Standby) -> bool:
+    """Give the standby its go (its command is in its script): bash reads it when it gets to
+    its FIFO, now or once it has started. False if it has exited (the caller kills and reaps)."""
+    if not running(standby.proc.pid):
+        return False
     try:
-        os.write(fd, b"go\n")
+        os.write(standby.go_fd, b"go\n")
     except OSError:
         return False
-    finally:
-        os.close(fd)
-        with contextlib.suppress(OSError):
-            os.unlink(standby.go)  # bash has it open; the name is no longer needed
     return True
 
 
@@ -93,6 +78,7 @@ def kill(standby: Standby) -> None:
     """Kill the standby's session and remove its files; the caller reaps it."""
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(standby.proc.pid, signal.SIGKILL)
+    close(standby)
     for pipe in (standby.proc.stdout, standby.proc.stderr):
         if pipe is not None:
             pipe.close()
@@ -113,11 +99,44 @@ def write_script(path: str, command: str) -> None:
         f.write(command)
 
 
-def make_fifo(path: str) -> None:
-    """A standby's go: a FIFO only the agent and that bash use."""
+def start(
+    spawn: Callable[[list[str], dict[str, str], str], subprocess.Popen[bytes]],
+    script: str,
+    state: str,
+    go: str,
+    cgroup: str,
+    env: dict[str, str],
+    cwd: str,
+) -> Standby:
+    """Make the go FIFO ``go`` and start the standby's bash with ``spawn`` (the prelude's $1 to
+    $4, the environment, the directory); on failure the FIFO is gone again."""
+    fd = make_fifo(go)
+    try:
+        proc = spawn([state, script, cgroup, go], env, cwd)
+    except BaseException:
+        os.close(fd)
+        with contextlib.suppress(OSError):
+            os.unlink(go)
+        raise
+    return Standby(proc, script, state, go, fd, cgroup, env, cwd)
+
+
+def make_fifo(path: str) -> int:
+    """A standby's go: a FIFO only the agent and that bash use, and the agent's end of it. Open
+    for reading and writing, it never blocks the agent, nor bash opening it for reading."""
     with contextlib.suppress(FileNotFoundError):
         os.unlink(path)
     os.mkfifo(path, 0o600)
+    return os.open(path, os.O_RDWR | os.O_CLOEXEC)
+
+
+def close(standby: Standby) -> None:
+    """Close the agent's end of the go and remove the FIFO (idempotent)."""
+    if standby.go_fd >= 0:
+        os.close(standby.go_fd)
+        standby.go_fd = -1
+    with contextlib.suppress(OSError):
+        os.unlink(standby.go)
 
 
 async def wait_process(pid: int) -> tuple[int, Any]:
