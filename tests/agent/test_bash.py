@@ -232,7 +232,7 @@ async def test_a_standby_that_died_or_no_longer_fits_is_replaced(running: Runnin
     standby = running.agent.bash._standby
     assert standby is not None
     os.kill(standby.proc.pid, signal.SIGKILL)  # a user's `pkill bash`
-    os.waitid(os.P_PID, standby.proc.pid, os.WEXITED | os.WNOWAIT)  # dead (SIGKILL), not reaped
+    os.waitid(os.P_PID, standby.proc.pid, os.WEXITED | os.WNOWAIT)  # noqa: ASYNC222 (SIGKILLed: returns at once)
     run = await bash(running.host, "echo still")
     assert run.pid != standby.proc.pid and run.streams["stdout"] == "still\n"
     stale = running.agent.bash._standby
