@@ -73,6 +73,27 @@ def test_domain_xml_shape(image: GuestImage, tmp_path: Path) -> None:
     assert "<cputune><period>100000</period><quota>25000</quota></cputune>" in capped
 
 
+def test_only_a_booted_vm_is_given_the_kernel(image: GuestImage, tmp_path: Path) -> None:
+    booted = DomainSpec(
+        name="kh-a",
+        uuid=str(uuid.uuid4()),
+        kernel=image.kernel,
+        initrd=image.initrd,
+        rootfs=image.rootfs,
+        channel_socket=tmp_path / "a.sock",
+        console_log=tmp_path / "c.log",
+        mem_path=tmp_path / "ram",
+    )
+    xml = booted.to_xml()
+    assert f"<kernel>{image.kernel}</kernel>" in xml and f"<initrd>{image.initrd}</initrd>" in xml
+    assert "<cmdline>console=ttyS0 " in xml
+    # a VM that loads a saved state runs the kernel in that state's RAM: QEMU is not made to
+    # hold a copy of the kernel image for a boot that never comes
+    loaded = DomainSpec(**{**booted.__dict__, "incoming": True}).to_xml()
+    assert "<kernel>" not in loaded and "<initrd>" not in loaded and "<cmdline>" not in loaded
+    assert 'value="-incoming"' in loaded and "memory-backend-file" in loaded
+
+
 @pytest.mark.parametrize(
     "bad", [{"accel": "xen"}, {"memory_mib": 64}, {"vcpus": 0}, {"cpu_quota_percent": 150}]
 )
