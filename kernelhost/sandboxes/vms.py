@@ -26,7 +26,7 @@ from hypervisor import DomainSpec, GuestImage, Hypervisor, HypervisorError, Imag
 from hypervisor.host import give_to_qemu
 
 from ..channel import AgentClient
-from ..channel.protocol import Capability, Op
+from ..channel.protocol import Capability, Op, jupyter_message
 from ..config import Settings
 from ..tasks import TaskSet
 from .pool import Clone, WarmPool
@@ -288,10 +288,31 @@ class VmFactory:
         """A pooled clone's first cells, run before anyone has it: its first call is then as
         fast as its second (pages faulted in, code translated under emulation), and the agent
         leaves no trace of them (no execution count, no ``_``)."""
+        t0 = time.monotonic()
         if agent.supports(Capability.WARM_UP):
-            t0 = time.monotonic()
             await agent.request(Op.WARM_UP, timeout=self.timeouts.attach)
-            log.debug("vm.warmed_up", seconds=round(time.monotonic() - t0, 3))
+        await self._warm_relay(agent)
+        log.debug("vm.warmed_up", seconds=round(time.monotonic() - t0, 3))
+
+    async def _warm_relay(self, agent: AgentClient) -> None:
+        """A silent cell sent as a user's cell is (a jupyter frame into the agent's relay, its
+        output and reply back through it), so the guest's relay code is run, and under
+        emulation translated, before a user's first call. Silent: no history, no execution
+        count, no ``_``; ``print`` is valid Python and R."""
+        content = {"code": "print('warm')", "silent": True, "store_history": False}
+        content.update(user_expressions={}, allow_stdin=False, stop_on_error=False)
+        metadata = {"kernelhost": {"max_output_bytes": 1 << 20}}  # the cap's path too
+        msg = jupyter_message("execute_request", content, "kernelhost-warm-up", metadata=metadata)
+        sub = agent.subscribe(msg["header"]["msg_id"])
+        deadline = time.monotonic() + self.timeouts.attach
+        try:
+            await agent.send_jupyter("shell", msg, timeout=self.timeouts.attach)
+            while True:
+                reply = await sub.get(timeout=max(0.0, deadline - time.monotonic()))
+                if reply.channel == "shell" and reply.msg_type == "execute_reply":
+                    return
+        finally:
+            sub.close()
 
     async def set_weight(self, domain: str, shares: int) -> None:
         """Set ``domain``'s CPU weight (``Hypervisor.set_cpu_shares``); logged where it cannot be."""

@@ -138,6 +138,7 @@ async def test_a_new_sandbox_shows_no_trace_of_its_template_warm_up(fresh_sandbo
     assert first.error is None, first.error
     assert first.text == "(\"''\", False, 0, [])", first.text
     assert first.execution_count == 1
+    assert first.stdout == "", first.stdout  # nothing of the pool's warm-up cells comes along
 
 
 async def test_hibernate_on_idle_then_wake_with_state_and_a_fresh_clock(service: Service) -> None:
