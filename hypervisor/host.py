@@ -369,17 +369,18 @@ class Hypervisor:
             raise HypervisorError(f"cannot read the CPU time of domain {name!r}: {exc}") from exc
         return int(cpu_ns), int(vcpus)
 
-    def set_cpu_shares(self, name: str, shares: int) -> bool:
-        """The domain's CPU weight against the others (cgroup cpu shares, 1024 the default): a
-        VM being made ahead (the warm pool's) runs at a low weight and so never slows one in
-        use. False where the host gives libvirt no CPU controller (the weight stays)."""
+    def set_cpu_shares(self, name: str, shares: int) -> int | None:
+        """Set the domain's CPU weight against the others (libvirt's ``cpu_shares``: cgroup v1
+        cpu.shares, default 1024, or v2 cpu.weight, default 100): a VM being made ahead (the
+        warm pool's) runs at a low weight and so never slows one in use. The weight it had;
+        None where the host gives libvirt no CPU controller (the weight stays)."""
         try:
-            self._lookup(name).setSchedulerParametersFlags(
-                {"cpu_shares": shares}, libvirt.VIR_DOMAIN_AFFECT_LIVE
-            )
-        except (libvirt.libvirtError, HypervisorError):
-            return False
-        return True
+            dom = self._lookup(name)
+            before = int(dom.schedulerParameters()["cpu_shares"])
+            dom.setSchedulerParametersFlags({"cpu_shares": shares}, libvirt.VIR_DOMAIN_AFFECT_LIVE)
+        except (libvirt.libvirtError, HypervisorError, KeyError, TypeError, ValueError):
+            return None
+        return before
 
     def is_running(self, name: str) -> bool:
         try:

@@ -289,7 +289,7 @@ class Bash:
         if self._standby is not None or self._stopping:
             return
         self._standbys += 1
-        name = f"sb{self._standbys}"
+        name = f"sb{os.getpid()}-{self._standbys}"  # an agent started again reuses no name
         script, state = self._paths(name)
         go = os.path.join(self.config.bash_dir, name + ".go")
         env, cwd = self._environment()

@@ -119,7 +119,7 @@ class Relay:
         max_bytes = self.kernel.config.max_frame_bytes
         try:
             parts = frame_parts("iopub", header, parent, metadata, stream, STREAM_PIECE, max_bytes)
-        except codec.FrameTooLarge:
+        except (codec.FrameTooLarge, TypeError, ValueError, OverflowError):  # the slow path says why
             return False
         self._send_frames(parts)
         return True
