@@ -369,19 +369,6 @@ class Hypervisor:
             raise HypervisorError(f"cannot read the CPU time of domain {name!r}: {exc}") from exc
         return int(cpu_ns), int(vcpus)
 
-    def set_cpu_shares(self, name: str, shares: int) -> int | None:
-        """Set the domain's CPU weight against the others (libvirt's ``cpu_shares``: cgroup v1
-        cpu.shares, default 1024, or v2 cpu.weight, default 100): a VM being made ahead (the
-        warm pool's) runs at a low weight and so never slows one in use. The weight it had;
-        None where the host gives libvirt no CPU controller (the weight stays)."""
-        try:
-            dom = self._lookup(name)
-            before = int(dom.schedulerParameters()["cpu_shares"])
-            dom.setSchedulerParametersFlags({"cpu_shares": shares}, libvirt.VIR_DOMAIN_AFFECT_LIVE)
-        except (libvirt.libvirtError, HypervisorError, KeyError, TypeError, ValueError):
-            return None
-        return before
-
     def is_running(self, name: str) -> bool:
         try:
             dom = self.conn.lookupByName(name)

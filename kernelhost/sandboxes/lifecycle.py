@@ -171,7 +171,6 @@ class Lifecycle:
         self.registry.record(rec)
         self.bind(sbx, clone.agent)
         try:
-            await self.ctx.vms.foreground(clone.domain)  # it was made at a low CPU weight
             await self.ctx.network.configure(sbx, strict=True)
         except BaseException:
             await clone.agent.close()

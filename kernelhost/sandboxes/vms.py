@@ -35,9 +35,6 @@ from .snapshots import Snapshot, TemplateSnapshots
 from .vm_fork import VmForker
 
 log = structlog.get_logger("kernelhost.vms")
-#: the CPU weight (libvirt's cpu_shares) a pooled clone is made and warmed up at, so a user's
-#: call never waits for the pool's refill; handed out, it gets the weight a domain starts with
-BACKGROUND_SHARES = 2
 
 
 @dataclass(frozen=True)
@@ -79,7 +76,6 @@ class VmFactory:
             attach=self.connect_agent,
         )
         self.pool = WarmPool(settings.pool_size, self._pool_clone, self.discard)
-        self.default_shares: int | None = None  # the CPU weight domains start with, once seen
         self.background = TaskSet("vms")
         self.forker = VmForker(self)
 
@@ -228,9 +224,6 @@ class VmFactory:
         t0 = time.monotonic()
         spec = self.spec(domain, image, meta, mem_path=snap.ram, incoming=True)
         await asyncio.to_thread(self.hv.start_incoming, spec)
-        if meta.get("role") == "pool":  # made ahead: it must not slow a VM in use meanwhile
-            before = await self.set_weight(domain, BACKGROUND_SHARES)
-            self.default_shares = self.default_shares or before
         return await self.load_attached(spec, snap.state, ignore_shared=ignore_shared, how="clone", t0=t0)
 
     async def load_attached(
@@ -314,19 +307,6 @@ class VmFactory:
                     return
         finally:
             sub.close()
-
-    async def set_weight(self, domain: str, shares: int) -> int | None:
-        """Set ``domain``'s CPU weight (``Hypervisor.set_cpu_shares``): the one it had, or None
-        (logged) where it cannot be set."""
-        before = await asyncio.to_thread(self.hv.set_cpu_shares, domain, shares)
-        if before is None:
-            log.debug("vm.cpu_shares_unset", domain=domain, shares=shares)
-        return before
-
-    async def foreground(self, domain: str) -> None:
-        """A pooled clone handed out: the weight a domain starts with, back."""
-        if self.default_shares is not None:
-            await self.set_weight(domain, self.default_shares)
 
     async def discard(self, clone: Clone) -> None:
         """Close and destroy a pooled clone (one made from an image that was rebuilt since)."""

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from typing import Any
 
 import aiohttp
 import pytest
@@ -216,10 +215,6 @@ async def test_restart_racing_hibernate_and_delete_leaves_a_working_sandbox_or_n
         hv.close()
 
 
-def _cpu_shares(hv: Any, domain: str) -> int:
-    return int(hv.conn.lookupByName(domain).schedulerParameters()["cpu_shares"])
-
-
 async def test_pool_refills_after_being_drained(service: Service) -> None:
     async def pool() -> int:
         async with aiohttp.ClientSession() as http:
@@ -230,21 +225,7 @@ async def test_pool_refills_after_being_drained(service: Service) -> None:
     while await pool() < 2:
         assert time.monotonic() < deadline, "pool never filled"
         await asyncio.sleep(0.5)
-    hv = service.hypervisor()
-    try:  # pooled clones are made at the lowest CPU weight, and get the default back handed out
-        pooled = [d.name for d in hv.domains() if d.metadata.get("role") == "pool"]
-        assert pooled and all(_cpu_shares(hv, name) == 2 for name in pooled), pooled
-        taken = [await AsyncSandbox.create(url=service.url, api_key=service.api_key) for _ in range(3)]
-        mine = {sbx.id for sbx in taken}
-        for _ in range(40):  # the sandbox label comes just after the hand-over
-            held = [d.name for d in hv.domains() if d.metadata.get("sandbox") in mine]
-            if len(held) == 3:
-                break
-            await asyncio.sleep(0.25)
-        shares = [_cpu_shares(hv, name) for name in held]  # the third came from no pool
-        assert len(held) == 3 and len(set(shares)) == 1 and shares[0] > 2, shares
-    finally:
-        hv.close()
+    taken = [await AsyncSandbox.create(url=service.url, api_key=service.api_key) for _ in range(3)]
     try:
         assert await pool() < 2
         deadline = time.monotonic() + 120
