@@ -87,7 +87,7 @@ class Agent:
         self.port: Port | None = None
         self.kernel = Kernel(config, self.send)
         meter = ExecutionMeter(self.kernel.pid)
-        self.relay = Relay(self.kernel, meter, self.send, self.tasks, self.send_frames)
+        self.relay = Relay(self.kernel, meter, self.send, self.tasks)
         self.proxy = NetProxy(self.send, config.proxy_port)
         cgroups = Cgroups(config.cgroup_root)
         self.bash = Bash(config, self.send, self.tasks, cgroups, self.write_spliced)
