@@ -49,8 +49,8 @@ def test_image_store_lists_and_rejects(image: GuestImage, tmp_path: Path) -> Non
         store.get("../python")
 
 
-def test_domain_xml_shape(image: GuestImage, tmp_path: Path) -> None:
-    spec = DomainSpec(
+def _spec(image: GuestImage, tmp_path: Path, **fields: Any) -> DomainSpec:
+    return DomainSpec(
         name="kh-a",
         uuid=str(uuid.uuid4()),
         kernel=image.kernel,
@@ -58,8 +58,12 @@ def test_domain_xml_shape(image: GuestImage, tmp_path: Path) -> None:
         rootfs=image.rootfs,
         channel_socket=tmp_path / "a.sock",
         console_log=tmp_path / "c.log",
-        metadata={"sandbox": "sbx_1"},
+        **fields,
     )
+
+
+def test_domain_xml_shape(image: GuestImage, tmp_path: Path) -> None:
+    spec = _spec(image, tmp_path, metadata={"sandbox": "sbx_1"})
     xml = spec.to_xml()
     assert "<domain type='qemu'" in xml
     assert "org.kernelhost.0" in xml and "<readonly/>" in xml and "<interface" not in xml
@@ -74,16 +78,7 @@ def test_domain_xml_shape(image: GuestImage, tmp_path: Path) -> None:
 
 
 def test_only_a_booted_vm_is_given_the_kernel(image: GuestImage, tmp_path: Path) -> None:
-    booted = DomainSpec(
-        name="kh-a",
-        uuid=str(uuid.uuid4()),
-        kernel=image.kernel,
-        initrd=image.initrd,
-        rootfs=image.rootfs,
-        channel_socket=tmp_path / "a.sock",
-        console_log=tmp_path / "c.log",
-        mem_path=tmp_path / "ram",
-    )
+    booted = _spec(image, tmp_path, mem_path=tmp_path / "ram")
     xml = booted.to_xml()
     assert f"<kernel>{image.kernel}</kernel>" in xml and f"<initrd>{image.initrd}</initrd>" in xml
     assert "<cmdline>console=ttyS0 " in xml

@@ -25,6 +25,7 @@ from . import outpipe
 
 __all__ = [
     "Standby",
+    "close",
     "kill",
     "make_fifo",
     "reap",
