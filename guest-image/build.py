@@ -30,6 +30,7 @@ import os
 import platform
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -42,6 +43,7 @@ HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:  # loaded by path (the tests do): its sibling modules still import
     sys.path.insert(0, str(HERE))
 
+from buildroot import unmount_all  # noqa: E402  (guest-image/buildroot.py)
 from initramfs import build_initramfs  # noqa: E402  (guest-image/initramfs.py)
 from sources import codename, host_sources, sources_for  # noqa: E402  (guest-image/sources.py)
 from wheels import install_wheels  # noqa: E402  (guest-image/wheels.py)
@@ -235,6 +237,7 @@ def install_overlay(root: Path) -> None:
     )
     shutil.copy2(HERE / "agent" / "launch_kernel.py", opt / "launch_kernel.py")
     shutil.copy2(HERE / "agent" / "kernel_limits.py", opt / "kernel_limits.py")
+    shutil.copy2(HERE / "agent" / "kernel_interrupt.py", opt / "kernel_interrupt.py")
     shutil.copy2(HERE / "agent" / "kernel_wire.py", opt / "kernel_wire.py")
     shutil.copy2(CODEC, opt / "codec.py")
     shutil.copy2(PROTOCOL, opt / "protocol.py")
@@ -423,6 +426,10 @@ def _build(
             shutil.rmtree(final)
         out.rename(final)
     finally:
+        # mmdebstrap stopped half-way leaves the host's /dev, /dev/shm, /proc and /sys mounted in
+        # the root: removing the tree through them would empty the host's /dev/shm (every VM's
+        # RAM file), so they go first
+        unmount_all(work)
         shutil.rmtree(work, ignore_errors=True)
     _point(link, final)
     sizes = ", ".join(f"{k} {v / 2**20:.1f} MiB" for k, v in manifest["sizes"].items())
@@ -475,4 +482,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    # stopped (make's SIGTERM, a CI timeout): unwind through the cleanups, as on Ctrl-C
+    signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
     main()

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
 import structlog
@@ -78,3 +78,22 @@ class TaskSet:
                 task.exception()  # retrieved (and already logged by _done)
         for task in pending:
             log.error("task.did_not_stop", owner=self.owner, task=task.get_name(), timeout=timeout)
+
+
+async def to_thread_to_the_end(func: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
+    """``asyncio.to_thread`` for a call whose effect a cleanup must see (a VM being created):
+    a cancellation waits for the thread to end before it goes on, so the caller's cleanup
+    (destroy the domain) never runs before the domain exists. The thread always ends: the
+    calls this runs have deadlines of their own."""
+    future = asyncio.ensure_future(asyncio.to_thread(func, *args, **kwargs))
+    cancelled = False
+    while not future.done():
+        try:
+            await asyncio.wait([future])
+        except asyncio.CancelledError:
+            cancelled = True  # raised once the thread has ended
+    if cancelled:
+        if not future.cancelled():
+            future.exception()  # retrieved: the cancellation is what the caller gets
+        raise asyncio.CancelledError
+    return future.result()

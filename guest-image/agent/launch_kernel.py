@@ -12,6 +12,7 @@ from typing import Any
 # thread wakes every second, in every idle sandbox (ipykernel reads this at import).
 os.environ.pop("JPY_PARENT_PID", None)
 
+import kernel_interrupt
 import kernel_limits
 from ipykernel import ipkernel, kernelapp, kernelbase
 from ipykernel.ipkernel import IPythonKernel
@@ -62,4 +63,5 @@ def do_history(self: Any, *args: Any, **kwargs: Any) -> Any:
 IPythonKernel.do_history = do_history  # type: ignore[method-assign]
 
 kernel_limits.install()
+kernel_interrupt.install()  # outermost: it answers what escapes the rest
 kernelapp.launch_new_instance()

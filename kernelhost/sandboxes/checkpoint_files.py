@@ -41,6 +41,7 @@ import zstandard
 
 from hypervisor import MEM_ID, GuestImage, HypervisorError, LiveSaveUnavailable, diff_stream
 
+from ..tasks import to_thread_to_the_end
 from .errors import CheckpointUnusable
 from .snapshots import Snapshot
 from .vms import Launched, VmFactory
@@ -183,7 +184,7 @@ class CheckpointFiles:
         try:
             spec = vms.spec(domain, image, meta, mem_path=snap.ram if snap else None, incoming=True)
             # QEMU starts (about 0.2 s) while the file is unpacked
-            started = asyncio.ensure_future(asyncio.to_thread(vms.hv.start_incoming, spec))
+            started = asyncio.ensure_future(to_thread_to_the_end(vms.hv.start_incoming, spec))
             try:
                 await asyncio.to_thread(_unpack, path, state)
             finally:

@@ -44,6 +44,7 @@ class Recoverer:
         call = sbx.call
         kernel_busy = sbx.kernel is not None and sbx.kernel.running
         if agent is None or (call is None and not kernel_busy):
+            log.info("sandbox.interrupt_skipped", sandbox_id=sbx.id, why="nothing runs")
             return False  # nothing runs (a hibernated sandbox runs nothing)
         timeout = self.ctx.settings.agent_timeout
         try:

@@ -33,6 +33,7 @@ from .. import logs
 from ..channel import AgentClient
 from ..channel.protocol import Op
 from ..progress import Stages, format_bytes
+from ..tasks import to_thread_to_the_end
 
 log = structlog.get_logger("kernelhost.snapshots")
 
@@ -161,7 +162,7 @@ class TemplateSnapshots:
                 metadata={"role": "template", "template": image.template},
             )
             progress.stage("boot", f"{memory} MiB, {self.accel}")
-            await asyncio.to_thread(self.hv.start, spec)
+            await to_thread_to_the_end(self.hv.start, spec)
             progress.stage("kernel ready")
             agent = await self.attach(spec.channel_socket, self.boot_timeout)
             try:

@@ -28,7 +28,7 @@ from hypervisor.host import give_to_qemu
 from ..channel import AgentClient
 from ..channel.protocol import Capability, Op, jupyter_message
 from ..config import Settings
-from ..tasks import TaskSet
+from ..tasks import TaskSet, to_thread_to_the_end
 from .pool import Clone, WarmPool
 from .prune import apply, scan_in_use, stale_snapshots
 from .snapshots import Snapshot, TemplateSnapshots
@@ -207,7 +207,7 @@ class VmFactory:
         t0 = time.monotonic()
         async with self._boot_slots:
             spec = self.spec(domain, image, meta)
-            await asyncio.to_thread(self.hv.start, spec)
+            await to_thread_to_the_end(self.hv.start, spec)
             t1 = time.monotonic()
             agent = await self.connect_agent(spec.channel_socket, self.timeouts.boot)
         return Launched(agent, VmTimings("boot", t1 - t0, time.monotonic() - t1, 0.0))
@@ -223,7 +223,7 @@ class VmFactory:
     ) -> Launched:
         t0 = time.monotonic()
         spec = self.spec(domain, image, meta, mem_path=snap.ram, incoming=True)
-        await asyncio.to_thread(self.hv.start_incoming, spec)
+        await to_thread_to_the_end(self.hv.start_incoming, spec)
         return await self.load_attached(spec, snap.state, ignore_shared=ignore_shared, how="clone", t0=t0)
 
     async def load_attached(
@@ -331,7 +331,7 @@ class VmFactory:
         t0 = time.monotonic()
         spec = self.spec(domain, image, meta, incoming=True)
         try:
-            await asyncio.to_thread(self.hv.start_incoming, spec)
+            await to_thread_to_the_end(self.hv.start_incoming, spec)
             return await self.load_attached(spec, path, ignore_shared=False, how="wake", t0=t0)
         except BaseException:
             await self.destroy_tracked(domain)

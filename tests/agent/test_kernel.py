@@ -135,6 +135,51 @@ async def test_interrupt_stops_a_running_cell(host: HostEnd) -> None:
     assert run.reply["content"]["ename"] == "KeyboardInterrupt"
 
 
+STALL = """\
+import time
+def _stall(lines):
+    if lines and lines[0].startswith('# stall'):
+        time.sleep(30)
+    return lines
+get_ipython().input_transformers_cleanup.append(_stall)
+"""
+
+
+async def test_an_interrupt_before_the_cells_code_runs_still_gets_a_reply(host: HostEnd) -> None:
+    """SIGINT while the kernel prepares a cell (after execute_input, in an input transformer):
+    ipykernel alone swallows that KeyboardInterrupt and never replies (kernel_interrupt.py)."""
+    assert (await host.execute(STALL)).reply["content"]["status"] == "ok"
+    try:
+        msg = host.jupyter_msg(
+            "execute_request",
+            {
+                "code": "# stall\nran = True",
+                "silent": False,
+                "store_history": True,
+                "user_expressions": {},
+                "allow_stdin": False,
+                "stop_on_error": True,
+            },
+        )
+        await host.send_jupyter("shell", msg)
+        msg_id = msg["header"]["msg_id"]
+        while (await host.next_message(msg_id))[1]["header"]["msg_type"] != "execute_input":
+            pass
+        await asyncio.sleep(0.5)  # in the transformer's sleep by now
+        await host.ok(protocol.Op.INTERRUPT)
+        run = await host.collect(msg_id)
+        assert run.reply["content"]["status"] == "error"
+        assert run.reply["content"]["ename"] == "KeyboardInterrupt"
+        errors = [m for m in run.iopub if m["header"]["msg_type"] == "error"]
+        assert [m["content"]["ename"] for m in errors] == ["KeyboardInterrupt"]
+    finally:
+        await host.execute("get_ipython().input_transformers_cleanup.remove(_stall)")
+    after = await host.execute("'ran' in dir()")
+    assert after.reply["content"]["status"] == "ok"
+    results = [m for m in after.iopub if m["header"]["msg_type"] == "execute_result"]
+    assert results[0]["content"]["data"]["text/plain"] == "False"  # the cell never ran
+
+
 async def test_a_message_msgpack_cannot_carry_is_dropped_not_fatal(host: HostEnd) -> None:
     """User code decides what the kernel sends: an integer over 64 bits in a display's
     metadata cannot be encoded, and the relay must go on with the next message."""

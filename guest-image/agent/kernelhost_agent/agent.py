@@ -32,11 +32,6 @@ from .tasks import TaskSet
 
 __all__ = ["Agent", "KernelOps", "run"]
 
-#: relay ASCII stream text as the kernel packed it (``streamwire``); off: with it a Jupyter
-#: client's print right after an interrupt lost its stdout (test_jupyter_provisioner), and the
-#: cause is not found yet
-RAW_STREAMS = False
-
 
 class KernelOps:
     """The ops every agent has: the handshake, health, interrupt and restart."""
@@ -92,8 +87,7 @@ class Agent:
         self.port: Port | None = None
         self.kernel = Kernel(config, self.send)
         meter = ExecutionMeter(self.kernel.pid)
-        send_frames = self.send_frames if RAW_STREAMS else None
-        self.relay = Relay(self.kernel, meter, self.send, self.tasks, send_frames)
+        self.relay = Relay(self.kernel, meter, self.send, self.tasks, self.send_frames)
         self.proxy = NetProxy(self.send, config.proxy_port)
         cgroups = Cgroups(config.cgroup_root)
         self.bash = Bash(config, self.send, self.tasks, cgroups, self.write_spliced)

@@ -1,0 +1,56 @@
+"""Owned tasks and threads whose effects a cleanup must see."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+
+import pytest
+
+from kernelhost.tasks import to_thread_to_the_end
+
+pytestmark = pytest.mark.unit
+
+
+def _make(made: threading.Event, seconds: float) -> str:
+    time.sleep(seconds)  # a libvirt call creating a domain
+    made.set()
+    return "domain"
+
+
+async def test_a_cancelled_caller_goes_on_only_once_the_thread_has_ended() -> None:
+    made = threading.Event()
+    task = asyncio.create_task(to_thread_to_the_end(_make, made, 0.3))
+    await asyncio.sleep(0.05)
+    task.cancel()
+    await asyncio.sleep(0.05)
+    task.cancel()  # a second cancellation does not cut the wait short either
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert made.is_set()  # so the cleanup after the cancellation finds the domain to destroy
+
+
+async def test_the_result_and_the_error_come_through() -> None:
+    assert await to_thread_to_the_end(_make, threading.Event(), 0.0) == "domain"
+
+    def fail() -> None:
+        raise ValueError("no such image")
+
+    with pytest.raises(ValueError, match="no such image"):
+        await to_thread_to_the_end(fail)
+
+
+async def test_a_cancelled_call_that_failed_still_reports_a_cancellation() -> None:
+    started = threading.Event()
+
+    def fail_later() -> None:
+        started.set()
+        time.sleep(0.2)
+        raise ValueError("late")
+
+    task = asyncio.create_task(to_thread_to_the_end(fail_later))
+    assert await asyncio.to_thread(started.wait, 5)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
