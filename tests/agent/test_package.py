@@ -120,3 +120,25 @@ def test_no_module_or_function_is_too_long() -> None:
 
 def test_the_old_single_file_agent_is_gone() -> None:
     assert not (AGENT_DIR / "kernelhost_agent.py").exists()
+
+
+def test_a_build_stopped_half_way_unmounts_before_it_removes_its_tree(tmp_path: Path) -> None:
+    """mmdebstrap stopped mid-way leaves the host's /dev/shm mounted in the root: the tree goes
+    only after everything under it is unmounted (else the removal empties the host's)."""
+    build = load_build()
+    steps: list[str] = []
+
+    def stopped(root: Path, *args: Any) -> None:
+        (root / "dev" / "shm").mkdir(parents=True)
+        raise KeyboardInterrupt  # Ctrl-C, or make's SIGTERM turned into SystemExit
+
+    def rmtree(path: Path, ignore_errors: bool = False) -> None:
+        steps.append(f"rmtree {Path(path).name[:7]}")
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(build, "build_rootfs", stopped)
+        patch.setattr(build, "unmount_all", lambda work: steps.append(f"unmount {work.name[:7]}"))
+        patch.setattr(build.shutil, "rmtree", rmtree)
+        with pytest.raises(KeyboardInterrupt):
+            build._build("python", {}, tmp_path, "bookworm", ("", ""), "k", tmp_path / "f", tmp_path / "l")
+    assert steps == ["unmount .build-", "rmtree .build-"]
