@@ -196,6 +196,13 @@ class HostEnd:
         timeout: float = WAIT,
     ) -> Execution:
         """Run one cell and collect its iopub messages up to idle and its execute_reply."""
+        msg_id = await self.start(code, metadata=metadata, allow_stdin=allow_stdin)
+        return await self.collect(msg_id, timeout)
+
+    async def start(
+        self, code: str, *, metadata: dict[str, Any] | None = None, allow_stdin: bool = False
+    ) -> str:
+        """Send one cell as a notebook does; its msg_id (``collect`` gathers what it gives)."""
         msg = self.jupyter_msg(
             "execute_request",
             {
@@ -209,7 +216,7 @@ class HostEnd:
             metadata,
         )
         await self.send_jupyter("shell", msg)
-        return await self.collect(msg["header"]["msg_id"], timeout)
+        return str(msg["header"]["msg_id"])
 
     async def collect(self, msg_id: str, timeout: float = WAIT) -> Execution:
         """Messages for ``msg_id`` until both the iopub idle and the shell reply are in."""

@@ -112,19 +112,7 @@ async def test_control_channel(host: HostEnd) -> None:
 
 
 async def test_interrupt_stops_a_running_cell(host: HostEnd) -> None:
-    msg = host.jupyter_msg(
-        "execute_request",
-        {
-            "code": "import time\nprint('looping', flush=True)\nwhile True:\n    time.sleep(0.05)",
-            "silent": False,
-            "store_history": True,
-            "user_expressions": {},
-            "allow_stdin": False,
-            "stop_on_error": True,
-        },
-    )
-    await host.send_jupyter("shell", msg)
-    msg_id = msg["header"]["msg_id"]
+    msg_id = await host.start("import time\nprint('looping', flush=True)\nwhile True:\n    time.sleep(0.05)")
     while True:  # the loop runs once its output is out
         _, out = await host.next_message(msg_id)
         if out["header"]["msg_type"] == "stream":
@@ -150,19 +138,7 @@ async def test_an_interrupt_before_the_cells_code_runs_still_gets_a_reply(host: 
     ipykernel alone swallows that KeyboardInterrupt and never replies (kernel_interrupt.py)."""
     assert (await host.execute(STALL)).reply["content"]["status"] == "ok"
     try:
-        msg = host.jupyter_msg(
-            "execute_request",
-            {
-                "code": "# stall\nran = True",
-                "silent": False,
-                "store_history": True,
-                "user_expressions": {},
-                "allow_stdin": False,
-                "stop_on_error": True,
-            },
-        )
-        await host.send_jupyter("shell", msg)
-        msg_id = msg["header"]["msg_id"]
+        msg_id = await host.start("# stall\nran = True")
         while (await host.next_message(msg_id))[1]["header"]["msg_type"] != "execute_input":
             pass
         await asyncio.sleep(0.5)  # in the transformer's sleep by now
