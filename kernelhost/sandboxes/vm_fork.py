@@ -31,7 +31,7 @@ from hypervisor.forkram import RamMapping, copy_base, make_ram_file
 from hypervisor.host import PageCopy, give_to_qemu
 
 from ..channel import AgentClient
-from ..tasks import TaskSet
+from ..tasks import TaskSet, to_thread_to_the_end
 from .snapshots import Snapshot
 
 if TYPE_CHECKING:
@@ -151,7 +151,7 @@ class VmForker:
         specs = [self.vms.spec(d, image, m, mem_path=snap.ram, incoming=True) for d, m in children]
         copy = asyncio.to_thread(self.hv.fork_pages, parent, source, snap.ram, snap.state, base=not spare)
         started = await asyncio.gather(
-            copy, *(asyncio.to_thread(self.hv.start_incoming, s) for s in specs), return_exceptions=True
+            copy, *(to_thread_to_the_end(self.hv.start_incoming, s) for s in specs), return_exceptions=True
         )
         for result in started:
             if isinstance(result, BaseException):
