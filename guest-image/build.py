@@ -63,6 +63,7 @@ BASE_PACKAGES = [
     "python3-jupyter-client",
     "python3-zmq",
     "python3-msgpack",
+    "bash-static",  # what the agent runs commands in (kernelhost_agent/bash.py)
     "busybox",
     "tini",
 ]

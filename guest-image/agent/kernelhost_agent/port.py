@@ -36,6 +36,7 @@ _IDLE_RETRY = 0.1  # seconds between looks at a port with no host behind it
 _JOIN_TIMEOUT = 2.0
 _WRITE_BATCH = 4 << 20  # bytes of queued frames written in one go
 _WRITE_BUFFERS = 256  # and at most this many of them (writev takes up to IOV_MAX, 1024)
+_FULL_WAIT = 0.01  # the longest a writer waits on a full port before it looks for a stop again
 _COPY_CHUNK = 1 << 20  # bytes read at a time where the port cannot splice
 #: what the writer's own pipe holds (a spliced frame larger than that goes through it in parts)
 _RELAY_BYTES = 2 << 20
@@ -256,7 +257,7 @@ class Port:
             try:
                 n = os.writev(self.fd, batch)
             except BlockingIOError:
-                self._stopping.wait(0.01)
+                self._wait_writable()
                 continue
             except OSError as exc:  # host gone mid-write: wait for the next one
                 self._write_failed(exc)
@@ -307,7 +308,7 @@ class Port:
             try:
                 n = os.splice(relay, self.fd, size) if self._can_splice else self._copy(relay, size)
             except BlockingIOError:
-                self._stopping.wait(0.01)
+                self._wait_writable()
                 continue
             except OSError as exc:
                 if self._can_splice and exc.errno in _NO_SPLICE:
@@ -319,6 +320,17 @@ class Port:
             self._failing = False
             size -= n
         return True
+
+    def _wait_writable(self) -> None:
+        """Wait until the port takes bytes again (the host read some), at most ``_FULL_WAIT``
+        seconds, so a stop is seen in time: a flood goes on as soon as there is room, not
+        after a fixed sleep. A port whose host is away polls as hung up at once: then it is a
+        plain wait, not a spin."""
+        writable = select.poll()
+        writable.register(self.fd, select.POLLOUT)
+        events = writable.poll(_FULL_WAIT * 1000)
+        if events and not any(ev & select.POLLOUT for _, ev in events):
+            self._stopping.wait(_FULL_WAIT)
 
     def _copy(self, fd: int, left: int) -> int:
         """Read up to ``left`` bytes of the pipe and write them all to the port: what was moved."""
