@@ -46,13 +46,6 @@ STATE_END = b"__kh_end"  # the last entry of a whole saved state
 RUN_ID_MAX = 64
 STDIN_BUFFER_MAX = 4 << 20  # input written but not yet read by the command
 SIGNALS = {"INT": signal.SIGINT, "TERM": signal.SIGTERM, "KILL": signal.SIGKILL}
-#: the bash each command runs in: the image's statically linked build (Debian's bash-static, the
-#: same bash) where there is one, because under emulation the dynamic loader's relocations were
-#: most of a bash's start (in a guest, 20 `bash -c true` took 2.45 s, 20 of bash-static 0.46 s),
-#: and a command that follows another at once waits for its standby's start. It is still called
-#: /bin/bash (its argv[0]), so $BASH and ps say bash.
-BASH_STATIC = "/bin/bash-static"
-BASH = "/bin/bash"
 # $1: where the EXIT trap saves the working directory and the exported environment (NUL-separated,
 # the directory first, then STATE_END: a state cut short, its trap killed, lacks it); $2: the file
 # holding the command, run by eval so errors read "bash: ...". Under emulation every process bash
@@ -278,8 +271,8 @@ class Bash:
     def _spawn(self, args: list[str], env: dict[str, str], cwd: str, stdin: bool) -> subprocess.Popen[bytes]:
         """bash on the prelude (``args``: its $1 to $4), in a session of its own."""
         return subprocess.Popen(  # reaped by wait_process (pidfd), not by Popen
-            [BASH, "--noprofile", "--norc", "-c", PRELUDE, "bash", *args],
-            executable=_executable(),
+            [bashstandby.BASH, "--noprofile", "--norc", "-c", PRELUDE, "bash", *args],
+            executable=bashstandby.executable(),
             stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -499,12 +492,6 @@ class RawOutput:
 
     def ops(self) -> Mapping[str, Handler]:
         return {}
-
-
-@functools.cache
-def _executable() -> str:
-    """The bash binary commands run in: the static build if the image has it."""
-    return BASH_STATIC if os.access(BASH_STATIC, os.X_OK) else BASH
 
 
 def _pipes(run: _Run) -> list[tuple[IO[bytes] | None, str]]:

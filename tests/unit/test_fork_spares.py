@@ -1,0 +1,75 @@
+"""The fork's spare RAM copies (``vm_fork.Spares``): a fork right after another waits for the
+copy being made instead of copying the base beside it."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from pathlib import Path
+
+import pytest
+
+from hypervisor.forkram import copy_base
+from kernelhost.sandboxes import vm_fork
+from kernelhost.tasks import TaskSet
+
+SIZE = 1 << 20
+
+
+@pytest.fixture
+def base(tmp_path: Path) -> Path:
+    ram = tmp_path / "templates" / "python-0123" / "ram"
+    ram.parent.mkdir(parents=True)
+    ram.write_bytes(bytes(range(256)) * (SIZE // 256))
+    (tmp_path / "forks").mkdir()
+    return ram
+
+
+@pytest.fixture
+def gate(monkeypatch: pytest.MonkeyPatch) -> threading.Event:
+    """Holds every spare's copy until set."""
+    opened = threading.Event()
+
+    def held(source: str | Path, dest: Path) -> int:
+        assert opened.wait(10), "the test never opened the gate"
+        return copy_base(source, dest)
+
+    monkeypatch.setattr("kernelhost.sandboxes.vm_fork.copy_base", held)
+    monkeypatch.setattr("kernelhost.sandboxes.vm_fork.give_to_qemu", lambda *args: None)
+    return opened
+
+
+async def test_a_fork_right_after_another_takes_the_spare_being_made(
+    tmp_path: Path, base: Path, gate: threading.Event
+) -> None:
+    tasks = TaskSet("test")
+    spares = vm_fork.Spares(tmp_path / "forks", tmp_path / "templates", tasks)
+    try:
+        spares.refill(str(base), SIZE)
+        dest = tmp_path / "child.ram"
+        taking = asyncio.create_task(spares.take(str(base), dest))
+        await asyncio.sleep(0.2)
+        assert not taking.done()  # waiting for the copy, not copying the base itself
+        gate.set()
+        assert await asyncio.wait_for(taking, 10) is True
+        assert dest.read_bytes() == base.read_bytes()
+        assert await spares.take(str(base), tmp_path / "next.ram") is False  # taken: none ready
+    finally:
+        gate.set()
+        await tasks.close()
+
+
+async def test_a_spare_that_cannot_be_made_lets_the_fork_copy_for_itself(
+    tmp_path: Path, base: Path, gate: threading.Event
+) -> None:
+    tasks = TaskSet("test")
+    spares = vm_fork.Spares(tmp_path / "forks", tmp_path / "templates", tasks)
+    try:
+        gate.set()
+        missing = tmp_path / "templates" / "gone-0123" / "ram"  # pruned since: the copy fails
+        spares.refill(str(missing), SIZE)
+        took = await asyncio.wait_for(spares.take(str(missing), tmp_path / "child.ram"), 10)
+        assert took is False and not (tmp_path / "child.ram").exists()
+        assert list((tmp_path / "forks").iterdir()) == []  # nothing half-made is left
+    finally:
+        await tasks.close()
