@@ -16,10 +16,11 @@ Figures (median and p95 over ``--rounds``; the first run of each throughput figu
 - fork(1) of a parent holding 100 MB of fresh state, to the child answering ``1+1``; fork(5) to
   all five answering; against a pool-hit create of the same template;
 - kernel restart (``restart()``) to the next ``1+1`` answered, with the standby kernel ready;
+- a bash call right after another and after a pause, against Python ``1+1``;
 - pool hit: the first ``1+1`` of a sandbox just handed out of the warm pool, against its second.
 
 Columns: TCG always; KVM too when the acceleration probe finds KVM usable on this host (else the
-probe's reason is printed). ``--only`` runs some parts (stream, pool, fork, restart);
+probe's reason is printed). ``--only`` runs some parts (stream, bash, pool, fork, restart);
 ``--throughput``: the output figures alone, TCG only. Everything started here is stopped on exit,
 on error and on Ctrl-C.
 """
@@ -53,7 +54,7 @@ from common import summary as stats
 
 from kernelhost import AsyncSandbox
 
-PARTS = ("stream", "pool", "fork", "restart")
+PARTS = ("stream", "bash", "pool", "fork", "restart")
 POOL_SIZE = 2
 BENCH_FILE = "/tmp/kh-bench-file"
 STATE_CELL = "import os\n_kh_bench_state = os.urandom(100 * 1000 * 1000)\nlen(_kh_bench_state)"
@@ -164,13 +165,14 @@ async def forks(svc: Service, rounds: int) -> dict[str, Any]:
         assert ex.text == "100000000", ex
         for _ in range(rounds):
             for n, key in ((1, "fork1"), (5, "fork5")):
+                await wait_pool(svc, POOL_SIZE)  # settled: no pool refill beside the fork
                 t0 = time.perf_counter()
                 kids = await parent.fork(n)
                 await asyncio.gather(*(answered(k) for k in kids))
                 out[key].append(time.perf_counter() - t0)
                 for kid in kids:
                     await kid.close()
-            await wait_pool(svc, 1)
+            await wait_pool(svc, POOL_SIZE)
             t0 = time.perf_counter()
             async with AsyncSandbox(url=svc.url, api_key=svc.api_key) as other:
                 await answered(other)
@@ -194,6 +196,26 @@ async def restarts(svc: Service, rounds: int) -> dict[str, Any]:
             first.append(time.perf_counter() - t1)
             await asyncio.sleep(25)  # the next standby starts behind the swap (seconds under TCG)
     return {"restart_to_answer": fig(took, "s"), "one_plus_one_after": fig(first, "s")}
+
+
+async def bash_calls(svc: Service, rounds: int) -> dict[str, Any]:
+    """A bash call (``echo``) right after another, and after a 0.5 s pause (its bash started
+    ahead meanwhile); reference: Python ``1+1`` in the same sandbox."""
+    out: dict[str, list[float]] = {"bash_back_to_back": [], "bash_after_pause": [], "python_1plus1": []}
+    async with AsyncSandbox(url=svc.url, api_key=svc.api_key) as sbx:
+        await sbx.run_code("echo warm", language="bash", timeout=60)
+        await wait_pool(svc, POOL_SIZE)  # settled: the refill of this hand-out is done
+        for _ in range(rounds * 2):
+            for key, pause, code, language in (
+                ("bash_back_to_back", 0.0, "echo hi", "bash"),
+                ("bash_after_pause", 0.5, "echo hi", "bash"),
+                ("python_1plus1", 0.5, "1+1", "python"),
+            ):
+                await asyncio.sleep(pause)
+                took, ex = await timed(sbx.run_code(code, language=language, timeout=60))
+                assert ex.status == "ok", ex
+                out[key].append(took)
+    return {k: fig(v, "s") for k, v in out.items()}
 
 
 async def pool_hits(svc: Service, rounds: int) -> dict[str, Any]:
@@ -227,6 +249,11 @@ async def column(tmp: Path, accel: str, r: argparse.Namespace) -> dict[str, Any]
                 out.update(await throughput(sbx, r.mib, r.rounds))
             for name in THROUGHPUT_FIGURES:
                 show(f"[{accel}] {name}", out[name])
+        if "bash" in r.only:
+            out.update(await bash_calls(svc, r.rounds))
+            show(f"[{accel}] bash echo right after another", out["bash_back_to_back"], out["python_1plus1"])
+            show(f"[{accel}] bash echo after a 0.5 s pause", out["bash_after_pause"], out["python_1plus1"])
+            show(f"[{accel}] python 1+1 (reference)", out["python_1plus1"])
         if "pool" in r.only:
             out.update(await pool_hits(svc, max(r.rounds, 5)))
             show(f"[{accel}] pool hit: first 1+1", out["first_1plus1"], out["second_1plus1"])
