@@ -28,7 +28,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import RESULTS, machine_facts, now_utc, report, service, summary, wait_pool
+from common import RESULTS, machine_facts, now_utc, report, run_main, service, summary, wait_pool
 
 from kernelhost import AsyncSandbox
 
@@ -138,4 +138,4 @@ async def main() -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    run_main(main)

@@ -33,6 +33,7 @@ from common import (
     machine_facts,
     mem_available_mib,
     qemu_pid,
+    run_main,
     service,
     smaps_mib,
     summary,
@@ -166,4 +167,4 @@ async def main() -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    run_main(main)

@@ -12,7 +12,6 @@ ratios (the target: the E2B path adds under 10%).
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import os
 import sys
@@ -23,7 +22,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import RESULTS, machine_facts, now_utc, report, service, summary, wait_pool
+from common import RESULTS, machine_facts, now_utc, report, run_main, service, summary, wait_pool
 
 from kernelhost import AsyncSandbox
 
@@ -94,4 +93,4 @@ async def main() -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    run_main(main)

@@ -36,6 +36,7 @@ from common import (
     ms,
     qemu_pss_mib,
     report,
+    run_main,
     service,
     summary,
     wait_pool,
@@ -182,4 +183,4 @@ async def main() -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    run_main(main)

@@ -14,7 +14,6 @@ Medians and p95, and the first/second ratios. The template's warm-up (guest agen
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import sys
 import tempfile
@@ -24,7 +23,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import RESULTS, machine_facts, now_utc, report, service, summary, wait_pool
+from common import RESULTS, machine_facts, now_utc, report, run_main, service, summary, wait_pool
 
 from kernelhost import AsyncSandbox
 
@@ -64,4 +63,4 @@ async def main() -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    run_main(main)

@@ -23,7 +23,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from common import RESULTS, machine_facts, now_utc, service
+from common import RESULTS, machine_facts, now_utc, run_main, service
 
 from kernelhost import AsyncSandbox
 from tests.harness import Service
@@ -128,4 +128,4 @@ async def main() -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    run_main(main)

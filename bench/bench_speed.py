@@ -47,6 +47,7 @@ from common import (
     healthz,
     machine_facts,
     print_code,
+    run_main,
     service,
     wait_pool,
 )
@@ -320,4 +321,4 @@ async def column_probe(tmp: Path) -> dict[str, Any]:
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    run_main(main)

@@ -20,7 +20,6 @@ The service runs with its default ladder settings (interrupt_grace 5 s, agent_ti
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import platform
 import statistics
@@ -32,7 +31,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import RESULTS, LocalKernel, Service, bash_code, print_code, service
+from common import RESULTS, LocalKernel, Service, bash_code, print_code, run_main, service
 
 from kernelhost import AsyncSandbox
 
@@ -180,4 +179,4 @@ async def main() -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    run_main(main)

@@ -28,7 +28,18 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import REPO, RESULTS, machine_facts, now_utc, qemu_pss_mib, report, service, summary, wait_pool
+from common import (
+    REPO,
+    RESULTS,
+    machine_facts,
+    now_utc,
+    qemu_pss_mib,
+    report,
+    run_main,
+    service,
+    summary,
+    wait_pool,
+)
 
 from kernelhost import AsyncSandbox, AsyncTemplate
 
@@ -164,4 +175,4 @@ async def main() -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    run_main(main)

@@ -13,7 +13,6 @@ guest takes ~95% of a ``1+1``; on a KVM host this part is what is left to cut.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import sys
 import tempfile
@@ -25,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import aiohttp
 from aiohttp import web
-from common import REPO, summary
+from common import REPO, run_main, summary
 
 from kernelhost import AsyncSandbox
 from kernelhost.api import init_app
@@ -170,4 +169,4 @@ async def main() -> None:
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    run_main(main)

@@ -37,6 +37,8 @@ async def test_a_restart_swaps_in_the_standby(host: HostEnd, running: Running) -
     await host.execute("kept = 1")
     await restart(host)
     assert running.agent.kernel.pid() == standby_pid
+    # the next standby waits (kernel.STANDBY_AFTER_SWAP): the calls after a restart come first
+    assert running.agent.kernel.standby is None
     run = await host.execute("'kept' in globals()")
     assert run.of_type("execute_result")[0]["content"]["data"]["text/plain"] == "False"
     assert run.reply["content"]["execution_count"] == 1  # as in a new kernel

@@ -35,6 +35,9 @@ _FINISHED_MAX = 256  # own requests remembered after their reply, for late iopub
 _INFO_TIMEOUT = 5.0  # one kernel_info attempt while waiting for a (re)started kernel
 _IOPUB_TIMEOUT = 0.5  # after its reply: no iopub message by then, and kernel_info is asked again
 _RESTART_BACKOFF_MAX = 30.0
+#: after a swap, the next standby starts this much later: its Python start takes the guest's CPU
+#: for seconds under emulation, and the call that follows a restart comes first
+STANDBY_AFTER_SWAP = 2.0
 
 Send = Callable[[dict[str, Any]], bool]
 
@@ -181,8 +184,10 @@ class Kernel:
 
     # -- the standby ---------------------------------------------------------------------------
 
-    async def prepare_standby(self) -> None:
-        """Start a standby kernel (unless one runs or the configuration has none)."""
+    async def prepare_standby(self, delay: float = 0.0) -> None:
+        """Start a standby kernel (unless one runs or the configuration has none), ``delay``
+        seconds from now."""
+        await asyncio.sleep(delay)
         if not self.config.standby_kernel or self.standby is not None:
             return
         self.standby = Standby(self.config, self._manager)
@@ -190,10 +195,10 @@ class Kernel:
         if self.standby.failed:
             self.standby = None
 
-    def spawn_standby(self) -> None:
+    def spawn_standby(self, delay: float = 0.0) -> None:
         """Start the next standby in a task of the kernel's own (cancelled at ``stop``)."""
         if self._standby_task is None or self._standby_task.done():
-            self._standby_task = asyncio.ensure_future(self.prepare_standby())
+            self._standby_task = asyncio.ensure_future(self.prepare_standby(delay))
 
     async def until_standby(self, timeout: float) -> bool:
         """Wait for the standby being started to be ready (before a freeze); False if none is."""
@@ -241,7 +246,7 @@ class Kernel:
             await self.run_silent(code)
         if self.language.reseed is not None:
             await self.run_silent(self.language.reseed)
-        self.spawn_standby()
+        self.spawn_standby(STANDBY_AFTER_SWAP)
 
     async def monitor(self) -> None:
         """Report a kernel that died, and start a new one (retrying with a growing pause)."""
