@@ -221,8 +221,8 @@ async def bash_calls(svc: Service, rounds: int) -> dict[str, Any]:
 
 async def pool_hits(svc: Service, rounds: int) -> dict[str, Any]:
     """Each round from a settled service: the pool full again (POOL_SIZE), so no refill of an
-    earlier round's hand-out runs beside the calls measured (the hand-out's own refill waits
-    for its first call: pool.REFILL_DELAY)."""
+    earlier round's hand-out runs beside the calls measured (the hand-out's own refill starts
+    pool.REFILL_DELAY later, after these calls)."""
     first, second = [], []
     for _ in range(rounds):
         await wait_pool(svc, POOL_SIZE)
