@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -39,37 +40,37 @@ def gate(monkeypatch: pytest.MonkeyPatch) -> threading.Event:
     return opened
 
 
-async def test_a_fork_right_after_another_takes_the_spare_being_made(
-    tmp_path: Path, base: Path, gate: threading.Event
-) -> None:
+@pytest.fixture
+async def spares(tmp_path: Path, gate: threading.Event) -> AsyncIterator[vm_fork.Spares]:
+    """Spares of the fixture's templates; its copies are ended (the gate opened) afterwards."""
     tasks = TaskSet("test")
-    spares = vm_fork.Spares(tmp_path / "forks", tmp_path / "templates", tasks)
     try:
-        spares.refill(str(base), SIZE)
-        dest = tmp_path / "child.ram"
-        taking = asyncio.create_task(spares.take(str(base), dest))
-        await asyncio.sleep(0.2)
-        assert not taking.done()  # waiting for the copy, not copying the base itself
-        gate.set()
-        assert await asyncio.wait_for(taking, 10) is True
-        assert dest.read_bytes() == base.read_bytes()
-        assert await spares.take(str(base), tmp_path / "next.ram") is False  # taken: none ready
+        yield vm_fork.Spares(tmp_path / "forks", tmp_path / "templates", tasks)
     finally:
         gate.set()
         await tasks.close()
+
+
+async def test_a_fork_right_after_another_takes_the_spare_being_made(
+    tmp_path: Path, base: Path, gate: threading.Event, spares: vm_fork.Spares
+) -> None:
+    spares.refill(str(base), SIZE)
+    dest = tmp_path / "child.ram"
+    taking = asyncio.create_task(spares.take(str(base), dest))
+    await asyncio.sleep(0.2)
+    assert not taking.done()  # waiting for the copy, not copying the base itself
+    gate.set()
+    assert await asyncio.wait_for(taking, 10) is True
+    assert dest.read_bytes() == base.read_bytes()
+    assert await spares.take(str(base), tmp_path / "next.ram") is False  # taken: none ready
 
 
 async def test_a_spare_that_cannot_be_made_lets_the_fork_copy_for_itself(
-    tmp_path: Path, base: Path, gate: threading.Event
+    tmp_path: Path, base: Path, gate: threading.Event, spares: vm_fork.Spares
 ) -> None:
-    tasks = TaskSet("test")
-    spares = vm_fork.Spares(tmp_path / "forks", tmp_path / "templates", tasks)
-    try:
-        gate.set()
-        missing = tmp_path / "templates" / "gone-0123" / "ram"  # pruned since: the copy fails
-        spares.refill(str(missing), SIZE)
-        took = await asyncio.wait_for(spares.take(str(missing), tmp_path / "child.ram"), 10)
-        assert took is False and not (tmp_path / "child.ram").exists()
-        assert list((tmp_path / "forks").iterdir()) == []  # nothing half-made is left
-    finally:
-        await tasks.close()
+    gate.set()
+    missing = tmp_path / "templates" / "gone-0123" / "ram"  # pruned since: the copy fails
+    spares.refill(str(missing), SIZE)
+    took = await asyncio.wait_for(spares.take(str(missing), tmp_path / "child.ram"), 10)
+    assert took is False and not (tmp_path / "child.ram").exists()
+    assert list((tmp_path / "forks").iterdir()) == []  # nothing half-made is left
