@@ -18,9 +18,9 @@ and the caller copies the RAM the slow way. No libvirt here: the caller pauses a
 
 from __future__ import annotations
 
-import mmap
+import errno
 import os
-from array import array
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,7 +31,10 @@ _PRESENT = 1 << 63
 _SWAPPED = 1 << 62
 _FILE = 1 << 61
 _MAGIC_VERSION = MAGIC.to_bytes(4, "big") + VERSION.to_bytes(4, "big")
-_READ_RUN = 64 << 20  # bytes read from /proc/PID/mem at a time
+_CHUNK = 1 << 20  # bytes read from /proc/PID/mem and written to the file at a time
+# an entry's last byte: present (0x80) or swapped (0x40), and not a file page (0x20)
+_OWN = bytes(1 if b & 0xC0 and not b & 0x20 else 0 for b in range(256))
+_RUN = re.compile(b"\x01+")
 
 
 class PageForkUnavailable(HypervisorError):
@@ -83,21 +86,11 @@ def find_ram(pid: int, size: int, proc: Path = Path("/proc")) -> RamMapping:
 
 def written_runs(pagemap: bytes | bytearray) -> list[tuple[int, int]]:
     """(first page, page count) of each run of pages that are the process's own (written):
-    present or swapped, and not the file's page. ``pagemap``: 8 bytes a page."""
-    entries = array("Q")
-    entries.frombytes(pagemap)
-    runs: list[tuple[int, int]] = []
-    start = -1
-    for i, e in enumerate(entries):
-        own = bool(e & (_PRESENT | _SWAPPED)) and not e & _FILE
-        if own and start < 0:
-            start = i
-        elif not own and start >= 0:
-            runs.append((start, i - start))
-            start = -1
-    if start >= 0:
-        runs.append((start, len(entries) - start))
-    return runs
+    present or swapped, and not the file's page. ``pagemap``: 8 bytes a page (little-endian;
+    the three flags are in each entry's last byte). Found by C code (``translate`` and a regex),
+    not a Python loop: a 512 MiB VM has 131072 entries, and this runs while the VM is paused."""
+    own = bytes(pagemap[7::8]).translate(_OWN)
+    return [(m.start(), m.end() - m.start()) for m in _RUN.finditer(own)]
 
 
 def make_ram_file(path: Path, size: int) -> None:
@@ -145,36 +138,74 @@ def _copy_data(src: int, dst: int, size: int) -> int:
     return copied
 
 
-def copy_written(mapping: RamMapping, dest: Path) -> int:
-    """Write the pages the (paused) process owns in ``mapping`` into ``dest`` at their offsets;
-    returns the bytes written."""
+def _pagemap_runs(mapping: RamMapping) -> list[tuple[int, int]]:
     pages = mapping.size // PAGE
     try:
         with open(f"/proc/{mapping.pid}/pagemap", "rb", buffering=0) as f:
             table = os.pread(f.fileno(), pages * 8, mapping.start // PAGE * 8)
+    except OSError as exc:
+        raise PageForkUnavailable(f"cannot read QEMU's page table: {exc}") from exc
+    if len(table) != pages * 8:
+        raise PageForkUnavailable("QEMU's page table ended early")
+    return written_runs(table)
+
+
+def allocate_written(mapping: RamMapping, dest: Path) -> int:
+    """Allocate, in ``dest``, the pages the (running) process owns in ``mapping`` now: the
+    copy that follows, while it is paused, then writes into pages that exist (on tmpfs about
+    half the time of a write that allocates). It changes no data (``fallocate`` fills holes
+    only), so a page the process gives back before the copy costs nothing but its room.
+    Returns the bytes allocated; 0 where the filesystem cannot allocate ahead."""
+    runs = _pagemap_runs(mapping)
+    fd = os.open(dest, os.O_RDWR | os.O_CLOEXEC)
+    try:
+        for first, count in runs:
+            try:
+                os.posix_fallocate(fd, first * PAGE, count * PAGE)
+            except OSError as exc:
+                if exc.errno in (errno.EOPNOTSUPP, errno.EINVAL):
+                    return 0
+                raise
+    finally:
+        os.close(fd)
+    return sum(count for _, count in runs) * PAGE
+
+
+def copy_written(mapping: RamMapping, dest: Path) -> int:
+    """Write the pages the (paused) process owns in ``mapping`` into ``dest`` at their offsets,
+    through one small buffer (read from ``/proc/PID/mem``, written with ``pwrite``: no page
+    faults on a mapping of ``dest``); returns the bytes written."""
+    runs = _pagemap_runs(mapping)
+    try:
         mem = os.open(f"/proc/{mapping.pid}/mem", os.O_RDONLY | os.O_CLOEXEC)
     except OSError as exc:
         raise PageForkUnavailable(f"cannot read QEMU's memory: {exc}") from exc
-    if len(table) != pages * 8:
-        os.close(mem)
-        raise PageForkUnavailable("QEMU's page table ended early")
+    buf = memoryview(bytearray(_CHUNK))
     written = 0
     try:
-        with open(dest, "r+b") as out, mmap.mmap(out.fileno(), mapping.size) as ram:
-            view = memoryview(ram)
-            try:
-                for first, count in written_runs(table):
-                    off, left = first * PAGE, count * PAGE
-                    while left:
-                        n = os.preadv(mem, [view[off : off + min(left, _READ_RUN)]], mapping.start + off)
-                        if n <= 0:
-                            raise OSError(f"reading QEMU's memory stopped at offset {off}")
-                        off, left, written = off + n, left - n, written + n
-            finally:
-                view.release()
+        out = os.open(dest, os.O_RDWR | os.O_CLOEXEC)
+        try:
+            for first, count in runs:
+                off, end = first * PAGE, (first + count) * PAGE
+                while off < end:
+                    n = os.preadv(mem, [buf[: min(end - off, _CHUNK)]], mapping.start + off)
+                    if n <= 0:
+                        raise OSError(f"reading QEMU's memory stopped at offset {off}")
+                    _write_all(out, buf[:n], off)
+                    off, written = off + n, written + n
+        finally:
+            os.close(out)
     finally:
         os.close(mem)
     return written
+
+
+def _write_all(fd: int, data: memoryview, offset: int) -> None:
+    while data:
+        n = os.pwrite(fd, data, offset)
+        if n <= 0:
+            raise OSError(f"writing the fork's RAM file stopped at offset {offset}")
+        data, offset = data[n:], offset + n
 
 
 def device_stream(devices: bytes, machine: str) -> bytes:

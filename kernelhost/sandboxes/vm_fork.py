@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 
 import structlog
 
-from hypervisor import GuestImage, HypervisorError, PageForkUnavailable
+from hypervisor import DomainSpec, GuestImage, HypervisorError, PageForkUnavailable
 from hypervisor.forkram import RamMapping, copy_base, make_ram_file
 from hypervisor.host import PageCopy, give_to_qemu
 
@@ -150,15 +150,22 @@ class VmForker:
         self, parent: str, source: RamMapping, image: GuestImage, snap: Snapshot, children: Children
     ) -> list[Launched]:
         t0 = time.monotonic()
+        machine = await asyncio.to_thread(self.hv.machine_type, parent)
         spare = await self.spares.take(source.path, snap.ram)
         if not spare:
             await asyncio.to_thread(make_ram_file, snap.ram, source.size)
         give_to_qemu(snap.ram, 0o600)
         specs = [self.vms.spec(d, image, m, mem_path=snap.ram, incoming=True) for d, m in children]
-        copy = asyncio.to_thread(self.hv.fork_pages, parent, source, snap.ram, snap.state, base=not spare)
-        started = await asyncio.gather(
-            copy, *(to_thread_to_the_end(self.hv.start_incoming, s) for s in specs), return_exceptions=True
+        copy = asyncio.to_thread(
+            self.hv.fork_pages, parent, source, snap.ram, snap.state, base=not spare, machine=machine
         )
+        qemu_started: list[float] = []
+
+        async def start(spec: DomainSpec) -> None:
+            await to_thread_to_the_end(self.hv.start_incoming, spec)
+            qemu_started.append(round(time.monotonic() - t0, 3))
+
+        started = await asyncio.gather(copy, *(start(s) for s in specs), return_exceptions=True)
         for result in started:
             if isinstance(result, BaseException):
                 raise result
@@ -170,8 +177,10 @@ class VmForker:
             spare=spare,
             base_mib=copied.base >> 20,
             written_mib=copied.written >> 20,
+            allocated=round(copied.allocate_seconds, 3),
             paused_pages=round(copied.pages_seconds, 3),
             paused_devices=round(copied.devices_seconds, 3),
+            qemu_started=qemu_started,
             seconds=round(time.monotonic() - t0, 3),
         )
 

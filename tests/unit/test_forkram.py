@@ -1,5 +1,6 @@
 """``hypervisor.forkram``: which pages a VM wrote (from a pagemap), the base file copied with
-its holes, the written pages read from a process's memory (this test's own), the device state
+its holes, the written pages read from a process's memory (this test's own), room made for them first
+without changing a byte, the device state
 given its configuration section, and the RAM mapping found in /proc. The real thing (forks of
 clones, of forks' children, of woken VMs) is in tests/vm/test_fast_start.py."""
 
@@ -15,6 +16,7 @@ import pytest
 from hypervisor.forkram import (
     PageForkUnavailable,
     RamMapping,
+    allocate_written,
     copy_base,
     copy_written,
     device_stream,
@@ -89,6 +91,38 @@ def test_copy_written_reads_the_written_pages_from_process_memory(tmp_path: Path
     assert data[5 * PAGE : 6 * PAGE] == b"\x05" * PAGE
     assert data[9 * PAGE : 9 * PAGE + 4] == b"abc\x01"
     assert data[: 5 * PAGE] == bytes(5 * PAGE)  # not written: left for the base's copy
+
+
+def test_allocate_written_makes_room_for_the_written_pages_and_changes_no_data(tmp_path: Path) -> None:
+    """Before the pause the fork's file gets pages where the process wrote (holes filled with
+    zeros, data kept as it was); the paused copy then writes the same bytes as without it.
+    Also across a run longer than the copy's buffer (1 MiB)."""
+    size = 600 * PAGE
+    base = tmp_path / "base"
+    base.write_bytes(b"\x01" * size)
+    with base.open("rb") as f, mmap.mmap(f.fileno(), size, flags=mmap.MAP_PRIVATE) as ram:
+        ram[2 * PAGE : 3 * PAGE] = b"\x02" * PAGE
+        ram[300 * PAGE : 590 * PAGE] = b"\x03" * (290 * PAGE)  # 1.1 MiB, one run
+        address = _address_of(ram)
+        mapping = RamMapping(os.getpid(), address, address + size)
+        dest = tmp_path / "fork"
+        make_ram_file(dest, size)
+        with dest.open("r+b") as out:
+            out.seek(2 * PAGE)
+            out.write(b"\x07" * PAGE)  # the base's copy was here before: it must stay
+        allocated = allocate_written(mapping, dest)
+        data = dest.read_bytes()
+        assert data[2 * PAGE : 3 * PAGE] == b"\x07" * PAGE
+        assert data[300 * PAGE : 590 * PAGE] == bytes(290 * PAGE)
+        if allocated:  # a filesystem that cannot allocate ahead says 0
+            assert allocated == 291 * PAGE
+            assert os.stat(dest).st_blocks * 512 >= 291 * PAGE
+        written = copy_written(mapping, dest)
+    data = dest.read_bytes()
+    assert written == 291 * PAGE
+    assert data[2 * PAGE : 3 * PAGE] == b"\x02" * PAGE
+    assert data[300 * PAGE : 590 * PAGE] == b"\x03" * (290 * PAGE)
+    assert data[590 * PAGE :] == bytes(10 * PAGE)
 
 
 def _address_of(ram: mmap.mmap) -> int:
