@@ -14,7 +14,8 @@ Figures (median and p95 over ``--rounds``; the first run of each throughput figu
 - stdout MB/s of bash ``cat`` of that file (in the guest's RAM-backed root), a producer that is
   not the bottleneck (``tr`` is, in the guest); reference: the same ``cat`` to /dev/null;
 - fork(1) of a parent holding 100 MB of fresh state, to the child answering ``1+1``; fork(5) to
-  all five answering; against a pool-hit create of the same template;
+  all five answering; against a pool-hit create of the same template; fork(1) in parts (the
+  call, the child's first and second ``1+1``) and the parent's pause per fork;
 - kernel restart (``restart()``) to the next ``1+1`` answered, with the standby kernel ready;
 - a bash call right after another and after a pause, against Python ``1+1``;
 - pool hit: the first ``1+1`` of a sandbox just handed out of the warm pool, against its second.
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import subprocess
 import sys
@@ -160,7 +162,12 @@ async def answered(sbx: AsyncSandbox) -> None:
 
 
 async def forks(svc: Service, rounds: int) -> dict[str, Any]:
-    out: dict[str, list[float]] = {"fork1": [], "fork5": [], "pool_hit_create": []}
+    """fork(1) and fork(5) to every child answering; fork(1) also in parts: the fork call, the
+    child's first ``1+1`` and its second (a QEMU that has run the code before: under TCG a new
+    process translates every guest instruction it runs the first time). The parent's pause per
+    fork comes from the service's log (``vm.fork_copied``)."""
+    keys = ("fork1", "fork5", "fork1_call", "fork1_first_1plus1", "fork1_second_1plus1", "pool_hit_create")
+    out: dict[str, list[float]] = {k: [] for k in keys}
     async with AsyncSandbox(url=svc.url, api_key=svc.api_key) as parent:
         ex = await parent.run_code(STATE_CELL, timeout=600)
         assert ex.text == "100000000", ex
@@ -169,8 +176,14 @@ async def forks(svc: Service, rounds: int) -> dict[str, Any]:
                 await wait_pool(svc, POOL_SIZE)  # settled: no pool refill beside the fork
                 t0 = time.perf_counter()
                 kids = await parent.fork(n)
+                t1 = time.perf_counter()
                 await asyncio.gather(*(answered(k) for k in kids))
                 out[key].append(time.perf_counter() - t0)
+                if n == 1:
+                    out["fork1_call"].append(t1 - t0)
+                    out["fork1_first_1plus1"].append(time.perf_counter() - t1)
+                    took, _ = await timed(answered(kids[0]))
+                    out["fork1_second_1plus1"].append(took)
                 for kid in kids:
                     await kid.close()
             await wait_pool(svc, POOL_SIZE)
@@ -178,7 +191,23 @@ async def forks(svc: Service, rounds: int) -> dict[str, Any]:
             async with AsyncSandbox(url=svc.url, api_key=svc.api_key) as other:
                 await answered(other)
                 out["pool_hit_create"].append(time.perf_counter() - t0)
-    return {k: fig(v, "s") for k, v in out.items()}
+    figures = {k: fig(v, "s") for k, v in out.items()}
+    copies = [e for e in log_events(svc, "vm.fork_copied") if "paused_pages" in e]
+    paused = [e["paused_pages"] + e["paused_devices"] for e in copies]
+    if paused:
+        figures["fork_parent_paused"] = fig(paused, "s")
+    return figures
+
+
+def log_events(svc: Service, event: str) -> list[dict[str, Any]]:
+    """The service's JSON log lines of ``event``."""
+    found = []
+    for line in svc.log_path.read_text(errors="replace").splitlines():
+        if f'"{event}"' not in line:
+            continue
+        with contextlib.suppress(ValueError):
+            found.append(json.loads(line))
+    return found
 
 
 async def restarts(svc: Service, rounds: int) -> dict[str, Any]:
@@ -263,6 +292,11 @@ async def column(tmp: Path, accel: str, r: argparse.Namespace) -> dict[str, Any]
             out.update(await forks(svc, r.rounds))
             for name in ("fork1", "fork5", "pool_hit_create"):
                 show(f"[{accel}] {name} (100 MB parent) to answering", out[name])
+            show(f"[{accel}] fork1: the fork call", out["fork1_call"])
+            show(f"[{accel}] fork1: child's first 1+1", out["fork1_first_1plus1"], out["fork1_second_1plus1"])
+            show(f"[{accel}] fork1: child's second 1+1", out["fork1_second_1plus1"])
+            if "fork_parent_paused" in out:
+                show(f"[{accel}] fork: the parent paused", out["fork_parent_paused"])
         if "restart" in r.only:
             out.update(await restarts(svc, min(r.rounds, 3)))
             show(
