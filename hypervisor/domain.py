@@ -69,6 +69,11 @@ class DomainSpec:
             "loglevel=3",
             "panic=-1",
             "mitigations=off",
+            # an idle guest wakes its emulator only when it must (docs/kvm.md, "Idle CPU"): no
+            # soft-lockup watchdog (an hrtimer and a thread every 4 s), no clocksource watchdog
+            # (twice a second) over a TSC that the hypervisor keeps steady
+            "nowatchdog",
+            "tsc=reliable",
             f"kh.upper_size={self.writable_size}",
         ]
         if self.layers:
