@@ -32,8 +32,8 @@ _SWAPPED = 1 << 62
 _FILE = 1 << 61
 _MAGIC_VERSION = MAGIC.to_bytes(4, "big") + VERSION.to_bytes(4, "big")
 _CHUNK = 1 << 20  # bytes read from /proc/PID/mem and written to the file at a time
-# an entry's last byte: present (0x80) or swapped (0x40), and not a file page (0x20)
-_OWN = bytes(1 if b & 0xC0 and not b & 0x20 else 0 for b in range(256))
+# 1 for each value of an entry's last byte (bits 56-63) that says "the process's own page"
+_OWN = bytes(1 if b << 56 & (_PRESENT | _SWAPPED) and not b << 56 & _FILE else 0 for b in range(256))
 _RUN = re.compile(b"\x01+")
 
 

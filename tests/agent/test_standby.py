@@ -1,9 +1,12 @@
 """The standby kernel: a restart swaps it in (a fresh kernel of this sandbox, at once), and the
-next standby is started behind it."""
+next standby is started behind it; the guest's OOM killer takes the standby first, and a
+standby that died is not swapped in."""
 
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 
 import pytest
 
@@ -70,6 +73,33 @@ async def test_the_promoted_standby_gets_the_environment_set_since(host: HostEnd
         assert run.stream() == "None\n"
     finally:
         await host.ok(protocol.Op.NET_CONFIG, mode="none")
+
+
+async def test_the_oom_killer_takes_the_standby_first_and_a_dead_one_is_not_swapped_in(
+    host: HostEnd, running: Running
+) -> None:
+    kernel = running.agent.kernel
+    standby_pid = await ready_standby(running)
+    assert _oom_score_adj(standby_pid) == 1000
+    await restart(host)  # promoted: an ordinary process again
+    assert kernel.pid() == standby_pid and _oom_score_adj(standby_pid) == 0
+
+    dead = await ready_standby(running)
+    os.kill(dead, signal.SIGKILL)  # as the OOM killer would
+    await asyncio.sleep(0.5)
+    await host.execute("kept = 1")
+    await restart(host)  # the slow way: a new process, not the dead standby
+    assert kernel.pid() not in (None, dead, standby_pid)
+    run = await host.execute("'kept' in globals()")
+    assert run.of_type("execute_result")[0]["content"]["data"]["text/plain"] == "False"
+    assert kernel.standby is None  # the next one starts behind the restart...
+    assert await ready_standby(running) not in (dead, standby_pid)  # ...a process of its own
+    assert host.strays() == []
+
+
+def _oom_score_adj(pid: int) -> int:
+    with open(f"/proc/{pid}/oom_score_adj") as f:
+        return int(f.read())
 
 
 def _alive(pid: int) -> bool:

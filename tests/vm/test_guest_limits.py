@@ -9,6 +9,7 @@ answer, and either the sandbox works again or it is gone with nothing left behin
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import os
 import time
@@ -156,6 +157,46 @@ async def test_allocation_bomb_ends_in_a_reported_kernel_death_then_a_working_sa
     after = await victim.run_code("'before' in globals(), 6 * 7", timeout=120)
     assert after.text == "(False, 42)"
     assert answered >= 1
+
+
+STANDBY_PROBE = """
+import os
+def _kh_probe():
+    def field(path, name):
+        for line in open(path):
+            if line.startswith(name + ':'):
+                return int(line.split()[1])
+    for pid in (int(p) for p in os.listdir('/proc') if p.isdigit() and int(p) != os.getpid()):
+        try:
+            if b'launch_kernel.py' in open(f'/proc/{pid}/cmdline', 'rb').read():
+                adj = int(open(f'/proc/{pid}/oom_score_adj').read())
+                return pid, adj, field(f'/proc/{pid}/status', 'VmRSS'), field('/proc/meminfo', 'MemAvailable')
+        except OSError:
+            pass
+_kh_probe()
+"""
+
+
+async def test_memory_a_cell_needs_is_taken_from_the_standby_kernel_first(victim: AsyncSandbox) -> None:
+    """The standby kernel (what makes a restart fast) holds guest memory; a cell that needs more
+    than is available gets it: the guest's OOM killer takes the standby, not the user's kernel,
+    and a restart after that still works (the slow way)."""
+    probe = await victim.run_code(STANDBY_PROBE, timeout=120)
+    assert probe.status == "ok" and probe.text, probe
+    pid, adj, rss_kib, available_kib = ast.literal_eval(probe.text)
+    assert adj == 1000
+    need = (available_kib + rss_kib // 2) << 10  # more than is available: only the standby has it
+    run = await victim.run_code(
+        f"kept = 1\nhoard = bytearray(b'\\x01') * {need}\nlen(hoard) == {need}", timeout=300
+    )
+    assert (run.status, run.text) == ("ok", "True"), (run.status, run.error)
+    # killed: gone, or a zombie until the agent next looks at it (it holds no memory then)
+    state = f"open('/proc/{pid}/stat').read().rsplit(')', 1)[1].split()[0]"
+    gone = await victim.run_code(f"import os; os.path.exists('/proc/{pid}') and {state}, 'kept' in globals()")
+    assert gone.text in ("(False, True)", "('Z', True)"), gone.text
+    await victim.run_code("del hoard")
+    await victim.restart()
+    assert (await victim.run_code("'kept' in globals(), 6 * 7", timeout=120)).text == "(False, 42)"
 
 
 async def test_full_disk_is_a_clear_error_in_the_guest_and_costs_the_host_nothing(

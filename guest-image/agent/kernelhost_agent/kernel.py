@@ -172,6 +172,8 @@ class Kernel:
                 await self.wait_ready()
                 if swapped:
                     await self._freshen(swapped)
+                else:  # none was ready (or it had died): the next one, behind this restart
+                    self.spawn_standby(STANDBY_AFTER_SWAP)
             finally:
                 self._restarting = False
         self._send(
@@ -210,6 +212,11 @@ class Kernel:
     async def _swap_in_standby(self) -> Standby | None:
         """Put the ready standby in the kernel's place; the old kernel is killed."""
         standby = self.standby
+        if standby is not None and standby.ready.is_set() and not standby.alive():
+            log("the standby kernel had died (the OOM killer takes it first): a restart the slow way")
+            self.standby = None
+            await standby.stop()
+            return None
         if standby is None or not self._env_cell(standby)[0]:
             return None
         km = standby.take()

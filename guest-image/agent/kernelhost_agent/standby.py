@@ -9,6 +9,11 @@ it for nothing); after a swap a new one is started in the background.
 A promoted standby must look like a fresh kernel of this sandbox: the environment the agent has
 set since the standby started (the network's proxy variables) is set in it, and its random
 streams are reseeded (a template's standby is the same in every clone).
+
+The standby holds guest memory (a template's preloads: ~140 MB in ``python-datasci``) that the
+user's kernel may need more: the guest's OOM killer takes it before any other process
+(``oom_score_adj`` 1000, set back to 0 when it is promoted). A standby that died is not
+promoted; the restart then starts a process the slow way, and the next standby after it.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from .shared import log, log_exception
 __all__ = ["Standby"]
 
 _generations = itertools.count(1)
+OOM_FIRST = 1000  # the kernel's oom_score_adj range is -1000..1000: the first one it kills
 
 
 class Standby:
@@ -53,6 +59,7 @@ class Standby:
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
             )
+            self._oom_score_adj(OOM_FIRST)
             self._client = self.km.client(context=self.km.context)
             self._client.start_channels(hb=False)
             await self._client.wait_for_ready(timeout=self.config.ready_timeout)
@@ -74,12 +81,29 @@ class Standby:
             log(f"a standby cell ended {content.get('status')!r}")
 
     def take(self) -> AsyncKernelManager | None:
-        """The ready kernel's manager, handed over (its own client closed); None if not ready."""
-        if not self.ready.is_set() or self.failed:
+        """The ready kernel's manager, handed over (its own client closed) as an ordinary
+        process for the OOM killer; None if not ready or no longer running."""
+        if not self.ready.is_set() or self.failed or not self.alive():
             return None
+        self._oom_score_adj(0)
         self._close_client()
         self.ready.clear()
         return self.km
+
+    def alive(self) -> bool:
+        """Whether its process runs (the OOM killer may have taken it)."""
+        process = getattr(self.km.provisioner, "process", None)
+        return process is not None and process.poll() is None
+
+    def _oom_score_adj(self, value: int) -> None:
+        pid = getattr(self.km.provisioner, "pid", None)
+        if not isinstance(pid, int) or isinstance(pid, bool):
+            return
+        try:
+            with open(f"/proc/{pid}/oom_score_adj", "w") as f:
+                f.write(f"{value}\n")
+        except OSError as exc:  # gone already, or not allowed (a test host without root)
+            log(f"cannot set the standby's oom_score_adj to {value}: {exc}")
 
     def env_changes(self) -> tuple[dict[str, str], list[str]]:
         """What the agent's environment set and unset since the standby started."""
