@@ -264,14 +264,13 @@ class Hypervisor:
     def fork_pages(
         self, parent: str, source: RamMapping, ram: Path, state: Path, *, base: bool, machine: str
     ) -> PageCopy:
-        """Copy the running ``parent`` (its RAM at ``source``, its ``machine_type``) into
-        ``ram``, a file made by ``forkram.make_ram_file`` (or already holding the base's data:
-        ``base=False``), and its device state into ``state``: the base file's data while it
-        runs, then, paused, the pages it wrote and its devices; it runs again after. Clones load
-        ``state`` with ``ignore_shared=False`` into ``ram`` mapped privately; they may be
-        started (paused) before, as nothing reads their RAM until they run. The caller asks
-        the machine type before starting them: asked beside their start, libvirt answers it
-        only once they have started (0.12-0.22 s later, measured)."""
+        """Copy the running ``parent`` (its RAM at ``source``, its ``machine_type``, asked
+        before clones start: beside their start libvirt answers 0.12-0.22 s later) into ``ram``,
+        a file made by ``forkram.make_ram_file`` (or holding the base's data: ``base=False``),
+        and its devices into ``state``: the base's data and room for the written pages while it
+        runs, then, paused, those pages and its devices. Clones load ``state`` with
+        ``ignore_shared=False`` into ``ram`` mapped privately; they may be started (paused)
+        before, as nothing reads their RAM until they run."""
         dom = self._lookup(parent)
         devices = state.with_name(state.name + ".devices")
         try:
