@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import subprocess
 import sys
@@ -192,22 +191,11 @@ async def forks(svc: Service, rounds: int) -> dict[str, Any]:
                 await answered(other)
                 out["pool_hit_create"].append(time.perf_counter() - t0)
     figures = {k: fig(v, "s") for k, v in out.items()}
-    copies = [e for e in log_events(svc, "vm.fork_copied") if "paused_pages" in e]
+    copies = [e for e in svc.log_events("vm.fork_copied") if "paused_pages" in e]
     paused = [e["paused_pages"] + e["paused_devices"] for e in copies]
     if paused:
         figures["fork_parent_paused"] = fig(paused, "s")
     return figures
-
-
-def log_events(svc: Service, event: str) -> list[dict[str, Any]]:
-    """The service's JSON log lines of ``event``."""
-    found = []
-    for line in svc.log_path.read_text(errors="replace").splitlines():
-        if f'"{event}"' not in line:
-            continue
-        with contextlib.suppress(ValueError):
-            found.append(json.loads(line))
-    return found
 
 
 async def restarts(svc: Service, rounds: int) -> dict[str, Any]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import glob
+import json
 import os
 import re
 import secrets
@@ -22,6 +23,7 @@ import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from hypervisor import Hypervisor
 
@@ -90,6 +92,11 @@ class Service:
             hv.reconcile(set())
         finally:
             hv.close()
+
+    def log_events(self, event: str) -> list[dict[str, Any]]:
+        """The service log's lines of ``event`` (structlog's JSON), in order."""
+        lines = self.log_path.read_text(errors="replace").splitlines()
+        return [json.loads(line) for line in lines if f'"{event}"' in line]
 
     def save_evidence(self, dest: Path) -> None:
         """Copy the service log, and each of its VMs' domain XML and serial console, to

@@ -229,8 +229,8 @@ async def test_a_live_checkpoint_holds_the_moment_it_was_taken(tmp_path: Path) -
         back = await sbx.run_code("answer, open('/tmp/notes.txt').read(), len(blob)")
         assert back.text in (f"(41, 'kept', {8 << 20})", f"(7, 'kept', {8 << 20})")
         await sbx.close()
-        stored = [line for line in svc.log_path.read_text().splitlines() if '"checkpoint.stored"' in line]
-        assert stored and all('"live": true' in line for line in stored), stored
+        stored = svc.log_events("checkpoint.stored")
+        assert stored and all(e.get("live") is True for e in stored), stored
     finally:
         USERFAULTFD.write_text(before + "\n")
         leaked, leaked_dirs = svc.cleanup()

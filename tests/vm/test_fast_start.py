@@ -74,10 +74,7 @@ async def test_fork_children_hold_parent_state_and_diverge(sandbox: AsyncSandbox
 
 def _fork_copies(service: Service, sandbox_id: str) -> list[dict[str, object]]:
     """The service's ``vm.fork_copied`` log lines of forks of ``sandbox_id`` (bound per request)."""
-    lines = [
-        json.loads(line) for line in service.log_path.read_text().splitlines() if '"vm.fork_copied"' in line
-    ]
-    return [line for line in lines if line.get("sandbox_id") == sandbox_id]
+    return [e for e in service.log_events("vm.fork_copied") if e.get("sandbox_id") == sandbox_id]
 
 
 async def test_fork_copies_pages_of_a_clone_of_a_fork_and_whole_ram_of_a_woken_parent(
