@@ -172,8 +172,8 @@ class Kernel:
                 await self.wait_ready()
                 if swapped:
                     await self._freshen(swapped)
-                else:  # none was ready (or it had died): the next one, behind this restart
-                    self.spawn_standby(STANDBY_AFTER_SWAP)
+                # the next standby, behind this restart (also when none was ready or it had died)
+                self.spawn_standby(STANDBY_AFTER_SWAP)
             finally:
                 self._restarting = False
         self._send(
@@ -247,13 +247,12 @@ class Kernel:
 
     async def _freshen(self, standby: Standby) -> None:
         """Make the promoted standby this sandbox's fresh kernel: its environment and random
-        streams; then start the next standby in the background."""
+        streams."""
         _, code = self._env_cell(standby)
         if code is not None:
             await self.run_silent(code)
         if self.language.reseed is not None:
             await self.run_silent(self.language.reseed)
-        self.spawn_standby(STANDBY_AFTER_SWAP)
 
     async def monitor(self) -> None:
         """Report a kernel that died, and start a new one (retrying with a growing pause)."""

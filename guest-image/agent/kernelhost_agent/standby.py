@@ -82,8 +82,9 @@ class Standby:
 
     def take(self) -> AsyncKernelManager | None:
         """The ready kernel's manager, handed over (its own client closed) as an ordinary
-        process for the OOM killer; None if not ready or no longer running."""
-        if not self.ready.is_set() or self.failed or not self.alive():
+        process for the OOM killer; None if not ready. (A ready one that died is the caller's
+        to stop: ``alive``.)"""
+        if not self.ready.is_set() or self.failed:
             return None
         self._oom_score_adj(0)
         self._close_client()
