@@ -5,9 +5,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import kernel_wire
 import msgpack
 import pytest
-from kernel_wire import pack
+from kernel_wire import pack, unpack
+from kernelhost_agent import streamwire
 from kernelhost_agent.limits import ExecutionMeter
 from kernelhost_agent.relay import split_stream
 from kernelhost_agent.streamwire import frame_parts, raw_stream
@@ -48,7 +50,9 @@ def test_the_host_gets_what_the_slow_path_sends(size: int, name: str) -> None:
     [
         pack({"name": "stdout", "text": "caf\u00e9"}),  # not ASCII: the slow path decodes it
         pack({"name": "stdin", "text": "x"}),
-        pack({"text": "x", "name": "stdout"}),
+        b"\x82\xa4text\xdb\x00\x00\x00\x01x\xa4name\xa5stdin",  # text first, another name
+        b"\x82\xa4text\xdb\x00\x00\x00\x02x\xa4name\xa6stdout",  # text first, cut short
+        b"\x82\xa4text\xdb\x00\x00\x00\x01x\xa4name\xa6stdout\x00",  # text first, a byte more
         pack({"name": "stdout", "text": "x", "more": 1}),
         pack({"name": "stdout", "text": b"x"}),
         pack({"name": "stdout"}),
@@ -59,6 +63,33 @@ def test_the_host_gets_what_the_slow_path_sends(size: int, name: str) -> None:
 )
 def test_anything_else_takes_the_slow_path(content: bytes) -> None:
     assert raw_stream(memoryview(content)) is None
+
+
+@pytest.mark.parametrize("size", [4095, 4096, 1 << 20])
+def test_the_kernel_packs_an_ascii_text_first_and_the_relay_sends_it_from_the_frame(size: int) -> None:
+    assert streamwire.ASCII_HEAD == kernel_wire.ASCII_HEAD
+    text = "".join(chr(32 + i % 95) for i in range(size))
+    content = pack({"name": "stderr", "text": text})
+    assert unpack(content) == {"name": "stderr", "text": text}
+    first = bytes(content[:6])
+    assert first == (b"\x82\xa4text" if size >= kernel_wire.ASCII_AT_LEAST else b"\x82\xa4name")
+    stream = raw_stream(memoryview(content))
+    assert stream is not None and stream.name == "stderr" and bytes(stream.text) == text.encode()
+    # text first: the relay writes a view of the kernel's buffer, no copy of its own
+    assert isinstance(stream.text, memoryview) == (size >= kernel_wire.ASCII_AT_LEAST)
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        {"text": "\u00e9" * 5000, "name": "stdout"},  # not ASCII
+        {"text": "x" * 5000, "name": "stdin"},  # not a stream the relay sends raw
+        {"text": "x" * 5000, "name": 1},
+    ],
+)
+def test_text_first_is_the_packers_ascii_promise_nothing_else_is_packed_so(content: dict[str, Any]) -> None:
+    packed = pack(content)
+    assert bytes(packed[:6]) == b"\x82\xa4name" and unpack(packed) == content
 
 
 def test_a_frame_over_the_limit_is_refused() -> None:

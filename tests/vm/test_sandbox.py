@@ -74,6 +74,27 @@ async def test_stdout_streams_in_order_before_the_call_ends(sandbox: AsyncSandbo
     assert seen[0][0] < returned - 2.0
 
 
+
+async def test_large_ascii_and_unicode_output_arrives_whole_and_in_order(sandbox: AsyncSandbox) -> None:
+    # the kernel packs a large ASCII text "text first" and the agent relays it from the kernel's
+    # own buffer; any other text takes the slow path (kernel_wire.py, streamwire.py): both arrive
+    code = (
+        "import sys\n"
+        "ascii_part = ''.join(chr(32 + i % 95) for i in range(300_000)) + '\\n'\n"
+        "unicode_part = 'caf\\u00e9 \\u20ac \\U0001F600 ' * 20_000 + '\\n'\n"
+        "for part in (ascii_part, unicode_part, ascii_part):\n"
+        "    sys.stdout.write(part)\n"
+        "    sys.stdout.flush()\n"
+        "sys.stderr.write(ascii_part)\n"
+    )
+    ascii_part = "".join(chr(32 + i % 95) for i in range(300_000)) + "\n"
+    unicode_part = "caf\u00e9 \u20ac \U0001f600 " * 20_000 + "\n"
+    out: list[str] = []
+    execution = await sandbox.run_code(code, on_stdout=out.append, timeout=120)
+    assert execution.status == "ok" and not execution.output_truncated
+    assert "".join(out) == execution.stdout == ascii_part + unicode_part + ascii_part
+    assert execution.stderr == ascii_part
+
 async def test_results_are_mime_bundles(sandbox: AsyncSandbox) -> None:
     got: list[Result] = []
     execution = await sandbox.run_code(

@@ -7,7 +7,9 @@ over every byte, each slow under emulation. When the text is ASCII (valid UTF-8 
 characters as bytes, so its size and its cuts are plain byte counts) the relay takes its bytes as
 they came from the kernel's socket and writes them after a frame head it packs itself
 (``frame_parts``): the host decodes the same frame it would have got from the slow path
-(``relay.parse`` and ``relay.split_stream``), keys in another order. Anything else (another
+(``relay.parse`` and ``relay.split_stream``), keys in another order. The kernel's packer puts
+``text`` first only when it found the text ASCII, so such a text is written from the socket's
+buffer itself; ``name`` first, it is copied out once to be checked. Anything else (another
 layout, non-ASCII text, JSON from another kernel) returns None and takes the slow path.
 """
 
@@ -23,24 +25,31 @@ from .shared import codec, protocol
 __all__ = ["RawStream", "frame_parts", "raw_stream"]
 
 _NAMES = {b"stdout": "stdout", b"stderr": "stderr"}
+_TAILS = {b"\xa4name\xa6" + raw: name for raw, name in _NAMES.items()}  # after a text-first text
+_TAIL_SIZE = len(b"\xa4name\xa6stdout")
+ASCII_HEAD = b"\x82\xa4text\xdb"  # kernel_wire.ASCII_HEAD: two keys, "text" first, a str32
 _U16, _U32 = struct.Struct(">H"), struct.Struct(">I")
 
 
 class RawStream:
-    """The name and the raw ASCII text of a stream message's content."""
+    """The name and the raw ASCII text of a stream message's content (bytes, or a view of the
+    kernel's frame, which it keeps alive)."""
 
     __slots__ = ("name", "text")
 
-    def __init__(self, name: str, text: bytes) -> None:
+    def __init__(self, name: str, text: bytes | memoryview) -> None:
         self.name = name
         self.text = text
 
 
 def raw_stream(content: memoryview) -> RawStream | None:
     """The content part of a stream message (the buffer of the kernel's zmq frame), if it is
-    exactly msgpack ``{"name": "stdout" or "stderr", "text": <ASCII str>}``, with the text copied
-    out once; None for anything else."""
+    exactly msgpack ``{"name": "stdout" or "stderr", "text": <ASCII str>}``: text first (the
+    packer's ASCII layout), a view of its text; name first, its text copied out once and checked.
+    None for anything else."""
     head = bytes(content[:32])  # the keys, the name and the text's str header, if this is one
+    if head.startswith(ASCII_HEAD):
+        return _ascii_layout(content, head)
     if head[:6] != b"\x82\xa4name" or len(head) < 7:
         return None
     size = head[6] - 0xA0
@@ -53,6 +62,18 @@ def raw_stream(content: memoryview) -> RawStream | None:
         return None
     text = content[length[0] :].tobytes()
     return RawStream(name, text) if text.isascii() else None
+
+
+def _ascii_layout(content: memoryview, head: bytes) -> RawStream | None:
+    """``{"text": <str32>, "name": ...}`` as ``kernel_wire.pack`` writes an ASCII text."""
+    length = _str_length(head, len(ASCII_HEAD) - 1)
+    if length is None:
+        return None
+    start, size = length
+    if len(content) - start - size != _TAIL_SIZE:
+        return None
+    name = _TAILS.get(bytes(content[start + size :]))
+    return None if name is None else RawStream(name, content[start : start + size])
 
 
 def _str_length(data: bytes, at: int) -> tuple[int, int] | None:
