@@ -101,6 +101,7 @@ def _pack_stream(content: dict[str, Any]) -> bytes | bytearray:
         or len(text) < ASCII_AT_LEAST
         or not text.isascii()
         or _CHARS_AT is None
+        or sys.getsizeof(text) != _CHARS_AT + len(text) + 1  # its characters inline: compact
     ):
         return _pack({"name": name, "text": text})
     import ctypes

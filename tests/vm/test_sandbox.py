@@ -74,7 +74,6 @@ async def test_stdout_streams_in_order_before_the_call_ends(sandbox: AsyncSandbo
     assert seen[0][0] < returned - 2.0
 
 
-
 async def test_large_ascii_and_unicode_output_arrives_whole_and_in_order(sandbox: AsyncSandbox) -> None:
     # the kernel packs a large ASCII text "text first" and the agent relays it from the kernel's
     # own buffer; any other text takes the slow path (kernel_wire.py, streamwire.py): both arrive
@@ -94,6 +93,7 @@ async def test_large_ascii_and_unicode_output_arrives_whole_and_in_order(sandbox
     assert execution.status == "ok" and not execution.output_truncated
     assert "".join(out) == execution.stdout == ascii_part + unicode_part + ascii_part
     assert execution.stderr == ascii_part
+
 
 async def test_results_are_mime_bundles(sandbox: AsyncSandbox) -> None:
     got: list[Result] = []
