@@ -32,11 +32,12 @@ from typing import Any
 
 import msgpack
 
-__all__ = ["pack", "unpack"]
+__all__ = ["ASCII_HEAD", "STREAM_TAILS", "pack", "unpack"]
 
 _JSON_START = (b"{", b"[", b'"')
 _STREAM_KEYS = {"name", "text"}
-_STREAM_NAMES = {"stdout": b"\xa4name\xa6stdout", "stderr": b"\xa4name\xa6stderr"}
+#: what follows the text in the ASCII layout, per stream name (the agent's relay reads it too)
+STREAM_TAILS = {"stdout": b"\xa4name\xa6stdout", "stderr": b"\xa4name\xa6stderr"}
 ASCII_HEAD = b"\x82\xa4text\xdb"  # a map of two, "text", then a str32 header: the ASCII layout
 ASCII_AT_LEAST = 4096  # characters: below that, msgpack's two copies cost less than the calls
 _U32 = struct.Struct(">I")
@@ -94,7 +95,7 @@ def _pack(obj: Any) -> bytes:
 def _pack_stream(content: dict[str, Any]) -> bytes | bytearray:
     """A stream message's content: text first if its text is ASCII (one copy), else name first."""
     name, text = content["name"], content["text"]
-    tail = _STREAM_NAMES.get(name) if type(name) is str else None
+    tail = STREAM_TAILS.get(name) if type(name) is str else None
     if (
         tail is None
         or type(text) is not str

@@ -19,15 +19,16 @@ import struct
 from typing import Any
 
 import msgpack
+from kernel_wire import ASCII_HEAD as ASCII_HEAD  # the layouts the kernel packs (beside the agent)
+from kernel_wire import STREAM_TAILS
 
 from .shared import codec, protocol
 
 __all__ = ["RawStream", "frame_parts", "raw_stream"]
 
 _NAMES = {b"stdout": "stdout", b"stderr": "stderr"}
-_TAILS = {b"\xa4name\xa6" + raw: name for raw, name in _NAMES.items()}  # after a text-first text
-_TAIL_SIZE = len(b"\xa4name\xa6stdout")
-ASCII_HEAD = b"\x82\xa4text\xdb"  # kernel_wire.ASCII_HEAD: two keys, "text" first, a str32
+_TAILS = {tail: name for name, tail in STREAM_TAILS.items()}  # what follows a text-first text
+_TAIL_SIZE = len(STREAM_TAILS["stdout"])
 _U16, _U32 = struct.Struct(">H"), struct.Struct(">I")
 
 
