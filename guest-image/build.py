@@ -54,6 +54,14 @@ if TYPE_CHECKING:  # for the annotations only: at run time the module is loaded 
 REPO = HERE.parent
 CODEC = REPO / "kernelhost" / "channel" / "codec.py"
 PROTOCOL = REPO / "kernelhost" / "channel" / "protocol.py"
+# the kernel's side files, beside the agent package in /opt/kernelhost (launch_kernel.py runs)
+KERNEL_FILES = (
+    "launch_kernel.py",
+    "kernel_limits.py",
+    "kernel_interrupt.py",
+    "kernel_reseed.py",
+    "kernel_wire.py",
+)
 DEFAULT_IMAGE_DIR = "/var/cache/kernelhost/images"
 
 BASE_PACKAGES = [
@@ -236,10 +244,8 @@ def install_overlay(root: Path) -> None:
     shutil.copytree(
         HERE / "agent" / "kernelhost_agent", package, ignore=shutil.ignore_patterns("__pycache__", "*.pyc")
     )
-    shutil.copy2(HERE / "agent" / "launch_kernel.py", opt / "launch_kernel.py")
-    shutil.copy2(HERE / "agent" / "kernel_limits.py", opt / "kernel_limits.py")
-    shutil.copy2(HERE / "agent" / "kernel_interrupt.py", opt / "kernel_interrupt.py")
-    shutil.copy2(HERE / "agent" / "kernel_wire.py", opt / "kernel_wire.py")
+    for name in KERNEL_FILES:
+        shutil.copy2(HERE / "agent" / name, opt / name)
     shutil.copy2(CODEC, opt / "codec.py")
     shutil.copy2(PROTOCOL, opt / "protocol.py")
     spec_dir = root / "usr" / "local" / "share" / "jupyter" / "kernels" / "kernelhost"

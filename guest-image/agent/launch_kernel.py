@@ -14,6 +14,7 @@ os.environ.pop("JPY_PARENT_PID", None)
 
 import kernel_interrupt
 import kernel_limits
+import kernel_reseed
 from ipykernel import ipkernel, kernelapp, kernelbase
 from ipykernel.ipkernel import IPythonKernel
 
@@ -63,5 +64,6 @@ def do_history(self: Any, *args: Any, **kwargs: Any) -> Any:
 IPythonKernel.do_history = do_history  # type: ignore[method-assign]
 
 kernel_limits.install()
+kernel_reseed.install()
 kernel_interrupt.install()  # outermost: it answers what escapes the rest
 kernelapp.launch_new_instance()

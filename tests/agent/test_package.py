@@ -54,6 +54,7 @@ def test_overlay_holds_the_package_and_the_shared_modules(overlay: Path) -> None
         "codec.py",
         "kernel_interrupt.py",
         "kernel_limits.py",
+        "kernel_reseed.py",
         "kernel_wire.py",
         "kernelhost_agent",
         "launch_kernel.py",

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import copy
 import random
 import time
 
 import pytest
+from kernelhost_agent import kernel as kernel_module
 
 from kernelhost.channel import protocol
 
+from .conftest import Running
 from .host import HostEnd
 
 pytestmark = pytest.mark.unit
@@ -43,6 +46,41 @@ async def test_resumed_reseeds_the_kernels_random(host: HostEnd) -> None:
     assert time.time() >= before  # clock setting is off in this config: time did not go to 1970
     run = await host.execute("print(random.random())")
     assert float(run.stream()) != random.Random(1234).random()
+
+
+async def test_the_reseed_is_a_control_message_not_a_cell(host: HostEnd) -> None:
+    """kernel_reseed.py: the kernel answers ``kernelhost_reseed_request`` on control with new
+    seeds, and no cell ran (IPython's counter did not move)."""
+    count = "print(get_ipython().execution_count)"
+    before = int((await host.execute("import random; random.seed(99)\n" + count)).stream())
+    msg = host.jupyter_msg("kernelhost_reseed_request", {})
+    await host.send_jupyter("control", msg)
+    while True:
+        channel, reply = await host.next_message(msg["header"]["msg_id"])
+        if channel == "control":
+            break
+    assert reply["header"]["msg_type"] == "kernelhost_reseed_reply"
+    assert reply["content"] == {"status": "ok"}
+    after = await host.execute("print(random.random())\n" + count)
+    drawn, shown = after.stream().split()
+    assert float(drawn) != random.Random(99).random()
+    assert int(shown) == before + 1
+
+
+async def test_a_kernel_that_ignores_the_reseed_request_gets_the_cell(
+    host: HostEnd, running: Running, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A kernel not launched by launch_kernel.py never answers the control message: after
+    ``RESEED_REQUEST_TIMEOUT`` the reseed cell runs instead."""
+    kernel = running.agent.kernel
+    language = copy.copy(kernel.language)
+    language.reseed_request = "kernelhost_no_such_request"
+    monkeypatch.setattr(kernel, "language", language)
+    monkeypatch.setattr(kernel_module, "RESEED_REQUEST_TIMEOUT", 0.5)
+    await host.execute("import random; random.seed(7)")
+    await host.ok(protocol.Op.RESUMED, time_ns=1, entropy=b"\x02" * 32)
+    run = await host.execute("print(random.random())")
+    assert float(run.stream()) != random.Random(7).random()
 
 
 async def test_resumed_ignores_fields_of_the_wrong_type(host: HostEnd) -> None:

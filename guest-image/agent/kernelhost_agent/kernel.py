@@ -38,6 +38,7 @@ _RESTART_BACKOFF_MAX = 30.0
 #: after a swap, the next standby starts this much later: its Python start takes the guest's CPU
 #: for seconds under emulation, and the call that follows a restart comes first
 STANDBY_AFTER_SWAP = 2.0
+RESEED_REQUEST_TIMEOUT = 10.0  # then the reseed cell: the kernel has no kernel_reseed.py
 
 Send = Callable[[dict[str, Any]], bool]
 
@@ -251,8 +252,7 @@ class Kernel:
         _, code = self._env_cell(standby)
         if code is not None:
             await self.run_silent(code)
-        if self.language.reseed is not None:
-            await self.run_silent(self.language.reseed)
+        await self.reseed()
 
     async def monitor(self) -> None:
         """Report a kernel that died, and start a new one (retrying with a growing pause)."""
@@ -359,6 +359,27 @@ class Kernel:
         content = reply.get("content", {})
         if content.get("status") != "ok":
             raise RuntimeError(f"{content.get('ename')}: {content.get('evalue')}")
+
+    async def reseed(self, timeout: float = 30.0) -> None:
+        """Fresh random streams in the kernel: the language's control message where it has one
+        (no cell: a fork's child answers sooner), else its cell. A kernel that does not answer
+        the message in ``RESEED_REQUEST_TIMEOUT`` (not launched by launch_kernel.py) gets the
+        cell."""
+        lang = self.language
+        if lang.reseed_request is not None:
+            try:
+                reply = await self.request(
+                    "control", lang.reseed_request, {}, timeout=min(timeout, RESEED_REQUEST_TIMEOUT)
+                )
+            except TimeoutError:
+                log(f"no reply to {lang.reseed_request} (not a kernelhost kernel?): the reseed cell")
+            else:
+                content = reply.get("content", {})
+                if content.get("status") != "ok":
+                    raise RuntimeError(f"{content.get('ename')}: {content.get('evalue')}")
+                return
+        if lang.reseed is not None:
+            await self.run_silent(lang.reseed, timeout=timeout)
 
     # -- the process ---------------------------------------------------------------------------
 

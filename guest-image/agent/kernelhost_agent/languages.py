@@ -24,6 +24,8 @@ class Language:
     cleanup: str | None = None
     collect: str | None = None
     reseed: str | None = None
+    #: the kernel's control message that does what ``reseed`` does, without a cell (cheaper)
+    reseed_request: str | None = None
 
     def check_preload(self, name: str) -> None:
         raise ValueError(f"preloading is not supported for {self.name} kernels: {name!r:.80}")
@@ -59,6 +61,7 @@ class Python(Language):
         "    _kh_s.modules['numpy'].random.seed()\n"
         "del _kh_r, _kh_s"
     )
+    reseed_request = "kernelhost_reseed_request"  # guest-image/agent/kernel_reseed.py
 
     def check_preload(self, name: str) -> None:
         if not all(part.isidentifier() for part in name.split(".")):

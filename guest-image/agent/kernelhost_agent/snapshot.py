@@ -99,8 +99,7 @@ class Snapshots:
             if self.config.add_entropy:
                 add_entropy(entropy)
         await self.kernel.until_ready()
-        if self.language.reseed is not None:
-            await self.kernel.run_silent(self.language.reseed, timeout=RESEED_TIMEOUT)
+        await self.kernel.reseed(timeout=RESEED_TIMEOUT)
         return {"seconds": round(time.monotonic() - t0, 4)}
 
 
