@@ -120,6 +120,7 @@ class VmFactory:
 
     async def close(self) -> None:
         await self.pool.close()
+        self.forker.spares.stop()
         # let cleanups finish: they remove domains and files
         await self.background.wait(self.timeouts.cleanup)
         self.forker.spares.clear()

@@ -1,5 +1,6 @@
 """The fork's spare RAM copies (``vm_fork.Spares``): a fork right after another waits for the
-copy being made instead of copying the base beside it."""
+copy being made instead of copying the base beside it; a copy asked with a delay starts after it,
+and a fork within the delay cancels it."""
 
 from __future__ import annotations
 
@@ -74,3 +75,39 @@ async def test_a_spare_that_cannot_be_made_lets_the_fork_copy_for_itself(
     took = await asyncio.wait_for(spares.take(str(missing), tmp_path / "child.ram"), 10)
     assert took is False and not (tmp_path / "child.ram").exists()
     assert list((tmp_path / "forks").iterdir()) == []  # nothing half-made is left
+
+
+async def test_a_delayed_spare_is_copied_after_its_delay(
+    tmp_path: Path, base: Path, gate: threading.Event, spares: vm_fork.Spares
+) -> None:
+    gate.set()
+    spares.refill(str(base), SIZE, delay=0.3)
+    await asyncio.sleep(0.1)
+    assert list((tmp_path / "forks").iterdir()) == []  # nothing copied yet
+    await asyncio.sleep(0.6)
+    dest = tmp_path / "child.ram"
+    assert await asyncio.wait_for(spares.take(str(base), dest), 10) is True
+    assert dest.read_bytes() == base.read_bytes()
+
+
+async def test_a_fork_within_the_delay_cancels_the_spare_and_copies_for_itself(
+    tmp_path: Path, base: Path, gate: threading.Event, spares: vm_fork.Spares
+) -> None:
+    gate.set()
+    spares.refill(str(base), SIZE, delay=30.0)
+    dest = tmp_path / "child.ram"
+    took = await asyncio.wait_for(spares.take(str(base), dest), 1.0)  # no wait for the delay
+    assert took is False and not dest.exists()
+    assert list((tmp_path / "forks").iterdir()) == []
+    spares.refill(str(base), SIZE)  # the next fork's refill is not blocked by the cancelled one
+    assert await asyncio.wait_for(spares.take(str(base), dest), 10) is True
+
+
+async def test_stop_cancels_the_spares_still_waiting(
+    tmp_path: Path, base: Path, gate: threading.Event, spares: vm_fork.Spares
+) -> None:
+    spares.refill(str(base), SIZE, delay=30.0)
+    spares.stop()
+    await asyncio.sleep(0.05)
+    assert await spares.take(str(base), tmp_path / "child.ram") is False
+    assert list((tmp_path / "forks").iterdir()) == []
