@@ -64,10 +64,9 @@ class Spares:
         made (a fork right after another) is waited for, up to ``SPARE_WAIT`` seconds: it is
         part done, and a second copy beside it would slow both (3.7 s against 0.2 s, seen)."""
         making = self._making.get(base) if base is not None else None
-        if making is not None and base not in self._copying:
-            making.cancel()  # still in its delay: the fork copies for itself, as fast
-            await asyncio.wait({making}, timeout=SPARE_WAIT)
-        elif making is not None:
+        if making is not None:
+            if base not in self._copying:
+                making.cancel()  # still in its delay: the fork copies for itself, as fast
             await asyncio.wait({making}, timeout=SPARE_WAIT)
         spare = self._ready.pop(base, None) if base is not None else None
         if spare is None:
