@@ -63,9 +63,12 @@ class TaskSet:
         return tasks
 
     async def wait(self, timeout: float) -> None:
-        """Let the running tasks finish (cleanups that remove VMs and files), up to ``timeout``."""
-        if self._tasks:
-            await asyncio.wait(set(self._tasks), timeout=timeout)
+        """Let the running tasks finish (cleanups that remove VMs and files), up to ``timeout``,
+        and the tasks they spawn meanwhile (a cleanup that starts another)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while self._tasks and (left := deadline - loop.time()) > 0:
+            await asyncio.wait(set(self._tasks), timeout=left)
 
     async def close(self, timeout: float = 10.0) -> None:
         """Cancel every task and wait for them to end, at most ``timeout`` seconds."""

@@ -27,3 +27,17 @@ def pytest_runtest_makereport(
         for n, service in enumerate(list(LIVE)):
             service.save_evidence(REPO / "results" / "failures" / name / f"service-{n}")
     return report
+
+
+TIERS = ("unit", "vm", "clients", "cluster", "bench")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Every test belongs to a tier: `make test` selects by tier marker, so a test without one
+    would never run there (two unit modules went unrun that way)."""
+    untiered = [i.nodeid for i in items if not any(i.get_closest_marker(t) for t in TIERS)]
+    if untiered:
+        raise pytest.UsageError(
+            f"tests without a tier marker ({', '.join(TIERS)}): {untiered[:5]}; "
+            "add e.g. `pytestmark = pytest.mark.unit` to their module"
+        )

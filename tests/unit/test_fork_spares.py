@@ -15,6 +15,8 @@ from hypervisor.forkram import copy_base
 from kernelhost.sandboxes import vm_fork
 from kernelhost.tasks import TaskSet
 
+pytestmark = pytest.mark.unit
+
 SIZE = 1 << 20
 
 

@@ -7,7 +7,11 @@ import asyncio
 import time
 from typing import Any
 
+import pytest
+
 from kernelhost.sandboxes.pool import Clone, WarmPool
+
+pytestmark = pytest.mark.unit
 
 
 class _Agent:

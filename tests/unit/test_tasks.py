@@ -1,4 +1,5 @@
-"""Owned tasks and threads whose effects a cleanup must see."""
+"""Owned tasks and threads whose effects a cleanup must see; an owner's wait covers the
+cleanups its tasks start while it waits, and ends at its deadline whatever still runs."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import time
 
 import pytest
 
-from kernelhost.tasks import to_thread_to_the_end
+from kernelhost.tasks import TaskSet, to_thread_to_the_end
 
 pytestmark = pytest.mark.unit
 
@@ -54,3 +55,31 @@ async def test_a_cancelled_call_that_failed_still_reports_a_cancellation() -> No
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
+
+
+async def test_wait_also_waits_for_tasks_spawned_meanwhile() -> None:
+    tasks = TaskSet("test")
+    done: list[str] = []
+
+    async def cleanup() -> None:
+        await asyncio.sleep(0.1)
+        done.append("cleanup")
+
+    async def first() -> None:
+        await asyncio.sleep(0.05)
+        tasks.spawn(cleanup(), name="cleanup")  # started after the wait began
+        done.append("first")
+
+    tasks.spawn(first(), name="first")
+    await tasks.wait(5)
+    assert done == ["first", "cleanup"] and len(tasks) == 0
+
+
+async def test_wait_ends_at_its_deadline() -> None:
+    tasks = TaskSet("test")
+    stuck = tasks.spawn(asyncio.sleep(30), name="stuck")
+    t0 = time.monotonic()
+    await tasks.wait(0.2)
+    assert time.monotonic() - t0 < 5 and not stuck.done()
+    await tasks.close()
+    assert stuck.cancelled()
