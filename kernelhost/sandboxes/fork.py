@@ -77,7 +77,7 @@ class Forker:
             self.registry.record(kid.record)
         t0 = time.monotonic()
         try:
-            agents = await self.ctx.vms.fork(
+            forked = await self.ctx.vms.fork(
                 prec.domain,
                 self.ctx.image_of(prec),
                 [(k.record.domain, {"sandbox": k.id, "template": prec.template}) for k in kids],
@@ -88,7 +88,10 @@ class Forker:
             if isinstance(exc, HypervisorError | ChannelError | TimeoutError):
                 raise BootFailed(f"fork of {prec.id} failed: {exc}", sandbox_id=prec.id) from exc
             raise
-        for kid, agent in zip(kids, agents, strict=True):
+        agents = [agent for _, agent in forked]
+        for kid, (domain, agent) in zip(kids, forked, strict=True):
+            if domain != kid.record.domain:  # the spare's QEMU, started before the fork
+                self.registry.update(kid, domain=domain)
             self.lifecycle.bind(kid, agent)
             self.registry.set_state(kid, SandboxState.RUNNING)
             self.registry.add(kid)

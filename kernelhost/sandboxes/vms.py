@@ -342,7 +342,8 @@ class VmFactory:
 
     async def fork(
         self, parent: str, image: GuestImage, children: list[tuple[str, dict[str, str]]]
-    ) -> list[AgentClient]:
+    ) -> list[tuple[str, AgentClient]]:
         """Clone the running ``parent`` into ``children`` (domain, metadata); the parent resumes
-        (``vm_fork.py``: page by page where it can, else through an intermediate VM)."""
+        (``vm_fork.py``: page by page where it can, else through an intermediate VM). Each
+        child's domain (the first may be a QEMU started before the fork) and agent."""
         return await self.forker.fork(parent, image, children)

@@ -1,6 +1,7 @@
 """The fork's spare RAM copies (``vm_fork.Spares``): a fork right after another waits for the
 copy being made instead of copying the base beside it; a copy asked with a delay starts after it,
-and a fork within the delay cancels it."""
+and a fork within the delay cancels it; a paused QEMU is started on each ready copy, handed to
+the fork that takes it, and destroyed when the service stops, even mid-copy."""
 
 from __future__ import annotations
 
@@ -8,9 +9,11 @@ import asyncio
 import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from hypervisor import HypervisorError
 from hypervisor.forkram import copy_base
 from kernelhost.sandboxes import vm_fork
 from kernelhost.tasks import TaskSet
@@ -63,9 +66,9 @@ async def test_a_fork_right_after_another_takes_the_spare_being_made(
     await asyncio.sleep(0.2)
     assert not taking.done()  # waiting for the copy, not copying the base itself
     gate.set()
-    assert await asyncio.wait_for(taking, 10) is True
+    assert await asyncio.wait_for(taking, 10) == vm_fork.Spare(dest)
     assert dest.read_bytes() == base.read_bytes()
-    assert await spares.take(str(base), tmp_path / "next.ram") is False  # taken: none ready
+    assert await spares.take(str(base), tmp_path / "next.ram") is None  # taken: none ready
 
 
 async def test_a_spare_that_cannot_be_made_lets_the_fork_copy_for_itself(
@@ -75,7 +78,7 @@ async def test_a_spare_that_cannot_be_made_lets_the_fork_copy_for_itself(
     missing = tmp_path / "templates" / "gone-0123" / "ram"  # pruned since: the copy fails
     spares.refill(str(missing), SIZE)
     took = await asyncio.wait_for(spares.take(str(missing), tmp_path / "child.ram"), 10)
-    assert took is False and not (tmp_path / "child.ram").exists()
+    assert took is None and not (tmp_path / "child.ram").exists()
     assert list((tmp_path / "forks").iterdir()) == []  # nothing half-made is left
 
 
@@ -88,7 +91,7 @@ async def test_a_delayed_spare_is_copied_after_its_delay(
     assert list((tmp_path / "forks").iterdir()) == []  # nothing copied yet
     await asyncio.sleep(0.6)
     dest = tmp_path / "child.ram"
-    assert await asyncio.wait_for(spares.take(str(base), dest), 10) is True
+    assert await asyncio.wait_for(spares.take(str(base), dest), 10) is not None
     assert dest.read_bytes() == base.read_bytes()
 
 
@@ -99,10 +102,10 @@ async def test_a_fork_within_the_delay_cancels_the_spare_and_copies_for_itself(
     spares.refill(str(base), SIZE, delay=30.0)
     dest = tmp_path / "child.ram"
     took = await asyncio.wait_for(spares.take(str(base), dest), 1.0)  # no wait for the delay
-    assert took is False and not dest.exists()
+    assert took is None and not dest.exists()
     assert list((tmp_path / "forks").iterdir()) == []
     spares.refill(str(base), SIZE)  # the next fork's refill is not blocked by the cancelled one
-    assert await asyncio.wait_for(spares.take(str(base), dest), 10) is True
+    assert await asyncio.wait_for(spares.take(str(base), dest), 10) is not None
 
 
 async def test_stop_cancels_the_spares_still_waiting(
@@ -111,5 +114,88 @@ async def test_stop_cancels_the_spares_still_waiting(
     spares.refill(str(base), SIZE, delay=30.0)
     spares.stop()
     await asyncio.sleep(0.05)
-    assert await spares.take(str(base), tmp_path / "child.ram") is False
+    assert await spares.take(str(base), tmp_path / "child.ram") is None
     assert list((tmp_path / "forks").iterdir()) == []
+
+
+class FakeVms:
+    """``start_vm`` and ``destroy_vm`` for ``Spares``: names the files its QEMUs map."""
+
+    def __init__(self, fail: bool = False) -> None:
+        self.fail = fail
+        self.started: dict[str, Path] = {}
+        self.destroyed: list[str] = []
+        self.hold = asyncio.Event()
+        self.hold.set()
+
+    async def start(self, ram: Path, image: object) -> str:
+        await self.hold.wait()
+        if self.fail:
+            raise HypervisorError("no QEMU today")
+        domain = f"kht-spare{len(self.started)}"
+        self.started[domain] = ram
+        return domain
+
+    def destroy(self, domain: str) -> None:
+        self.destroyed.append(domain)
+
+
+def spares_with(tmp_path: Path, tasks: TaskSet, vms: FakeVms) -> vm_fork.Spares:
+    return vm_fork.Spares(tmp_path / "forks", tmp_path / "templates", tasks, vms.start, vms.destroy)
+
+
+IMAGE: Any = object()  # the fake's start never looks at it
+
+
+async def test_a_ready_spare_has_a_paused_qemu_on_its_file_for_the_fork(
+    tmp_path: Path, base: Path, gate: threading.Event
+) -> None:
+    gate.set()
+    vms, tasks = FakeVms(), TaskSet("test")
+    spares = spares_with(tmp_path, tasks, vms)
+    spares.refill(str(base), SIZE, IMAGE)
+    dest = tmp_path / "child.ram"
+    spare = await asyncio.wait_for(spares.take(str(base), dest), 10)
+    assert spare == vm_fork.Spare(dest, "kht-spare0")
+    assert vms.started["kht-spare0"].name.startswith("spare-")  # the file it mapped, moved to dest
+    assert dest.read_bytes() == base.read_bytes() and vms.destroyed == []  # the fork's now
+    spares.refill(str(base), SIZE)  # no image: a file spare only
+    assert await asyncio.wait_for(spares.take(str(base), dest), 10) == vm_fork.Spare(dest)
+    await tasks.close()
+
+
+async def test_stop_destroys_the_ready_spares_qemu_and_one_started_during_the_copy(
+    tmp_path: Path, base: Path, gate: threading.Event
+) -> None:
+    gate.set()
+    vms, tasks = FakeVms(), TaskSet("test")
+    spares = spares_with(tmp_path, tasks, vms)
+    spares.refill(str(base), SIZE, IMAGE)
+    await tasks.wait(10)
+    other = tmp_path / "templates" / "python-4567" / "ram"
+    other.parent.mkdir()
+    other.write_bytes(base.read_bytes())
+    vms.hold.clear()  # the second spare's QEMU starts only after the stop
+    spares.refill(str(other), SIZE, IMAGE)
+    await asyncio.sleep(0.2)
+    spares.stop()
+    vms.hold.set()
+    await tasks.wait(10)
+    assert sorted(vms.destroyed) == sorted(vms.started) == ["kht-spare0", "kht-spare1"]
+    spares.clear()
+    assert list((tmp_path / "forks").iterdir()) == []
+    spares.refill(str(base), SIZE, IMAGE)  # a stopped service makes no more
+    assert await spares.take(str(base), tmp_path / "child.ram") is None
+    await tasks.close()
+
+
+async def test_a_qemu_that_cannot_start_leaves_the_file_spare(
+    tmp_path: Path, base: Path, gate: threading.Event
+) -> None:
+    gate.set()
+    vms, tasks = FakeVms(fail=True), TaskSet("test")
+    spares = spares_with(tmp_path, tasks, vms)
+    spares.refill(str(base), SIZE, IMAGE)
+    dest = tmp_path / "child.ram"
+    assert await asyncio.wait_for(spares.take(str(base), dest), 10) == vm_fork.Spare(dest)
+    await tasks.close()

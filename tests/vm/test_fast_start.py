@@ -116,6 +116,59 @@ async def test_fork_copies_pages_of_a_clone_of_a_fork_and_whole_ram_of_a_woken_p
             await sbx.close()
 
 
+async def _spare_vm(service: Service, template: str, timeout: float = 60) -> str:
+    """The paused QEMU the service started on its spare RAM copy of ``template``."""
+    hv = service.hypervisor()
+    deadline = time.monotonic() + timeout
+    try:
+        while True:
+            want = {"role": "fork-spare", "template": template}
+            found = [d.name for d in hv.domains() if d.metadata == want]
+            if found:
+                return found[0]
+            assert time.monotonic() < deadline, "no spare QEMU started after a fork"
+            await asyncio.sleep(0.2)
+    finally:
+        hv.close()
+
+
+async def test_a_fork_after_another_makes_its_child_in_the_qemu_started_on_the_spare(
+    service: Service,
+) -> None:
+    """After a fork from a clone, the next copy of the template's RAM file gets a paused QEMU:
+    the next fork's child is that QEMU, labelled with its sandbox, holding the parent's state
+    with its own random stream; it goes with the child (and the service stops the spare's)."""
+    parent = await AsyncSandbox.create(url=service.url, api_key=service.api_key)
+    made: list[AsyncSandbox] = [parent]
+    try:
+        await parent.run_code("marker = 'parent state'")
+        made += await parent.fork(1)
+        spare = await _spare_vm(service, "python")
+        [child] = await parent.fork(1)
+        made.append(child)
+        assert (await child.run_code("marker")).text == "'parent state'"
+        assert _fork_copies(service, parent.id)[-1]["prestarted"] is True
+        a, b = await _randoms(made[1]), await _randoms(child)
+        assert all(x != y for x, y in zip(a, b, strict=True)), (a, b)
+        hv = service.hypervisor()
+        try:
+            deadline = time.monotonic() + 30
+            while (meta := {d.name: d.metadata for d in hv.domains()}.get(spare)) != {
+                "sandbox": child.id,
+                "template": "python",
+            }:
+                assert time.monotonic() < deadline, f"the spare's QEMU is labelled {meta}"
+                await asyncio.sleep(0.2)
+            await child.close()
+            made.remove(child)
+            assert await asyncio.to_thread(hv.wait_gone, spare, 30), f"{spare} outlived its sandbox"
+        finally:
+            hv.close()
+    finally:
+        for sbx in reversed(made):
+            await sbx.close()
+
+
 async def test_sandboxes_from_one_template_do_not_share_random_streams(
     sandbox: AsyncSandbox, fresh_sandbox: AsyncSandbox
 ) -> None:
