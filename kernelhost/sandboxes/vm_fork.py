@@ -5,8 +5,8 @@ fork's child, a restored checkpoint): the children's RAM file is the base file's
 pages the parent wrote (``hypervisor.forkram``), so the parent's pause and the copy grow with
 what it changed, not with its RAM. The children's QEMU processes start (paused) while the copy
 runs: nothing reads their RAM until they run. For a template's base file one copy is kept ready
-(``Spares``), with a paused QEMU already started on it, so a fork copies only the written pages
-and its first child skips QEMU's start; the next spare is made in the background.
+with paused QEMUs already started on it (``fork_spares.py``), so a fork copies only the written
+pages and its children skip QEMU's start; the next spare is made in the background.
 
 Otherwise (a VM woken from disk maps its RAM shared; a host that does not let the service read
 QEMU's memory) the whole RAM is copied into an intermediate VM frozen like a template.
@@ -16,24 +16,22 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
-import os
 import shutil
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import Awaitable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import structlog
 
 from hypervisor import DomainSpec, GuestImage, HypervisorError, PageForkUnavailable
-from hypervisor.forkram import RamMapping, copy_base, make_ram_file
+from hypervisor.forkram import RamMapping, make_ram_file
 from hypervisor.host import PageCopy, give_to_qemu
 
 from ..channel import AgentClient
-from ..tasks import TaskSet, to_thread_to_the_end
+from ..tasks import to_thread_to_the_end
+from .fork_spares import SPARE_DELAY, Spare, Spares
 from .snapshots import Snapshot
 
 if TYPE_CHECKING:
@@ -42,140 +40,6 @@ if TYPE_CHECKING:
 log = structlog.get_logger("kernelhost.vms")
 
 Children = list[tuple[str, dict[str, str]]]
-SPARE_WAIT = 10.0  # the longest a fork waits for the spare being made before it copies the base
-#: The next spare is copied this long after a fork's children run: its copy (a few hundred MiB,
-#: a host core for ~0.3 s) beside their first calls made those 0.24-0.34 s instead of 0.14 s.
-SPARE_DELAY = 1.0
-
-
-@dataclass(frozen=True)
-class Spare:
-    """A ready copy of a template's RAM file, and the paused QEMU started on it (``domain``,
-    waiting for a state like a child's) where one could be started."""
-
-    path: Path
-    domain: str | None = None
-
-
-#: Starts a paused, incoming domain on a spare RAM file for a child of ``image``: its name.
-StartVm = Callable[[Path, GuestImage], Awaitable[str]]
-
-
-class Spares:
-    """One ready copy of each template RAM file that a fork started from: the next fork from
-    it renames the copy instead of copying the base (a few hundred MiB, ~0.2 s), and its first
-    child is the QEMU ``start_vm`` started on the copy (QEMU's start, ~0.1 s, off the fork's
-    path). A host that forks holds one such file and paused QEMU per template it forks from;
-    ``stop`` and ``clear`` remove them."""
-
-    def __init__(
-        self,
-        directory: Path,
-        templates: Path,
-        tasks: TaskSet,
-        start_vm: StartVm | None = None,
-        destroy_vm: Callable[[str], object] | None = None,
-    ) -> None:
-        self.dir = directory
-        self.templates = templates  # where template RAM files live: the bases worth a spare
-        self._tasks = tasks
-        self._start_vm, self._destroy_vm = start_vm, destroy_vm
-        self._making: dict[str, asyncio.Task[None]] = {}  # base -> the task making its copy
-        self._copying: set[str] = set()  # bases whose copy has begun (past its delay)
-        self._ready: dict[str, Spare] = {}
-        self._stopped = False
-
-    async def take(self, base: str | None, dest: Path) -> Spare | None:
-        """Move the ready copy of ``base`` to ``dest`` (its QEMU keeps it mapped); None if there
-        is none. A copy being made (a fork right after another) is waited for, up to
-        ``SPARE_WAIT`` seconds: it is part done, and a second copy beside it would slow both
-        (3.7 s against 0.2 s, seen)."""
-        making = self._making.get(base) if base is not None else None
-        if making is not None:
-            if base not in self._copying:
-                making.cancel()  # still in its delay: the fork copies for itself, as fast
-            await asyncio.wait({making}, timeout=SPARE_WAIT)
-        spare = self._ready.pop(base, None) if base is not None else None
-        if spare is None:
-            return None
-        try:
-            os.rename(spare.path, dest)
-        except FileNotFoundError:
-            self._drop_vm(spare)
-            return None
-        return Spare(dest, spare.domain)
-
-    def refill(
-        self, base: str | None, size: int, image: GuestImage | None = None, delay: float = 0.0
-    ) -> None:
-        """Make the next copy of ``base`` (a template's RAM file) off the request path, starting
-        ``delay`` seconds from now, and a paused QEMU for a child of ``image`` on it; a fork
-        within the delay cancels it (``take``)."""
-        for old in [b for b in self._ready if not os.path.exists(b)]:  # pruned since
-            spare = self._ready.pop(old)
-            spare.path.unlink(missing_ok=True)
-            self._drop_vm(spare)
-        if base is None or base in self._making or base in self._ready or self._stopped:
-            return
-        if Path(base).parent.parent != self.templates:
-            return
-        name = f"fork-spare:{Path(base).parent.name}"
-        self._making[base] = self._tasks.spawn(self._make(base, size, image, delay), name=name)
-
-    async def _make(self, base: str, size: int, image: GuestImage | None, delay: float) -> None:
-        name = f"spare-{hashlib.sha256(base.encode()).hexdigest()[:16]}"
-        tmp, path = self.dir / f"{name}.tmp", self.dir / name
-        try:
-            if delay > 0:
-                await asyncio.sleep(delay)
-            self._copying.add(base)
-            tmp.unlink(missing_ok=True)
-            await asyncio.to_thread(make_ram_file, tmp, size)
-            await asyncio.to_thread(copy_base, base, tmp)
-            give_to_qemu(tmp, 0o600)
-            os.rename(tmp, path)
-            spare = Spare(path, await self._started_on(path, image))
-            if self._stopped:  # the service stopped while the copy ran
-                path.unlink(missing_ok=True)
-                self._drop_vm(spare)
-            else:
-                self._ready[base] = spare
-        except (OSError, HypervisorError) as exc:
-            log.warning("vm.fork_spare_failed", base=base, error=str(exc))
-        finally:
-            tmp.unlink(missing_ok=True)
-            self._making.pop(base, None)
-            self._copying.discard(base)
-
-    async def _started_on(self, path: Path, image: GuestImage | None) -> str | None:
-        """The paused QEMU started on ``path``; None where none starts (the fork starts its
-        child's QEMU itself then)."""
-        if self._start_vm is None or image is None or self._stopped:
-            return None
-        try:
-            return await self._start_vm(path, image)
-        except HypervisorError as exc:
-            log.warning("vm.fork_spare_vm_failed", ram=str(path), error=str(exc))
-            return None
-
-    def _drop_vm(self, spare: Spare) -> None:
-        if spare.domain is not None and self._destroy_vm is not None:
-            self._destroy_vm(spare.domain)
-
-    def stop(self) -> None:
-        """A service stopping: cancel the copies still waiting out their delay, destroy the
-        spares' paused QEMUs (in the background the service's close waits for)."""
-        self._stopped = True
-        for base, task in list(self._making.items()):
-            if base not in self._copying:
-                task.cancel()
-        for spare in self._ready.values():
-            self._drop_vm(spare)
-
-    def clear(self) -> None:
-        self._ready.clear()
-        for path in self.dir.glob("spare-*"):
-            path.unlink(missing_ok=True)
 
 
 class VmForker:
@@ -234,14 +98,15 @@ class VmForker:
         children: Children,
         domains: list[str],
     ) -> list[Launched]:
-        """The children of a page fork; ``domains[0]`` becomes the spare's QEMU if one is ready."""
+        """The children of a page fork; the first of ``domains`` become the spare's QEMUs where
+        a spare is ready."""
         t0 = time.monotonic()
         machine = await asyncio.to_thread(self.hv.machine_type, parent)
         spare = await self.spares.take(source.path, snap.ram)
         if spare is None:
             await asyncio.to_thread(make_ram_file, snap.ram, source.size)
         give_to_qemu(snap.ram, 0o600)
-        prestarted = await self._adopt_spare_vm(spare, domains, children[0][1])
+        prestarted = await self._adopt_spare_vms(spare, domains, children)
         specs = [
             self.vms.spec(d, image, m, mem_path=snap.ram, incoming=True)
             for d, (_, m) in zip(domains, children, strict=True)
@@ -255,8 +120,7 @@ class VmForker:
             await to_thread_to_the_end(self.hv.start_incoming, spec)
             qemu_started.append(round(time.monotonic() - t0, 3))
 
-        to_start = specs[1:] if prestarted else specs
-        started = await asyncio.gather(copy, *(start(s) for s in to_start), return_exceptions=True)
+        started = await asyncio.gather(copy, *(start(s) for s in specs[prestarted:]), return_exceptions=True)
         for result in started:
             if isinstance(result, BaseException):
                 raise result
@@ -284,29 +148,42 @@ class VmForker:
 
         launched = await self._gather(load(i) for i in range(len(specs)))
         # the next ready copy once the children run and have answered their first calls: its
-        # copy would compete with those
-        self.spares.refill(source.path, source.size, image, delay=SPARE_DELAY)
+        # copy would compete with those; as many QEMUs on it as this fork had children
+        self.spares.refill(source.path, source.size, image, delay=SPARE_DELAY, vms=len(children))
         return launched
 
     async def _start_spare_vm(self, ram: Path, image: GuestImage) -> str:
-        """A paused QEMU on the spare file ``ram``, waiting for a child's state."""
+        """A paused QEMU on the spare file ``ram``, waiting for a child's state; nothing of it
+        is left if this fails or is cancelled."""
         domain = self.hv.new_name()
         meta = {"role": "fork-spare", "template": image.template}
         spec = self.vms.spec(domain, image, meta, mem_path=ram, incoming=True)
-        await to_thread_to_the_end(self.hv.start_incoming, spec)
+        try:
+            await to_thread_to_the_end(self.hv.start_incoming, spec)
+        except BaseException:
+            await self.vms.destroy_tracked(domain)
+            raise
         return domain
 
-    async def _adopt_spare_vm(self, spare: Spare | None, domains: list[str], meta: dict[str, str]) -> bool:
-        """Make the spare's paused QEMU the first child (``domains[0]``), labelled with its
-        ``meta`` in the background; False where there is none, or it has died (then gone)."""
-        if spare is None or spare.domain is None:
-            return False
-        if not await asyncio.to_thread(self.hv.is_running, spare.domain):
-            self.vms.destroy_later(spare.domain)
-            return False
-        domains[0] = spare.domain
-        self.vms.background.spawn(self._label(spare.domain, meta), name=f"label:{spare.domain}")
-        return True
+    async def _adopt_spare_vms(self, spare: Spare | None, domains: list[str], children: Children) -> int:
+        """Make the spare's paused QEMUs the first children (the first of ``domains``), each
+        labelled with its child's metadata in the background; how many. The ones that died,
+        and the ones this fork leaves, are destroyed."""
+        if spare is None or not spare.domains:
+            return 0
+        offered = spare.domains[: len(domains)]
+        self.spares.drop_vms(spare.domains[len(domains) :])
+        try:
+            running = await asyncio.gather(*(asyncio.to_thread(self.hv.is_running, d) for d in offered))
+        except BaseException:
+            self.spares.drop_vms(offered)
+            raise
+        alive = [d for d, up in zip(offered, running, strict=True) if up]
+        self.spares.drop_vms([d for d, up in zip(offered, running, strict=True) if not up])
+        for i, domain in enumerate(alive):
+            domains[i] = domain
+            self.vms.background.spawn(self._label(domain, children[i][1]), name=f"label:{domain}")
+        return len(alive)
 
     async def _label(self, domain: str, meta: dict[str, str]) -> None:
         try:

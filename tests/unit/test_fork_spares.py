@@ -1,4 +1,4 @@
-"""The fork's spare RAM copies (``vm_fork.Spares``): a fork right after another waits for the
+"""The fork's spare RAM copies (``fork_spares.Spares``): a fork right after another waits for the
 copy being made instead of copying the base beside it; a copy asked with a delay starts after it,
 and a fork within the delay cancels it; a paused QEMU is started on each ready copy, handed to
 the fork that takes it, and destroyed when the service stops, even mid-copy."""
@@ -15,7 +15,7 @@ import pytest
 
 from hypervisor import HypervisorError
 from hypervisor.forkram import copy_base
-from kernelhost.sandboxes import vm_fork
+from kernelhost.sandboxes import fork_spares
 from kernelhost.tasks import TaskSet
 
 pytestmark = pytest.mark.unit
@@ -41,24 +41,24 @@ def gate(monkeypatch: pytest.MonkeyPatch) -> threading.Event:
         assert opened.wait(10), "the test never opened the gate"
         return copy_base(source, dest)
 
-    monkeypatch.setattr("kernelhost.sandboxes.vm_fork.copy_base", held)
-    monkeypatch.setattr("kernelhost.sandboxes.vm_fork.give_to_qemu", lambda *args: None)
+    monkeypatch.setattr("kernelhost.sandboxes.fork_spares.copy_base", held)
+    monkeypatch.setattr("kernelhost.sandboxes.fork_spares.give_to_qemu", lambda *args: None)
     return opened
 
 
 @pytest.fixture
-async def spares(tmp_path: Path, gate: threading.Event) -> AsyncIterator[vm_fork.Spares]:
+async def spares(tmp_path: Path, gate: threading.Event) -> AsyncIterator[fork_spares.Spares]:
     """Spares of the fixture's templates; its copies are ended (the gate opened) afterwards."""
     tasks = TaskSet("test")
     try:
-        yield vm_fork.Spares(tmp_path / "forks", tmp_path / "templates", tasks)
+        yield fork_spares.Spares(tmp_path / "forks", tmp_path / "templates", tasks)
     finally:
         gate.set()
         await tasks.close()
 
 
 async def test_a_fork_right_after_another_takes_the_spare_being_made(
-    tmp_path: Path, base: Path, gate: threading.Event, spares: vm_fork.Spares
+    tmp_path: Path, base: Path, gate: threading.Event, spares: fork_spares.Spares
 ) -> None:
     spares.refill(str(base), SIZE)
     dest = tmp_path / "child.ram"
@@ -66,13 +66,13 @@ async def test_a_fork_right_after_another_takes_the_spare_being_made(
     await asyncio.sleep(0.2)
     assert not taking.done()  # waiting for the copy, not copying the base itself
     gate.set()
-    assert await asyncio.wait_for(taking, 10) == vm_fork.Spare(dest)
+    assert await asyncio.wait_for(taking, 10) == fork_spares.Spare(dest)
     assert dest.read_bytes() == base.read_bytes()
     assert await spares.take(str(base), tmp_path / "next.ram") is None  # taken: none ready
 
 
 async def test_a_spare_that_cannot_be_made_lets_the_fork_copy_for_itself(
-    tmp_path: Path, base: Path, gate: threading.Event, spares: vm_fork.Spares
+    tmp_path: Path, base: Path, gate: threading.Event, spares: fork_spares.Spares
 ) -> None:
     gate.set()
     missing = tmp_path / "templates" / "gone-0123" / "ram"  # pruned since: the copy fails
@@ -83,7 +83,7 @@ async def test_a_spare_that_cannot_be_made_lets_the_fork_copy_for_itself(
 
 
 async def test_a_delayed_spare_is_copied_after_its_delay(
-    tmp_path: Path, base: Path, gate: threading.Event, spares: vm_fork.Spares
+    tmp_path: Path, base: Path, gate: threading.Event, spares: fork_spares.Spares
 ) -> None:
     gate.set()
     spares.refill(str(base), SIZE, delay=0.3)
@@ -96,7 +96,7 @@ async def test_a_delayed_spare_is_copied_after_its_delay(
 
 
 async def test_a_fork_within_the_delay_cancels_the_spare_and_copies_for_itself(
-    tmp_path: Path, base: Path, gate: threading.Event, spares: vm_fork.Spares
+    tmp_path: Path, base: Path, gate: threading.Event, spares: fork_spares.Spares
 ) -> None:
     gate.set()
     spares.refill(str(base), SIZE, delay=30.0)
@@ -109,7 +109,7 @@ async def test_a_fork_within_the_delay_cancels_the_spare_and_copies_for_itself(
 
 
 async def test_stop_cancels_the_spares_still_waiting(
-    tmp_path: Path, base: Path, gate: threading.Event, spares: vm_fork.Spares
+    tmp_path: Path, base: Path, gate: threading.Event, spares: fork_spares.Spares
 ) -> None:
     spares.refill(str(base), SIZE, delay=30.0)
     spares.stop()
@@ -121,16 +121,18 @@ async def test_stop_cancels_the_spares_still_waiting(
 class FakeVms:
     """``start_vm`` and ``destroy_vm`` for ``Spares``: names the files its QEMUs map."""
 
-    def __init__(self, fail: bool = False) -> None:
-        self.fail = fail
+    def __init__(self, fail: bool = False, fail_calls: frozenset[int] = frozenset()) -> None:
+        self.fail, self.fail_calls = fail, fail_calls  # every start fails, or these calls (0-based)
+        self.calls = 0
         self.started: dict[str, Path] = {}
         self.destroyed: list[str] = []
         self.hold = asyncio.Event()
         self.hold.set()
 
     async def start(self, ram: Path, image: object) -> str:
+        call, self.calls = self.calls, self.calls + 1
         await self.hold.wait()
-        if self.fail:
+        if self.fail or call in self.fail_calls:
             raise HypervisorError("no QEMU today")
         domain = f"kht-spare{len(self.started)}"
         self.started[domain] = ram
@@ -140,8 +142,8 @@ class FakeVms:
         self.destroyed.append(domain)
 
 
-def spares_with(tmp_path: Path, tasks: TaskSet, vms: FakeVms) -> vm_fork.Spares:
-    return vm_fork.Spares(tmp_path / "forks", tmp_path / "templates", tasks, vms.start, vms.destroy)
+def spares_with(tmp_path: Path, tasks: TaskSet, vms: FakeVms) -> fork_spares.Spares:
+    return fork_spares.Spares(tmp_path / "forks", tmp_path / "templates", tasks, vms.start, vms.destroy)
 
 
 IMAGE: Any = object()  # the fake's start never looks at it
@@ -156,11 +158,11 @@ async def test_a_ready_spare_has_a_paused_qemu_on_its_file_for_the_fork(
     spares.refill(str(base), SIZE, IMAGE)
     dest = tmp_path / "child.ram"
     spare = await asyncio.wait_for(spares.take(str(base), dest), 10)
-    assert spare == vm_fork.Spare(dest, "kht-spare0")
+    assert spare == fork_spares.Spare(dest, ("kht-spare0",))
     assert vms.started["kht-spare0"].name.startswith("spare-")  # the file it mapped, moved to dest
     assert dest.read_bytes() == base.read_bytes() and vms.destroyed == []  # the fork's now
     spares.refill(str(base), SIZE)  # no image: a file spare only
-    assert await asyncio.wait_for(spares.take(str(base), dest), 10) == vm_fork.Spare(dest)
+    assert await asyncio.wait_for(spares.take(str(base), dest), 10) == fork_spares.Spare(dest)
     await tasks.close()
 
 
@@ -197,5 +199,23 @@ async def test_a_qemu_that_cannot_start_leaves_the_file_spare(
     spares = spares_with(tmp_path, tasks, vms)
     spares.refill(str(base), SIZE, IMAGE)
     dest = tmp_path / "child.ram"
-    assert await asyncio.wait_for(spares.take(str(base), dest), 10) == vm_fork.Spare(dest)
+    assert await asyncio.wait_for(spares.take(str(base), dest), 10) == fork_spares.Spare(dest)
+    await tasks.close()
+
+
+async def test_a_spare_has_as_many_qemus_as_asked_at_most_the_cap_and_keeps_those_that_started(
+    tmp_path: Path, base: Path, gate: threading.Event
+) -> None:
+    gate.set()
+    vms, tasks = FakeVms(fail_calls=frozenset({1})), TaskSet("test")
+    spares = spares_with(tmp_path, tasks, vms)
+    spares.refill(str(base), SIZE, IMAGE, vms=3)  # the second start fails
+    dest = tmp_path / "child.ram"
+    spare = await asyncio.wait_for(spares.take(str(base), dest), 10)
+    assert spare is not None and len(spare.domains) == 2 and vms.calls == 3
+    spares.refill(str(base), SIZE, IMAGE, vms=50)
+    spare = await asyncio.wait_for(spares.take(str(base), dest), 10)
+    assert spare is not None and len(spare.domains) == fork_spares.SPARE_VMS_MAX
+    spares.drop_vms(spare.domains)  # the ones a fork leaves
+    assert sorted(vms.destroyed) == sorted(spare.domains)
     await tasks.close()

@@ -116,54 +116,73 @@ async def test_fork_copies_pages_of_a_clone_of_a_fork_and_whole_ram_of_a_woken_p
             await sbx.close()
 
 
-async def _spare_vm(service: Service, template: str, timeout: float = 60) -> str:
-    """The paused QEMU the service started on its spare RAM copy of ``template``."""
+async def _spare_vms(service: Service, template: str, count: int, timeout: float = 60) -> list[str]:
+    """The ``count`` paused QEMUs the service started on its spare RAM copy of ``template``."""
     hv = service.hypervisor()
     deadline = time.monotonic() + timeout
     try:
         while True:
             want = {"role": "fork-spare", "template": template}
             found = [d.name for d in hv.domains() if d.metadata == want]
-            if found:
-                return found[0]
-            assert time.monotonic() < deadline, "no spare QEMU started after a fork"
+            if len(found) >= count:
+                assert len(found) == count, found
+                return found
+            assert time.monotonic() < deadline, f"{len(found)} spare QEMUs after a fork, not {count}"
             await asyncio.sleep(0.2)
     finally:
         hv.close()
 
 
-async def test_a_fork_after_another_makes_its_child_in_the_qemu_started_on_the_spare(
+async def _labels(service: Service) -> dict[str, dict[str, str]]:
+    hv = service.hypervisor()
+    try:
+        return {d.name: d.metadata for d in hv.domains()}
+    finally:
+        hv.close()
+
+
+async def test_a_fork_after_another_makes_its_children_in_the_qemus_started_on_the_spare(
     service: Service,
 ) -> None:
-    """After a fork from a clone, the next copy of the template's RAM file gets a paused QEMU:
-    the next fork's child is that QEMU, labelled with its sandbox, holding the parent's state
-    with its own random stream; it goes with the child (and the service stops the spare's)."""
+    """After a fork(2) from a clone, the next copy of the template's RAM file gets two paused
+    QEMUs: the next fork(2)'s children are those QEMUs, labelled with their sandboxes, holding
+    the parent's state with random streams of their own, gone with their sandboxes. A fork(1)
+    from the next spare takes one and destroys the other."""
     parent = await AsyncSandbox.create(url=service.url, api_key=service.api_key)
     made: list[AsyncSandbox] = [parent]
     try:
         await parent.run_code("marker = 'parent state'")
-        made += await parent.fork(1)
-        spare = await _spare_vm(service, "python")
-        [child] = await parent.fork(1)
-        made.append(child)
-        assert (await child.run_code("marker")).text == "'parent state'"
-        assert _fork_copies(service, parent.id)[-1]["prestarted"] is True
-        a, b = await _randoms(made[1]), await _randoms(child)
+        made += await parent.fork(2)
+        spares = await _spare_vms(service, "python", 2)
+        kids = await parent.fork(2)
+        made += kids
+        for kid in kids:
+            assert (await kid.run_code("marker")).text == "'parent state'"
+        assert _fork_copies(service, parent.id)[-1]["prestarted"] == 2
+        a, b = await _randoms(kids[0]), await _randoms(kids[1])
         assert all(x != y for x, y in zip(a, b, strict=True)), (a, b)
-        hv = service.hypervisor()
-        try:
-            deadline = time.monotonic() + 30
-            while (meta := {d.name: d.metadata for d in hv.domains()}.get(spare)) != {
-                "sandbox": child.id,
-                "template": "python",
-            }:
-                assert time.monotonic() < deadline, f"the spare's QEMU is labelled {meta}"
-                await asyncio.sleep(0.2)
-            await child.close()
-            made.remove(child)
-            assert await asyncio.to_thread(hv.wait_gone, spare, 30), f"{spare} outlived its sandbox"
-        finally:
-            hv.close()
+        deadline = time.monotonic() + 30
+        want = {kid.id for kid in kids}
+        while {m.get("sandbox") for d, m in (await _labels(service)).items() if d in spares} != want:
+            assert time.monotonic() < deadline, f"the spares' QEMUs are labelled {await _labels(service)}"
+            await asyncio.sleep(0.2)
+        for kid in kids:
+            await kid.close()
+            made.remove(kid)
+        deadline = time.monotonic() + 30
+        while set(spares) & set(await _labels(service)):
+            assert time.monotonic() < deadline, "a spare's QEMU outlived its sandbox"
+            await asyncio.sleep(0.2)
+
+        spares = await _spare_vms(service, "python", 2)
+        [one] = await parent.fork(1)
+        made.append(one)
+        assert (await one.run_code("marker")).text == "'parent state'"
+        assert _fork_copies(service, parent.id)[-1]["prestarted"] == 1
+        deadline = time.monotonic() + 30
+        while len(set(spares) & set(await _labels(service))) != 1:  # the one left is destroyed
+            assert time.monotonic() < deadline, "the spare QEMU the fork left is still running"
+            await asyncio.sleep(0.2)
     finally:
         for sbx in reversed(made):
             await sbx.close()
