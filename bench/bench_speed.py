@@ -160,31 +160,68 @@ async def answered(sbx: AsyncSandbox) -> None:
     assert ex.text == "2", ex
 
 
+def spare_after_last_fork(svc: Service) -> bool:
+    """The last fork's refill is done: a spare made (``vm.fork_spare_ready``) after the last
+    fork's copy (a fork takes a spare, or waits for the one being made, before it copies)."""
+    ready = svc.log_events("vm.fork_spare_ready")
+    copied = svc.log_events("vm.fork_copied")
+    return bool(ready) and (not copied or ready[-1]["timestamp"] > copied[-1]["timestamp"])
+
+
+async def settled(svc: Service, timeout: float = 60) -> None:
+    """No background work beside the next fork: the pool full again and the last fork's spare
+    RAM copy and its QEMUs made, as a user forking seconds apart finds them."""
+    await wait_pool(svc, POOL_SIZE)
+    deadline = time.monotonic() + timeout
+    while not spare_after_last_fork(svc):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"no fork spare made within {timeout}s")
+        await asyncio.sleep(0.1)
+
+
 async def forks(svc: Service, rounds: int) -> dict[str, Any]:
-    """fork(1) and fork(5) to every child answering; fork(1) also in parts: the fork call, the
-    child's first ``1+1`` and its second (a QEMU that has run the code before: under TCG a new
-    process translates every guest instruction it runs the first time). The parent's pause per
-    fork comes from the service's log (``vm.fork_copied``)."""
-    keys = ("fork1", "fork5", "fork1_call", "fork1_first_1plus1", "fork1_second_1plus1", "pool_hit_create")
+    """fork(1) and fork(5) to every child answering, each from a settled service (``settled``);
+    fork(5) also right after a fork(1)'s child answered (its spare not made yet); fork(1) in
+    parts: the fork call, the child's first ``1+1`` and its second (a QEMU that has run the code
+    before: under TCG a new process translates every guest instruction it runs the first time).
+    The parent's pause per fork comes from the service's log (``vm.fork_copied``)."""
+    keys = (
+        "fork1",
+        "fork5",
+        "fork5_right_after_fork1",
+        "fork1_call",
+        "fork1_first_1plus1",
+        "fork1_second_1plus1",
+        "pool_hit_create",
+    )
     out: dict[str, list[float]] = {k: [] for k in keys}
+
+    async def fork(parent: AsyncSandbox, n: int, key: str) -> list[AsyncSandbox]:
+        t0 = time.perf_counter()
+        kids = await parent.fork(n)
+        t1 = time.perf_counter()
+        await asyncio.gather(*(answered(k) for k in kids))
+        out[key].append(time.perf_counter() - t0)
+        if key == "fork1":
+            out["fork1_call"].append(t1 - t0)
+            out["fork1_first_1plus1"].append(time.perf_counter() - t1)
+            took, _ = await timed(answered(kids[0]))
+            out["fork1_second_1plus1"].append(took)
+        return kids
+
     async with AsyncSandbox(url=svc.url, api_key=svc.api_key) as parent:
         ex = await parent.run_code(STATE_CELL, timeout=600)
         assert ex.text == "100000000", ex
+        for kid in await parent.fork(1):  # the first fork from the template makes its spare
+            await kid.close()
         for _ in range(rounds):
             for n, key in ((1, "fork1"), (5, "fork5")):
-                await wait_pool(svc, POOL_SIZE)  # settled: no pool refill beside the fork
-                t0 = time.perf_counter()
-                kids = await parent.fork(n)
-                t1 = time.perf_counter()
-                await asyncio.gather(*(answered(k) for k in kids))
-                out[key].append(time.perf_counter() - t0)
-                if n == 1:
-                    out["fork1_call"].append(t1 - t0)
-                    out["fork1_first_1plus1"].append(time.perf_counter() - t1)
-                    took, _ = await timed(answered(kids[0]))
-                    out["fork1_second_1plus1"].append(took)
-                for kid in kids:
+                await settled(svc)
+                for kid in await fork(parent, n, key):
                     await kid.close()
+                if n == 1:  # this fork(5) comes before the fork(1)'s spare is made
+                    for kid in await fork(parent, 5, "fork5_right_after_fork1"):
+                        await kid.close()
             await wait_pool(svc, POOL_SIZE)
             t0 = time.perf_counter()
             async with AsyncSandbox(url=svc.url, api_key=svc.api_key) as other:
@@ -278,7 +315,7 @@ async def column(tmp: Path, accel: str, r: argparse.Namespace) -> dict[str, Any]
             show(f"[{accel}] pool hit: second 1+1", out["second_1plus1"])
         if "fork" in r.only:
             out.update(await forks(svc, r.rounds))
-            for name in ("fork1", "fork5", "pool_hit_create"):
+            for name in ("fork1", "fork5", "fork5_right_after_fork1", "pool_hit_create"):
                 show(f"[{accel}] {name} (100 MB parent) to answering", out[name])
             show(f"[{accel}] fork1: the fork call", out["fork1_call"])
             show(f"[{accel}] fork1: child's first 1+1", out["fork1_first_1plus1"], out["fork1_second_1plus1"])

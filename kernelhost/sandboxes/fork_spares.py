@@ -157,12 +157,18 @@ class Spares:
             log.warning("vm.fork_spare_vm_failed", ram=str(path), error=str(exc))
         return tuple(r for r in results if isinstance(r, str))
 
-    def drop_vms(self, domains: tuple[str, ...] | list[str]) -> None:
-        """Destroy spare QEMUs no fork will use (in the background the service's close waits
-        for)."""
-        if self._destroy_vm is not None:
-            for domain in domains:
-                self._destroy_vm(domain)
+    def drop_vms(self, domains: tuple[str, ...] | list[str], delay: float = 0.0) -> None:
+        """Destroy spare QEMUs no fork will use, in the background the service's close waits
+        for; ``delay`` seconds from now (a fork's leftovers: their destroy beside its children's
+        first calls would slow those)."""
+        destroy = self._destroy_vm
+        if destroy is None or not domains:
+            return
+        if delay > 0 and not self._stopped:
+            self._tasks.spawn(_after(delay, destroy, tuple(domains)), name="fork-spare-drop")
+            return
+        for domain in domains:
+            destroy(domain)
 
     def stop(self) -> None:
         """A service stopping: cancel the copies still waiting out their delay, destroy the
@@ -178,3 +184,11 @@ class Spares:
         self._ready.clear()
         for path in self.dir.glob("spare-*"):
             path.unlink(missing_ok=True)
+
+
+async def _after(delay: float, destroy: Callable[[str], object], domains: tuple[str, ...]) -> None:
+    try:
+        await asyncio.sleep(delay)
+    finally:  # a cancelled wait destroys them at once
+        for domain in domains:
+            destroy(domain)

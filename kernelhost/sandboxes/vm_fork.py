@@ -172,7 +172,7 @@ class VmForker:
         if spare is None or not spare.domains:
             return 0
         offered = spare.domains[: len(domains)]
-        self.spares.drop_vms(spare.domains[len(domains) :])
+        self.spares.drop_vms(spare.domains[len(domains) :], delay=SPARE_DELAY)
         try:
             running = await asyncio.gather(*(asyncio.to_thread(self.hv.is_running, d) for d in offered))
         except BaseException:
