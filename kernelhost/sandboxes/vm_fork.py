@@ -54,10 +54,10 @@ class VmForker:
 
     async def fork(self, parent: str, image: GuestImage, children: Children) -> list[tuple[str, AgentClient]]:
         """Clone the running ``parent`` into ``children`` (domain, metadata); parent resumes.
-        Each child's domain and agent: the first child's domain is the spare's paused QEMU where
-        one was ready (named before the fork, relabelled with the child's metadata). The RAM
-        file is unlinked once they run (their mappings keep it); on failure nothing of the
-        children is left."""
+        Each child's domain and agent: the first children's domains are the spare's paused
+        QEMUs where a spare was ready (named before the fork, relabelled with the children's
+        metadata). The RAM file is unlinked once they run (their mappings keep it); on failure
+        nothing of the children is left."""
         domains = [domain for domain, _ in children]
         work = self.vms.forks_dir / uuid.uuid4().hex[:12]
         work.mkdir(parents=True)
@@ -103,10 +103,11 @@ class VmForker:
         t0 = time.monotonic()
         machine = await asyncio.to_thread(self.hv.machine_type, parent)
         spare = await self.spares.take(source.path, snap.ram)
+        # adopted at once: from here a failure's cleanup (``fork``) destroys them as children
+        prestarted = await self._adopt_spare_vms(spare, domains, children)
         if spare is None:
             await asyncio.to_thread(make_ram_file, snap.ram, source.size)
         give_to_qemu(snap.ram, 0o600)
-        prestarted = await self._adopt_spare_vms(spare, domains, children)
         specs = [
             self.vms.spec(d, image, m, mem_path=snap.ram, incoming=True)
             for d, (_, m) in zip(domains, children, strict=True)
