@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import threading
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
@@ -100,3 +102,42 @@ async def to_thread_to_the_end(func: Callable[..., T], /, *args: Any, **kwargs: 
             future.exception()  # retrieved: the cancellation is what the caller gets
         raise asyncio.CancelledError
     return future.result()
+
+
+class IdleThread:
+    """Work in a worker thread at the idle scheduling priority (``SCHED_IDLE``: it runs only on
+    CPU nothing else wants), which its owner can raise back to normal once someone waits for it.
+
+    ``await IdleThread().run(func, ...)``; ``raise_priority()`` from the event loop. Where the
+    host refuses the policy the work runs at normal priority."""
+
+    def __init__(self) -> None:
+        self._tid: int | None = None
+        self._raised = False
+
+    async def run(self, func: Callable[..., T], /, *args: Any) -> T:
+        return await asyncio.to_thread(self._in_thread, func, *args)
+
+    def _in_thread(self, func: Callable[..., T], /, *args: Any) -> T:
+        if not self._raised:
+            _set_policy(0, os.SCHED_IDLE)
+        self._tid = threading.get_native_id()  # after the policy: a raise from now on holds
+        if self._raised:
+            _set_policy(0, os.SCHED_OTHER)
+        try:
+            return func(*args)
+        finally:
+            self._tid = None  # the pool's thread goes on to other work at normal priority
+            _set_policy(0, os.SCHED_OTHER)
+
+    def raise_priority(self) -> None:
+        """Normal priority for the rest of the work (someone waits for it)."""
+        self._raised = True
+        tid = self._tid
+        if tid is not None:
+            _set_policy(tid, os.SCHED_OTHER)
+
+
+def _set_policy(tid: int, policy: int) -> None:
+    with contextlib.suppress(OSError):  # no such thread any more, or the host refuses
+        os.sched_setscheduler(tid, policy, os.sched_param(0))

@@ -8,10 +8,13 @@ base (a few hundred MiB, ~0.2 s), and its children are the QEMUs started on the 
 many QEMUs are started as the last fork from that base had children, at most ``SPARE_VMS_MAX``;
 a fork with more children starts the rest itself, one with fewer destroys the ones it leaves.
 
-The next spare is made ``SPARE_DELAY`` after a fork's children run, so its copy does not share
-the CPU with their first calls. A host that forks holds one such file (the template's RAM size)
-and up to ``SPARE_VMS_MAX`` paused QEMUs (~24 MiB each) per template it forks from; ``stop`` and
-``clear`` remove them.
+The next spare is made as soon as a fork's children run, its copy in a thread at the idle
+scheduling priority: it takes only CPU that nothing else wants, so it does not slow the
+children's first calls (a copy at normal priority beside them made those 0.24-0.34 s instead of
+0.14 s), and a fork right after another finds it made or part made. A fork that finds the copy
+still running raises it to normal priority and waits for it (a busy host cannot starve it). A
+host that forks holds one such file (the template's RAM size) and up to ``SPARE_VMS_MAX`` paused
+QEMUs (~24 MiB each) per template it forks from; ``stop`` and ``clear`` remove them.
 """
 
 from __future__ import annotations
@@ -29,14 +32,14 @@ from hypervisor import GuestImage, HypervisorError
 from hypervisor.forkram import copy_base, make_ram_file
 from hypervisor.host import give_to_qemu
 
-from ..tasks import TaskSet
+from ..tasks import IdleThread, TaskSet
 
 log = structlog.get_logger("kernelhost.vms")
 
 SPARE_WAIT = 10.0  # the longest a fork waits for the spare being made before it copies the base
-#: The next spare is copied this long after a fork's children run: its copy (a few hundred MiB,
-#: a host core for ~0.3 s) beside their first calls made those 0.24-0.34 s instead of 0.14 s.
-SPARE_DELAY = 1.0
+#: The spare QEMUs a fork leaves are destroyed this long after (libvirt's work for it beside
+#: the children's first calls would slow those).
+DROP_DELAY = 1.0
 #: The most paused QEMUs kept on one spare (a fork of more children starts the rest itself).
 SPARE_VMS_MAX = 5
 
@@ -69,8 +72,8 @@ class Spares:
         self.templates = templates  # where template RAM files live: the bases worth a spare
         self._tasks = tasks
         self._start_vm, self._destroy_vm = start_vm, destroy_vm
-        self._making: dict[str, asyncio.Task[None]] = {}  # base -> the task making its copy
-        self._copying: set[str] = set()  # bases whose copy has begun (past its delay)
+        self._making: dict[str, asyncio.Task[None]] = {}  # base -> the task making its spare
+        self._copiers: dict[str, IdleThread] = {}  # base -> the thread copying it
         self._ready: dict[str, Spare] = {}
         self._stopped = False
 
@@ -79,12 +82,15 @@ class Spares:
         is none. A copy being made (a fork right after another) is waited for, up to
         ``SPARE_WAIT`` seconds: it is part done, and a second copy beside it would slow both
         (3.7 s against 0.2 s, seen)."""
-        making = self._making.get(base) if base is not None else None
+        if base is None:
+            return None
+        making = self._making.get(base)
         if making is not None:
-            if base not in self._copying:
-                making.cancel()  # still in its delay: the fork copies for itself, as fast
+            copier = self._copiers.get(base)
+            if copier is not None:
+                copier.raise_priority()
             await asyncio.wait({making}, timeout=SPARE_WAIT)
-        spare = self._ready.pop(base, None) if base is not None else None
+        spare = self._ready.pop(base, None)
         if spare is None:
             return None
         try:
@@ -94,17 +100,10 @@ class Spares:
             return None
         return Spare(dest, spare.domains)
 
-    def refill(
-        self,
-        base: str | None,
-        size: int,
-        image: GuestImage | None = None,
-        delay: float = 0.0,
-        vms: int = 1,
-    ) -> None:
-        """Make the next copy of ``base`` (a template's RAM file) off the request path, starting
-        ``delay`` seconds from now, with ``vms`` paused QEMUs for children of ``image`` on it
-        (at most ``SPARE_VMS_MAX``); a fork within the delay cancels it (``take``)."""
+    def refill(self, base: str | None, size: int, image: GuestImage | None = None, vms: int = 1) -> None:
+        """Make the next copy of ``base`` (a template's RAM file) off the request path, at the
+        idle priority, with ``vms`` paused QEMUs for children of ``image`` on it (at most
+        ``SPARE_VMS_MAX``)."""
         for old in [b for b in self._ready if not os.path.exists(b)]:  # pruned since
             spare = self._ready.pop(old)
             spare.path.unlink(missing_ok=True)
@@ -115,22 +114,21 @@ class Spares:
             return
         vms = max(0, min(vms, SPARE_VMS_MAX))
         name = f"fork-spare:{Path(base).parent.name}"
-        self._making[base] = self._tasks.spawn(self._make(base, size, image, delay, vms), name=name)
+        self._making[base] = self._tasks.spawn(self._make(base, size, image, vms), name=name)
 
-    async def _make(self, base: str, size: int, image: GuestImage | None, delay: float, vms: int) -> None:
+    async def _make(self, base: str, size: int, image: GuestImage | None, vms: int) -> None:
         name = f"spare-{hashlib.sha256(base.encode()).hexdigest()[:16]}"
         tmp, path = self.dir / f"{name}.tmp", self.dir / name
+        copier = self._copiers[base] = IdleThread()
         try:
-            if delay > 0:
-                await asyncio.sleep(delay)
-            self._copying.add(base)
             tmp.unlink(missing_ok=True)
-            await asyncio.to_thread(make_ram_file, tmp, size)
-            await asyncio.to_thread(copy_base, base, tmp)
+            await copier.run(make_ram_file, tmp, size)
+            await copier.run(copy_base, base, tmp)
             give_to_qemu(tmp, 0o600)
             os.rename(tmp, path)
+            self._copiers.pop(base, None)
             spare = Spare(path, await self._started_on(path, image, vms))
-            if self._stopped:  # the service stopped while the copy ran
+            if self._stopped:  # the service stopped while the spare was made
                 path.unlink(missing_ok=True)
                 self.drop_vms(spare.domains)
             else:
@@ -141,7 +139,7 @@ class Spares:
         finally:
             tmp.unlink(missing_ok=True)
             self._making.pop(base, None)
-            self._copying.discard(base)
+            self._copiers.pop(base, None)
 
     async def _started_on(self, path: Path, image: GuestImage | None, vms: int) -> tuple[str, ...]:
         """The paused QEMUs started on ``path``, side by side: those that started (a fork
@@ -159,8 +157,7 @@ class Spares:
 
     def drop_vms(self, domains: tuple[str, ...] | list[str], delay: float = 0.0) -> None:
         """Destroy spare QEMUs no fork will use, in the background the service's close waits
-        for; ``delay`` seconds from now (a fork's leftovers: their destroy beside its children's
-        first calls would slow those)."""
+        for; ``delay`` seconds from now (a fork's leftovers, ``DROP_DELAY``)."""
         destroy = self._destroy_vm
         if destroy is None or not domains:
             return
@@ -171,12 +168,11 @@ class Spares:
             destroy(domain)
 
     def stop(self) -> None:
-        """A service stopping: cancel the copies still waiting out their delay, destroy the
-        spares' paused QEMUs."""
+        """A service stopping: the copies under way finish at normal priority and are removed
+        (the service's close waits for them), the spares' paused QEMUs are destroyed."""
         self._stopped = True
-        for base, task in list(self._making.items()):
-            if base not in self._copying:
-                task.cancel()
+        for copier in self._copiers.values():
+            copier.raise_priority()
         for spare in self._ready.values():
             self.drop_vms(spare.domains)
 

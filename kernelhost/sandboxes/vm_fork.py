@@ -31,7 +31,7 @@ from hypervisor.host import PageCopy, give_to_qemu
 
 from ..channel import AgentClient
 from ..tasks import to_thread_to_the_end
-from .fork_spares import SPARE_DELAY, Spare, Spares
+from .fork_spares import DROP_DELAY, Spare, Spares
 from .snapshots import Snapshot
 
 if TYPE_CHECKING:
@@ -148,9 +148,9 @@ class VmForker:
             )
 
         launched = await self._gather(load(i) for i in range(len(specs)))
-        # the next ready copy once the children run and have answered their first calls: its
-        # copy would compete with those; as many QEMUs on it as this fork had children
-        self.spares.refill(source.path, source.size, image, delay=SPARE_DELAY, vms=len(children))
+        # the next ready copy as the children run, at the idle priority (their first calls come
+        # first); as many QEMUs on it as this fork had children
+        self.spares.refill(source.path, source.size, image, vms=len(children))
         return launched
 
     async def _start_spare_vm(self, ram: Path, image: GuestImage) -> str:
@@ -173,7 +173,7 @@ class VmForker:
         if spare is None or not spare.domains:
             return 0
         offered = spare.domains[: len(domains)]
-        self.spares.drop_vms(spare.domains[len(domains) :], delay=SPARE_DELAY)
+        self.spares.drop_vms(spare.domains[len(domains) :], delay=DROP_DELAY)
         try:
             running = await asyncio.gather(*(asyncio.to_thread(self.hv.is_running, d) for d in offered))
         except BaseException:

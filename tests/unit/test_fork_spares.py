@@ -1,11 +1,12 @@
-"""The fork's spare RAM copies (``fork_spares.Spares``): a fork right after another waits for the
-copy being made instead of copying the base beside it; a copy asked with a delay starts after it,
-and a fork within the delay cancels it; a paused QEMU is started on each ready copy, handed to
-the fork that takes it, and destroyed when the service stops, even mid-copy."""
+"""The fork's spare RAM copies (``fork_spares.Spares``): a copy runs at the idle priority until a
+fork right after another waits for it, instead of copying the base beside it, and raises it;
+paused QEMUs are started on each ready copy, handed to the fork that takes it, and destroyed
+when the service stops, even mid-copy."""
 
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -21,6 +22,7 @@ from kernelhost.tasks import TaskSet
 pytestmark = pytest.mark.unit
 
 SIZE = 1 << 20
+POLICIES: list[int] = []  # the scheduling policies the held copies ran at
 
 
 @pytest.fixture
@@ -38,8 +40,12 @@ def gate(monkeypatch: pytest.MonkeyPatch) -> threading.Event:
     opened = threading.Event()
 
     def held(source: str | Path, dest: Path) -> int:
+        POLICIES.append(os.sched_getscheduler(0))  # the copying thread's, before the gate
         assert opened.wait(10), "the test never opened the gate"
+        POLICIES.append(os.sched_getscheduler(0))  # after: raised if a fork waited for it
         return copy_base(source, dest)
+
+    POLICIES.clear()
 
     monkeypatch.setattr("kernelhost.sandboxes.fork_spares.copy_base", held)
     monkeypatch.setattr("kernelhost.sandboxes.fork_spares.give_to_qemu", lambda *args: None)
@@ -62,11 +68,13 @@ async def test_a_fork_right_after_another_takes_the_spare_being_made(
 ) -> None:
     spares.refill(str(base), SIZE)
     dest = tmp_path / "child.ram"
+    await asyncio.sleep(0.2)
     taking = asyncio.create_task(spares.take(str(base), dest))
     await asyncio.sleep(0.2)
     assert not taking.done()  # waiting for the copy, not copying the base itself
     gate.set()
     assert await asyncio.wait_for(taking, 10) == fork_spares.Spare(dest)
+    assert POLICIES == [os.SCHED_IDLE, os.SCHED_OTHER]  # idle until the fork waited for it
     assert dest.read_bytes() == base.read_bytes()
     assert await spares.take(str(base), tmp_path / "next.ram") is None  # taken: none ready
 
@@ -82,40 +90,33 @@ async def test_a_spare_that_cannot_be_made_lets_the_fork_copy_for_itself(
     assert list((tmp_path / "forks").iterdir()) == []  # nothing half-made is left
 
 
-async def test_a_delayed_spare_is_copied_after_its_delay(
+async def test_a_spare_nobody_waits_for_is_copied_at_the_idle_priority(
     tmp_path: Path, base: Path, gate: threading.Event, spares: fork_spares.Spares
 ) -> None:
     gate.set()
-    spares.refill(str(base), SIZE, delay=0.3)
-    await asyncio.sleep(0.1)
-    assert list((tmp_path / "forks").iterdir()) == []  # nothing copied yet
-    await asyncio.sleep(0.6)
+    spares.refill(str(base), SIZE)
+    await asyncio.sleep(0.5)
     dest = tmp_path / "child.ram"
     assert await asyncio.wait_for(spares.take(str(base), dest), 10) is not None
     assert dest.read_bytes() == base.read_bytes()
+    assert POLICIES == [os.SCHED_IDLE, os.SCHED_IDLE]
 
 
-async def test_a_fork_within_the_delay_cancels_the_spare_and_copies_for_itself(
-    tmp_path: Path, base: Path, gate: threading.Event, spares: fork_spares.Spares
+async def test_stop_mid_copy_raises_it_and_keeps_no_spare(
+    tmp_path: Path, base: Path, gate: threading.Event
 ) -> None:
-    gate.set()
-    spares.refill(str(base), SIZE, delay=30.0)
-    dest = tmp_path / "child.ram"
-    took = await asyncio.wait_for(spares.take(str(base), dest), 1.0)  # no wait for the delay
-    assert took is None and not dest.exists()
-    assert list((tmp_path / "forks").iterdir()) == []
-    spares.refill(str(base), SIZE)  # the next fork's refill is not blocked by the cancelled one
-    assert await asyncio.wait_for(spares.take(str(base), dest), 10) is not None
-
-
-async def test_stop_cancels_the_spares_still_waiting(
-    tmp_path: Path, base: Path, gate: threading.Event, spares: fork_spares.Spares
-) -> None:
-    spares.refill(str(base), SIZE, delay=30.0)
+    tasks = TaskSet("test")
+    spares = fork_spares.Spares(tmp_path / "forks", tmp_path / "templates", tasks)
+    spares.refill(str(base), SIZE)
+    await asyncio.sleep(0.2)
     spares.stop()
-    await asyncio.sleep(0.05)
+    gate.set()
+    await tasks.wait(10)
+    assert POLICIES == [os.SCHED_IDLE, os.SCHED_OTHER]
     assert await spares.take(str(base), tmp_path / "child.ram") is None
     assert list((tmp_path / "forks").iterdir()) == []
+    spares.refill(str(base), SIZE)  # a stopped service makes no more
+    assert len(tasks) == 0
 
 
 class FakeVms:

@@ -4,12 +4,13 @@ cleanups its tasks start while it waits, and ends at its deadline whatever still
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 import time
 
 import pytest
 
-from kernelhost.tasks import TaskSet, to_thread_to_the_end
+from kernelhost.tasks import IdleThread, TaskSet, to_thread_to_the_end
 
 pytestmark = pytest.mark.unit
 
@@ -83,3 +84,23 @@ async def test_wait_ends_at_its_deadline() -> None:
     assert time.monotonic() - t0 < 5 and not stuck.done()
     await tasks.close()
     assert stuck.cancelled()
+
+
+async def test_an_idle_thread_runs_at_the_idle_priority_until_raised() -> None:
+    go = threading.Event()
+
+    def policies() -> list[int]:
+        first = os.sched_getscheduler(0)
+        assert go.wait(10)
+        return [first, os.sched_getscheduler(0)]
+
+    idle = IdleThread()
+    running = asyncio.create_task(idle.run(policies))
+    await asyncio.sleep(0.2)
+    idle.raise_priority()  # someone waits for it now
+    go.set()
+    assert await running == [os.SCHED_IDLE, os.SCHED_OTHER]
+    assert await idle.run(os.sched_getscheduler, 0) == os.SCHED_OTHER  # raised for good
+    fresh = IdleThread()
+    assert await fresh.run(os.sched_getscheduler, 0) == os.SCHED_IDLE
+    assert await asyncio.to_thread(os.sched_getscheduler, 0) == os.SCHED_OTHER  # the pool's threads
