@@ -53,14 +53,20 @@ def gate(monkeypatch: pytest.MonkeyPatch) -> threading.Event:
 
 
 @pytest.fixture
-async def spares(tmp_path: Path, gate: threading.Event) -> AsyncIterator[fork_spares.Spares]:
-    """Spares of the fixture's templates; its copies are ended (the gate opened) afterwards."""
-    tasks = TaskSet("test")
+async def tasks(gate: threading.Event) -> AsyncIterator[TaskSet]:
+    """The spares' tasks; its copies are ended (the gate opened) and the tasks closed after."""
+    owned = TaskSet("test")
     try:
-        yield fork_spares.Spares(tmp_path / "forks", tmp_path / "templates", tasks)
+        yield owned
     finally:
         gate.set()
-        await tasks.close()
+        await owned.close()
+
+
+@pytest.fixture
+def spares(tmp_path: Path, tasks: TaskSet) -> fork_spares.Spares:
+    """Spares of the fixture's templates, with no QEMUs."""
+    return fork_spares.Spares(tmp_path / "forks", tmp_path / "templates", tasks)
 
 
 async def test_a_fork_right_after_another_takes_the_spare_being_made(
@@ -103,10 +109,8 @@ async def test_a_spare_nobody_waits_for_is_copied_at_the_idle_priority(
 
 
 async def test_stop_mid_copy_raises_it_and_keeps_no_spare(
-    tmp_path: Path, base: Path, gate: threading.Event
+    tmp_path: Path, base: Path, gate: threading.Event, tasks: TaskSet, spares: fork_spares.Spares
 ) -> None:
-    tasks = TaskSet("test")
-    spares = fork_spares.Spares(tmp_path / "forks", tmp_path / "templates", tasks)
     spares.refill(str(base), SIZE)
     await asyncio.sleep(0.2)
     spares.stop()
@@ -151,10 +155,10 @@ IMAGE: Any = object()  # the fake's start never looks at it
 
 
 async def test_a_ready_spare_has_a_paused_qemu_on_its_file_for_the_fork(
-    tmp_path: Path, base: Path, gate: threading.Event
+    tmp_path: Path, base: Path, gate: threading.Event, tasks: TaskSet
 ) -> None:
     gate.set()
-    vms, tasks = FakeVms(), TaskSet("test")
+    vms = FakeVms()
     spares = spares_with(tmp_path, tasks, vms)
     spares.refill(str(base), SIZE, IMAGE)
     dest = tmp_path / "child.ram"
@@ -164,14 +168,13 @@ async def test_a_ready_spare_has_a_paused_qemu_on_its_file_for_the_fork(
     assert dest.read_bytes() == base.read_bytes() and vms.destroyed == []  # the fork's now
     spares.refill(str(base), SIZE)  # no image: a file spare only
     assert await asyncio.wait_for(spares.take(str(base), dest), 10) == fork_spares.Spare(dest)
-    await tasks.close()
 
 
 async def test_stop_destroys_the_ready_spares_qemu_and_one_started_during_the_copy(
-    tmp_path: Path, base: Path, gate: threading.Event
+    tmp_path: Path, base: Path, gate: threading.Event, tasks: TaskSet
 ) -> None:
     gate.set()
-    vms, tasks = FakeVms(), TaskSet("test")
+    vms = FakeVms()
     spares = spares_with(tmp_path, tasks, vms)
     spares.refill(str(base), SIZE, IMAGE)
     await tasks.wait(10)
@@ -189,26 +192,24 @@ async def test_stop_destroys_the_ready_spares_qemu_and_one_started_during_the_co
     assert list((tmp_path / "forks").iterdir()) == []
     spares.refill(str(base), SIZE, IMAGE)  # a stopped service makes no more
     assert await spares.take(str(base), tmp_path / "child.ram") is None
-    await tasks.close()
 
 
 async def test_a_qemu_that_cannot_start_leaves_the_file_spare(
-    tmp_path: Path, base: Path, gate: threading.Event
+    tmp_path: Path, base: Path, gate: threading.Event, tasks: TaskSet
 ) -> None:
     gate.set()
-    vms, tasks = FakeVms(fail=True), TaskSet("test")
+    vms = FakeVms(fail=True)
     spares = spares_with(tmp_path, tasks, vms)
     spares.refill(str(base), SIZE, IMAGE)
     dest = tmp_path / "child.ram"
     assert await asyncio.wait_for(spares.take(str(base), dest), 10) == fork_spares.Spare(dest)
-    await tasks.close()
 
 
 async def test_a_spare_has_as_many_qemus_as_asked_at_most_the_cap_and_keeps_those_that_started(
-    tmp_path: Path, base: Path, gate: threading.Event
+    tmp_path: Path, base: Path, gate: threading.Event, tasks: TaskSet
 ) -> None:
     gate.set()
-    vms, tasks = FakeVms(fail_calls=frozenset({1})), TaskSet("test")
+    vms = FakeVms(fail_calls=frozenset({1}))
     spares = spares_with(tmp_path, tasks, vms)
     spares.refill(str(base), SIZE, IMAGE, vms=3)  # the second start fails
     dest = tmp_path / "child.ram"
@@ -222,4 +223,3 @@ async def test_a_spare_has_as_many_qemus_as_asked_at_most_the_cap_and_keeps_thos
     assert vms.destroyed == []
     await tasks.wait(5)
     assert sorted(vms.destroyed) == sorted(spare.domains[1:])
-    await tasks.close()
