@@ -2,7 +2,9 @@
 
 ``TaskSet.spawn`` keeps a reference (an unreferenced task can be garbage-collected mid-run),
 logs a failure with its traceback when the task ends (nothing fails silently), and ``close``
-cancels every task still running and waits for them, with a deadline.
+cancels every task still running and waits for them, with a deadline. ``to_thread_to_the_end``
+runs a call whose effect a cleanup must see; ``IdleThread`` runs background work (a fork's spare
+RAM copy) at the idle CPU priority until someone waits for it.
 """
 
 from __future__ import annotations
