@@ -1,5 +1,6 @@
 """The raw relay of one pipe (``rawout.relay``) on its own: every byte in order, spans bounded,
-the cap shared, and a closed pipe ends a gathering span at once."""
+the cap shared, a closed pipe ends a gathering span at once, and the first output goes at once
+whatever the clock reads."""
 
 from __future__ import annotations
 
@@ -84,3 +85,25 @@ def test_a_closed_pipe_ends_a_gathering_span_at_once() -> None:
     spans, ended = _run(chunks, Budget(None), chunk=1 << 20, settle=True, coalesce=3600, gather=3600)
     assert ended, "the relay kept gathering after every writer had closed the pipe"
     assert b"".join(spans) == b"a" * 100 + b"b" * 100
+
+
+def test_the_first_output_goes_at_once_whatever_the_clock_reads() -> None:
+    # A coalesce window longer than the monotonic clock has run (a machine up for less than
+    # it): no span has left yet, so nothing is flowing and the first bytes must not gather.
+    r, w = os.pipe()
+    stop_r, stop_w = os.pipe()
+    spans: list[bytes] = []
+    window = time.monotonic() + 3600
+    timing = {"coalesce": window, "gather": 3600.0}
+    args = (r, _reader(spans), Budget(None), stop_r, 1 << 20)
+    thread = threading.Thread(target=relay, args=args, kwargs=timing)
+    thread.start()
+    try:
+        os.write(w, b"first")
+        _until(lambda: b"".join(spans) == b"first")
+    finally:
+        os.write(stop_w, b"x")
+        thread.join(JOIN)
+        for fd in (r, w, stop_r, stop_w):
+            os.close(fd)
+    assert not thread.is_alive()

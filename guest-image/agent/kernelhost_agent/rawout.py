@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import os
 import select
 import threading
@@ -111,7 +112,7 @@ def relay(
     output.register(stop_fd, select.POLLIN)
     stop.register(stop_fd, select.POLLIN)
     stop.register(fd, 0)  # POLLHUP only: every writer closed it, so nothing more will come
-    last = 0.0
+    last = -math.inf  # no span yet: the first output goes at once, whatever the clock reads
     while True:
         held = pending(fd)
         if not held:
