@@ -39,21 +39,26 @@ def _run(
     spans: list[bytes] = []
     thread = threading.Thread(target=relay, args=(r, _reader(spans), budget, stop_r, chunk), kwargs=timing)
     thread.start()
-    for n, data in enumerate(chunks, 1):
-        os.write(w, data)
-        if settle and n < len(chunks):
-            sent = sum(map(len, chunks[:n]))
-            _until(lambda: sum(map(len, spans)) == sent)  # noqa: B023 (called at once)
-    if settle:
-        time.sleep(0.3)  # the relay is gathering the last chunk now
-    os.close(w)
-    thread.join(JOIN)
-    ended = not thread.is_alive()
-    if not ended:
-        os.write(stop_w, b"x")
+    ended = False
+    try:
+        for n, data in enumerate(chunks, 1):
+            os.write(w, data)
+            if settle and n < len(chunks):
+                sent = sum(map(len, chunks[:n]))
+                _until(lambda: sum(map(len, spans)) == sent)  # noqa: B023 (called at once)
+        if settle:
+            time.sleep(0.3)  # the relay is gathering the last chunk now
+        os.close(w)
+        w = -1
         thread.join(JOIN)
-    for fd in (r, stop_r, stop_w):
-        os.close(fd)
+        ended = not thread.is_alive()
+    finally:  # a failed test stops its relay too: a thread left waiting would hold pytest's exit
+        if thread.is_alive():
+            os.write(stop_w, b"x")
+            thread.join(JOIN)
+        for fd in (r, w, stop_r, stop_w):
+            if fd >= 0:
+                os.close(fd)
     return spans, ended
 
 
