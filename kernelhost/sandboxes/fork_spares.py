@@ -126,7 +126,6 @@ class Spares:
             await copier.run(copy_base, base, tmp)
             give_to_qemu(tmp, 0o600)
             os.rename(tmp, path)
-            self._copiers.pop(base, None)
             spare = Spare(path, await self._started_on(path, image, vms))
             if self._stopped:  # the service stopped while the spare was made
                 path.unlink(missing_ok=True)

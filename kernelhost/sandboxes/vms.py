@@ -345,5 +345,5 @@ class VmFactory:
     ) -> list[tuple[str, AgentClient]]:
         """Clone the running ``parent`` into ``children`` (domain, metadata); the parent resumes
         (``vm_fork.py``: page by page where it can, else through an intermediate VM). Each
-        child's domain (the first may be a QEMU started before the fork) and agent."""
+        child's domain (the first ones may be QEMUs started before the fork) and agent."""
         return await self.forker.fork(parent, image, children)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 import aiohttp
 import pytest
@@ -14,6 +16,8 @@ from kernelhost import AsyncSandbox
 from ..harness import Service
 
 pytestmark = pytest.mark.vm
+
+T = TypeVar("T")
 
 RANDOMS = (
     "import json, os, random, uuid\n"
@@ -116,29 +120,37 @@ async def test_fork_copies_pages_of_a_clone_of_a_fork_and_whole_ram_of_a_woken_p
             await sbx.close()
 
 
-async def _spare_vms(service: Service, template: str, count: int, timeout: float = 60) -> list[str]:
-    """The ``count`` paused QEMUs the service started on its spare RAM copy of ``template``."""
-    hv = service.hypervisor()
+async def _eventually(
+    probe: Callable[[], Awaitable[T]], ok: Callable[[T], bool], what: str, timeout: float = 30
+) -> T:
+    """``probe()`` again until ``ok`` holds for what it returns (that value), at most ``timeout``
+    seconds; else the test fails naming ``what`` and the last value seen."""
     deadline = time.monotonic() + timeout
-    try:
-        while True:
-            want = {"role": "fork-spare", "template": template}
-            found = [d.name for d in hv.domains() if d.metadata == want]
-            if len(found) >= count:
-                assert len(found) == count, found
-                return found
-            assert time.monotonic() < deadline, f"{len(found)} spare QEMUs after a fork, not {count}"
-            await asyncio.sleep(0.2)
-    finally:
-        hv.close()
+    while not ok(seen := await probe()):
+        assert time.monotonic() < deadline, f"{what}: {seen!r}"
+        await asyncio.sleep(0.2)
+    return seen
 
 
 async def _labels(service: Service) -> dict[str, dict[str, str]]:
+    """Every domain of the service and its metadata."""
     hv = service.hypervisor()
     try:
         return {d.name: d.metadata for d in hv.domains()}
     finally:
         hv.close()
+
+
+async def _spare_vms(service: Service, template: str, count: int) -> list[str]:
+    """The ``count`` paused QEMUs the service started on its spare RAM copy of ``template``."""
+    want = {"role": "fork-spare", "template": template}
+
+    async def spares() -> list[str]:
+        return [name for name, meta in (await _labels(service)).items() if meta == want]
+
+    found = await _eventually(spares, lambda f: len(f) >= count, f"not {count} spare QEMUs after a fork", 60)
+    assert len(found) == count, found
+    return found
 
 
 async def test_a_fork_after_another_makes_its_children_in_the_qemus_started_on_the_spare(
@@ -150,6 +162,10 @@ async def test_a_fork_after_another_makes_its_children_in_the_qemus_started_on_t
     from the next spare takes one and destroys the other."""
     parent = await AsyncSandbox.create(url=service.url, api_key=service.api_key)
     made: list[AsyncSandbox] = [parent]
+
+    def labels() -> Awaitable[dict[str, dict[str, str]]]:
+        return _labels(service)
+
     try:
         await parent.run_code("marker = 'parent state'")
         made += await parent.fork(2)
@@ -161,28 +177,28 @@ async def test_a_fork_after_another_makes_its_children_in_the_qemus_started_on_t
         assert _fork_copies(service, parent.id)[-1]["prestarted"] == 2
         a, b = await _randoms(kids[0]), await _randoms(kids[1])
         assert all(x != y for x, y in zip(a, b, strict=True)), (a, b)
-        deadline = time.monotonic() + 30
         want = {kid.id for kid in kids}
-        while {m.get("sandbox") for d, m in (await _labels(service)).items() if d in spares} != want:
-            assert time.monotonic() < deadline, f"the spares' QEMUs are labelled {await _labels(service)}"
-            await asyncio.sleep(0.2)
+        await _eventually(
+            labels,
+            lambda seen: {m.get("sandbox") for d, m in seen.items() if d in spares} == want,
+            "the spares' QEMUs are not labelled with their sandboxes",
+        )
         for kid in kids:
             await kid.close()
             made.remove(kid)
-        deadline = time.monotonic() + 30
-        while set(spares) & set(await _labels(service)):
-            assert time.monotonic() < deadline, "a spare's QEMU outlived its sandbox"
-            await asyncio.sleep(0.2)
+        gone = "a spare's QEMU outlived its sandbox"
+        await _eventually(labels, lambda seen: not set(spares) & set(seen), gone)
 
         spares = await _spare_vms(service, "python", 2)
         [one] = await parent.fork(1)
         made.append(one)
         assert (await one.run_code("marker")).text == "'parent state'"
         assert _fork_copies(service, parent.id)[-1]["prestarted"] == 1
-        deadline = time.monotonic() + 30
-        while len(set(spares) & set(await _labels(service))) != 1:  # the one left is destroyed
-            assert time.monotonic() < deadline, "the spare QEMU the fork left is still running"
-            await asyncio.sleep(0.2)
+        await _eventually(  # the one the fork left is destroyed
+            labels,
+            lambda seen: len(set(spares) & set(seen)) == 1,
+            "the spare QEMU the fork left is still running",
+        )
     finally:
         for sbx in reversed(made):
             await sbx.close()
