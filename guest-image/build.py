@@ -66,6 +66,7 @@ DEFAULT_IMAGE_DIR = "/var/cache/kernelhost/images"
 
 BASE_PACKAGES = [
     "apt",  # for template layers (guest-image/layer.py); the essential variant has none
+    "erofs-utils",  # a template's layer is packed inside its build VM (layer.py), not on the host
     "python3",
     "python3-ipykernel",
     "python3-jupyter-client",

@@ -1,17 +1,23 @@
 #!/usr/bin/env python3
-"""Build a template's layer over a built image: apt and pip packages, files, setup commands,
-the kernel and its warm-up, packed as one erofs the guest stacks over the image's root.
+"""Build a template's layer INSIDE the throwaway build VM (never on the host): apt and pip
+packages, files, setup commands, the kernel and its warm-up, in a chroot over the VM's own root
+disk, packed as one erofs the guest stacks over the image's root.
 
-    python3 guest-image/layer.py --base DIR --spec SPEC.json --out DIR [--files DIR] [--work DIR]
+    python3 layer.py --spec JOB.json --out-dev /dev/vdX [--files FILES.tar.gz] [--root-dev /dev/vda]
 
-``SPEC.json`` is a template spec in its canonical form (kernelhost/templates/spec.py) plus
-``pip_config`` (the index options of the host's pip) and ``kernel_packages`` (what the chosen
-kernel needs). Progress goes to stdout as JSON lines: ``{"stage": ..., "detail": ...}``,
-``{"log": ...}`` and, last, ``{"done": manifest}`` or ``{"error": ..., "stage": ...}``. The
-output directory holds ``layer.erofs`` and ``manifest.json`` (what apt and pip resolved); on
-failure nothing is left of the work directory, and no mount.
+The host (kernelhost/sandboxes/template_vm.py) boots the base image with an empty writable disk
+(``--out-dev``), uploads this file, ``buildroot.py``, the job and the tenant's files archive over
+the agent channel, and runs this script as a bash command. ``JOB.json`` is the template spec in
+its canonical form (kernelhost/templates/spec.py) plus ``pip`` (the guest's pip index options,
+served through the VM's allowlist proxy), ``proxy_env`` and ``kernel_packages`` (what the chosen
+kernel needs), ``max_members`` and ``max_file_bytes`` (the archive's caps). The work tree lives
+on a tmpfs of the VM's RAM. Progress goes to stdout as JSON lines: ``{"stage": ..., "detail":
+...}``, ``{"log": ...}`` and, last, ``{"done": info}`` (kernel, language, what apt and pip
+resolved, ``layer_bytes``) or ``{"error": ..., "stage": ...}``. The layer is written to the
+start of ``--out-dev``; the host reads ``layer_bytes`` of it as opaque bytes, under a cap, and
+parses ``info`` as untrusted JSON.
 
-Standard library only, like build.py.
+Standard library only: it runs on the guest image's Python.
 """
 
 from __future__ import annotations
@@ -31,9 +37,43 @@ HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:
     sys.path.insert(0, str(HERE))
 
-from buildroot import BuildRoot, remove_build_litter, unmount_all  # noqa: E402
+from buildroot import BuildRoot, remove_build_litter  # noqa: E402
 
 STAGES = ["mount", "apt", "pip", "files", "setup", "kernel", "warm-up", "pack"]
+#: unpacks the files archive (stdin) INSIDE the chroot, so that its destination and every member
+#: path resolve in the layer's root (a symlink such as /var/run -> /run stays in the layer); it
+#: checks each member as it streams (count, total size, relative paths, files and directories
+#: only), so a small archive of a million members stops at the cap without being held
+EXTRACT = r"""
+import os, sys, tarfile
+dest, max_members, max_bytes = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+os.makedirs(dest, exist_ok=True)
+count = total = 0
+with tarfile.open(fileobj=sys.stdin.buffer, mode="r|gz") as archive:
+    for m in archive:
+        count += 1
+        if count > max_members:
+            sys.exit(f"files: the archive has more than {max_members} members; pack fewer files")
+        parts = m.name.split("/")
+        if m.name.startswith("/") or ".." in parts or not m.name.strip("./"):
+            sys.exit(f"files: member {m.name[:200]!r} leaves the archive; use relative paths")
+        if not (m.isfile() or m.isdir()):
+            sys.exit(f"files: member {m.name[:200]!r} is not a regular file or a directory")
+        total += m.size
+        if total > max_bytes:
+            sys.exit(f"files: the archive unpacks to more than {max_bytes} bytes; pack less")
+        target = os.path.join(dest, m.name)
+        if m.isdir():
+            os.makedirs(target, exist_ok=True)
+            continue
+        os.makedirs(os.path.dirname(target) or ".", exist_ok=True)
+        src = archive.extractfile(m)
+        with src, open(target, "wb") as out:
+            while chunk := src.read(1 << 20):
+                out.write(chunk)
+        os.chmod(target, 0o755 if m.mode & 0o111 else 0o644)
+print(f"{count} members, {total} bytes")
+"""
 PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 KERNEL_DIRS = ("usr/local/share/jupyter/kernels", "usr/share/jupyter/kernels")
 PYTHON_KERNELSPEC = "kernelhost"  # the image's own (guest-image/build.py)
@@ -53,9 +93,11 @@ def emit(**event: Any) -> None:
     print(json.dumps(event), flush=True)
 
 
-def stream(root: BuildRoot, argv: list[str], env: dict[str, str], cwd: str = "/") -> tuple[int, list[str]]:
+def stream(
+    root: BuildRoot, argv: list[str], env: dict[str, str], cwd: str = "/", stdin: Path | None = None
+) -> tuple[int, list[str]]:
     """Run ``argv`` in the root, each output line logged; (exit code, the last 200 lines)."""
-    proc = root.chroot(argv, env, cwd)
+    proc = root.chroot(argv, env, cwd, stdin)
     tail: list[str] = []
     assert proc.stdout is not None
     for line in proc.stdout:
@@ -66,11 +108,14 @@ def stream(root: BuildRoot, argv: list[str], env: dict[str, str], cwd: str = "/"
 
 
 def base_env(spec: dict[str, Any]) -> dict[str, str]:
+    """The steps' environment: the spec's, and the proxy through which the VM reaches the
+    package indexes of its allowlist (the host checks every connection)."""
     return {
         "PATH": PATH,
         "HOME": "/root",
         "LANG": "C.UTF-8",
         "DEBIAN_FRONTEND": "noninteractive",
+        **{str(k): str(v) for k, v in spec.get("proxy_env", {}).items()},
         **spec["env"],
     }
 
@@ -82,7 +127,8 @@ def step_apt(root: BuildRoot, packages: list[str], env: dict[str, str]) -> None:
     if not packages:
         return
     emit(stage="apt", detail=", ".join(packages))
-    code, tail = stream(root, ["apt-get", "-q", "update", "-o", "Acquire::Retries=3"], env)
+    proxy = [f"-oAcquire::{p}::Proxy={env[p + '_proxy']}" for p in ("http", "https") if env.get(p + "_proxy")]
+    code, tail = stream(root, ["apt-get", "-q", "update", "-o", "Acquire::Retries=3", *proxy], env)
     if code:
         raise StepFailed(f"apt: could not read the package lists: {_last_error(tail)}")
     argv = [
@@ -93,6 +139,7 @@ def step_apt(root: BuildRoot, packages: list[str], env: dict[str, str]) -> None:
         "--no-install-recommends",
         "-o",
         "Acquire::Retries=3",
+        *proxy,
         *packages,
     ]
     code, tail = stream(root, argv, env)
@@ -116,12 +163,19 @@ def _apt_error(tail: list[str]) -> str:
 
 
 def step_pip(
-    root: BuildRoot, requirements: list[str], pip_config: dict[str, str], env: dict[str, str]
+    root: BuildRoot, requirements: list[str], pip_config: dict[str, Any], env: dict[str, str]
 ) -> None:
     if not requirements:
         return
     emit(stage="pip", detail=", ".join(requirements))
-    pip_env = {**env, **{f"PIP_{k.upper().replace('-', '_')}": v for k, v in pip_config.items()}}
+    pip_env = {
+        **env,
+        **{
+            f"PIP_{k.upper().replace('-', '_')}": " ".join(v) if isinstance(v, list) else str(v)
+            for k, v in pip_config.items()
+            if v
+        },
+    }
     argv = [
         "python3", "-m", "pip", "install", "--no-cache-dir", "--break-system-packages",
         "--root-user-action=ignore", "--disable-pip-version-check", "--no-input", "--progress-bar=off",
@@ -146,13 +200,16 @@ def _pip_error(tail: list[str]) -> str:
     return _last_error(tail)
 
 
-def step_files(root: BuildRoot, files: Path | None, dest: str) -> None:
-    if files is None or not any(files.iterdir()):
+def step_files(root: BuildRoot, files: Path | None, dest: str, spec: dict[str, Any]) -> None:
+    """Unpack the tenant's archive at ``dest`` inside the chroot (``EXTRACT``)."""
+    if files is None:
         return
     emit(stage="files", detail=dest)
-    target = root.path / dest.lstrip("/")
-    target.mkdir(parents=True, exist_ok=True)
-    subprocess.run(["cp", "-a", "--no-preserve=ownership", f"{files}/.", str(target)], check=True)
+    caps = [str(int(spec.get("max_members", 100_000))), str(int(spec.get("max_file_bytes", 1 << 28)))]
+    argv = ["python3", "-c", EXTRACT, dest, *caps]
+    code, tail = stream(root, argv, {"PATH": PATH, "LANG": "C.UTF-8"}, stdin=files)
+    if code:
+        raise StepFailed(_last_error(tail) if tail else f"files: unpacking failed with exit code {code}")
 
 
 def step_setup(root: BuildRoot, commands: list[str], env: dict[str, str]) -> None:
@@ -246,58 +303,62 @@ def _last_error(tail: list[str]) -> str:
 # -- the build ----------------------------------------------------------------------------------
 
 
-def build(base: Path, spec: dict[str, Any], files: Path | None, out: Path, work: Path) -> dict[str, Any]:
+def build(
+    root_dev: Path, spec: dict[str, Any], files: Path | None, out_dev: Path, work: Path
+) -> dict[str, Any]:
     t0 = time.monotonic()
     env = base_env(spec)
-    binds = [p for p in spec.get("pip_binds", []) if isinstance(p, str)]
-    emit(stage="mount", detail=base.name)
-    with BuildRoot(base / "rootfs.erofs", work, binds) as root:
+    kernel_packages = spec.get("kernel_packages", {})
+    emit(stage="mount", detail=str(root_dev))
+    with BuildRoot(root_dev, work / "build") as root:
         before = dpkg_versions(root)
-        step_apt(root, [*spec.get("kernel_packages", {}).get("apt", []), *spec["apt"]], env)
-        step_pip(
-            root,
-            [*spec.get("kernel_packages", {}).get("pip", []), *spec["pip"]],
-            spec.get("pip_config", {}),
-            env,
-        )
-        step_files(root, files, spec.get("files_dest") or "/home/user")
-        step_setup(root, [*spec.get("kernel_packages", {}).get("setup", []), *spec["setup"]], env)
+        step_apt(root, [*kernel_packages.get("apt", []), *spec["apt"]], env)
+        step_pip(root, [*kernel_packages.get("pip", []), *spec["pip"]], spec.get("pip", {}), env)
+        step_files(root, files, spec.get("files_dest") or "/home/user", spec)
+        step_setup(root, [*kernel_packages.get("setup", []), *spec["setup"]], env)
         info = step_kernel(root, spec)
         step_warm_up(root, info, env)
         versions = resolved(root, env, before)
     remove_build_litter(root.upper)
     emit(stage="pack", detail="erofs (lz4hc)")
-    out.mkdir(parents=True, exist_ok=True)
+    layer = work / "layer.erofs"
     subprocess.run(
-        ["mkfs.erofs", "-zlz4hc", "--quiet", str(out / "layer.erofs"), str(root.upper)],
-        check=True, stdout=subprocess.DEVNULL,
+        ["mkfs.erofs", "-zlz4hc", "--quiet", str(layer), str(root.upper)],
+        check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
     )  # fmt: skip
+    size = layer.stat().st_size
+    with layer.open("rb") as src, out_dev.open("r+b") as dst:
+        if size > dst.seek(0, os.SEEK_END):
+            raise StepFailed(f"pack: the layer is {size >> 20} MiB, over the {dst.tell() >> 20} MiB cap")
+        dst.seek(0)
+        shutil.copyfileobj(src, dst, 1 << 20)
+        dst.flush()
+        os.fsync(dst.fileno())
     return {
         **info,
         "resolved": versions,
         "build_seconds": round(time.monotonic() - t0, 1),
-        "layer_bytes": (out / "layer.erofs").stat().st_size,
+        "layer_bytes": size,
     }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--base", required=True, type=Path, help="the built image to build over")
-    parser.add_argument("--spec", required=True, type=Path, help="the spec, as JSON")
-    parser.add_argument("--files", type=Path, help="a directory to copy to files_dest")
-    parser.add_argument("--out", required=True, type=Path, help="where layer.erofs goes")
-    parser.add_argument("--work", type=Path, help="scratch directory (default: next to --out)")
+    parser.add_argument("--spec", required=True, type=Path, help="the job, as JSON")
+    parser.add_argument("--files", type=Path, help="the files archive (tar.gz) to unpack at files_dest")
+    parser.add_argument("--out-dev", required=True, type=Path, help="the disk the layer is written to")
+    parser.add_argument("--root-dev", type=Path, default=Path("/dev/vda"), help="the base image's root")
+    parser.add_argument("--work", type=Path, default=Path("/run/kh-build/work"), help="scratch (a tmpfs)")
     args = parser.parse_args()
-    if os.geteuid() != 0:
-        raise SystemExit("building a template layer needs root (mount, chroot)")
     spec = json.loads(args.spec.read_text())
-    work = args.work or args.out.with_name(args.out.name + ".work")
+    args.work.mkdir(parents=True, exist_ok=True)
     try:
-        work.mkdir(parents=True)
-        info = build(args.base, spec, args.files, args.out, work)
+        size = spec.get("work_size", "80%")
+        subprocess.run(["busybox", "mount", "-t", "tmpfs", "-o", f"size={size},mode=0755", "tmpfs",
+                        str(args.work)], check=True, capture_output=True)  # fmt: skip
+        info = build(args.root_dev, spec, args.files, args.out_dev, args.work)
     except StepFailed as exc:
         emit(error=str(exc), stage=_STAGE[0])
-        shutil.rmtree(args.out, ignore_errors=True)
         raise SystemExit(1) from None
     except (OSError, subprocess.CalledProcessError) as exc:
         detail = (
@@ -306,11 +367,7 @@ def main() -> None:
             else ""
         )
         emit(error=f"{_STAGE[0]}: {exc}" + (f": {detail[:300]}" if detail else ""), stage=_STAGE[0])
-        shutil.rmtree(args.out, ignore_errors=True)
         raise SystemExit(1) from None
-    finally:
-        unmount_all(work)
-        shutil.rmtree(work, ignore_errors=True)
     emit(done=info)
 
 

@@ -41,6 +41,9 @@ class DomainSpec:
     incoming: bool = False  # start waiting for a migration stream (``-incoming defer``)
     # Read-only erofs layers stacked over ``rootfs`` (a template's), lowest first: vdb, vdc, ...
     layers: tuple[Path, ...] = ()
+    # One writable raw disk after the layers (a template's build VM writes its layer there);
+    # the host creates and owns the file, so libvirt does not relabel it
+    scratch_disk: Path | None = None
 
     def __post_init__(self) -> None:
         if self.accel not in ("tcg", "kvm"):
@@ -109,7 +112,7 @@ class DomainSpec:
       <target dev='vda' bus='virtio'/>
       <readonly/>
       <shareable/>
-    </disk>{self._layer_disks()}
+    </disk>{self._layer_disks()}{self._scratch_disk()}
     <controller type='usb' model='none'/>
     <controller type='virtio-serial' index='0'/>
     <channel type='unix'>
@@ -156,6 +159,23 @@ class DomainSpec:
     </disk>"""
             for n, layer in enumerate(self.layers)
         )
+
+    @property
+    def scratch_device(self) -> str:
+        """The guest's name of ``scratch_disk`` (``vdb`` with no layers)."""
+        return f"vd{chr(ord('b') + len(self.layers))}"
+
+    def _scratch_disk(self) -> str:
+        if self.scratch_disk is None:
+            return ""
+        return f"""
+    <disk type='file' device='disk'>
+      <driver name='qemu' type='raw'/>
+      <source file={quoteattr(str(self.scratch_disk))}>
+        <seclabel model='dac' relabel='no'/>
+      </source>
+      <target dev='{self.scratch_device}' bus='virtio'/>
+    </disk>"""
 
     def _cputune(self) -> str:
         if not self.cpu_quota_percent:

@@ -91,6 +91,12 @@ class Settings:
     template_dir: Path = Path("/etc/kernelhost/templates")  # *.toml built at start, for every key
     template_build_concurrency: int = 1  # template builds running at once (the rest queue)
     template_build_timeout: float = 1800.0  # seconds one build may take before it is stopped
+    template_build_memory_mib: int = 2048  # a build VM's memory (its key's memory limit counts it)
+    template_layer_max_mib: int = 8192  # the largest layer a build VM may produce
+    max_template_builds_per_key: int = 2  # builds one key may have queued or running at once
+    template_files_max_members: int = (
+        100_000  # members of a template's files archive (checked in its build VM)
+    )
     max_sandboxes_per_key: int = 100  # live and hibernated sandboxes one API key may hold
     max_memory_mib_per_key: int = 32768  # sum of running sandboxes' VM memory per API key
     max_hibernated_mib_per_key: int = 65536  # disk one API key's hibernated sandboxes may take
@@ -272,7 +278,12 @@ class Settings:
         for name in ("restart_timeout", "agent_timeout", "interrupt_grace"):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"{name} has value {getattr(self, name)}; use a positive number of seconds")
-        for name in ("max_requests_per_key", "max_connections", "max_metadata_bytes"):
+        for name in (
+            "max_requests_per_key",
+            "max_connections",
+            "max_metadata_bytes",
+            "max_template_builds_per_key",
+        ):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} has value {getattr(self, name)}; use at least 1")
         if not 1 <= self.template_build_concurrency <= 16:
@@ -282,6 +293,11 @@ class Settings:
         if not self.template_build_timeout > 0:
             raise ConfigError(
                 f"template_build_timeout has value {self.template_build_timeout}; use seconds > 0"
+            )
+        if self.template_build_memory_mib < 512 or self.template_layer_max_mib < 64:
+            raise ConfigError(
+                f"template_build_memory_mib ({self.template_build_memory_mib}) must be at least 512 "
+                f"and template_layer_max_mib ({self.template_layer_max_mib}) at least 64"
             )
         if not self.header_timeout > 0:
             raise ConfigError(f"header_timeout has value {self.header_timeout}; use seconds > 0")

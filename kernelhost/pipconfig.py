@@ -1,13 +1,11 @@
 """The host's pip configuration, as the host's own pip reads it: which package indexes it uses
-(a sandbox's ``allowlist`` network mode starts from them) and every option a template build's
-``pip install`` takes over (indexes, local wheel directories, certificates, constraints).
+(a sandbox's ``allowlist`` network mode and a template's build VM start from them).
 """
 
 from __future__ import annotations
 
 import configparser
 import os
-import urllib.parse
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,18 +13,6 @@ from pathlib import Path
 import structlog
 
 log = structlog.get_logger("kernelhost.pip")
-
-#: pip options a template build passes on (as ``PIP_<OPTION>``), and the environment's own
-BUILD_OPTIONS = (
-    "index-url",
-    "extra-index-url",
-    "find-links",
-    "cert",
-    "constraint",
-    "trusted-host",
-    "timeout",
-)
-
 
 @dataclass
 class PipIndexes:
@@ -82,25 +68,3 @@ def read_pip_config(
     values = read_pip_options(("index-url", "extra-index-url"), environ, files)
     index = values.get("index-url", "").strip() or None
     return PipIndexes(index, values.get("extra-index-url", "").split())
-
-
-def build_pip_options(environ: Mapping[str, str] | None = None) -> tuple[dict[str, str], list[str]]:
-    """What a template build's pip takes over from the host's: the options, and the host
-    directories they name (``file://`` indexes, wheel directories, certificate and constraint
-    files' directories), which the build makes visible, read-only, at the same paths."""
-    options = read_pip_options(BUILD_OPTIONS, environ)
-    binds: list[str] = []
-    for key, value in options.items():
-        for word in value.split():
-            path = urllib.parse.urlparse(word).path if word.startswith("file:") else word
-            if not path.startswith("/"):
-                continue
-            local = Path(path)
-            if key in ("cert", "constraint") or local.is_file():
-                local = local.parent
-            elif word.startswith("file:") and local.name == "simple":
-                local = local.parent  # an index's pages link to ../../files/...
-            for d in (local, local.resolve()):
-                if d.is_dir() and str(d) not in binds and str(d) != "/":
-                    binds.append(str(d))
-    return options, binds

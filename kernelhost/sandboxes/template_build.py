@@ -1,13 +1,16 @@
-"""The stages of one template build: a distribution base when the spec names one, the layer
-(``guest-image/layer.py``), the manifest, the snapshot with the preloads imported, and only then
-the template's link moved to the new build. Whatever ends a build, its scratch directory goes
-(and with it any mount of it); a build that fails leaves no image of itself.
+"""The stages of one template build: a distribution base when the spec names one (the
+operator's bootstrap, on the host), the layer (built in a build VM: ``template_vm.py``), the
+manifest, the snapshot with the preloads imported, and only then the template's link moved to
+the new build. Whatever ends a build, its scratch directory goes (its files archive with it);
+a build that fails leaves no image of itself.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
+import pwd
 import shutil
 import sys
 import time
@@ -15,19 +18,26 @@ from pathlib import Path
 from typing import Any
 
 from hypervisor import GuestImage, HypervisorError
+from hypervisor.host import QEMU_USER
 
 from ..channel import ChannelError
-from ..pipconfig import build_pip_options
 from ..templates import TemplateSpec
 from ..templates.builds import GUEST_IMAGE, Build, BuildFailed, BuildQueue, clean_work
 from .context import Context
+from .network.indexes import BuildIndexes
 from .template_store import TemplateRecord
 from .template_views import KERNEL_PACKAGES, image_name
+from .template_vm import build_in_vm
+
+#: modes of what a build leaves: the layer readable by QEMU's group only, the manifest (env
+#: values, setup commands) by root only
+LAYER_MODE, MANIFEST_MODE, IMAGE_DIR_MODE = 0o640, 0o600, 0o750
 
 
 async def run_build(
     ctx: Context,
     queue: BuildQueue,
+    indexes: BuildIndexes,
     build: Build,
     rec: TemplateRecord,
     spec: TemplateSpec,
@@ -48,7 +58,7 @@ async def run_build(
     else:
         if spec.suite is not None and not (image_dir / base[0] / "manifest.json").is_file():
             await _distribution_base(queue, build, spec.suite, image_dir)
-        image = await _layer(ctx, queue, build, rec, spec, base, files, final)
+        image = await _layer(ctx, queue, indexes, build, rec, spec, base, files, final)
     try:
         await _snapshot(ctx, build, image)
     except BaseException:
@@ -69,12 +79,13 @@ async def _distribution_base(queue: BuildQueue, build: Build, suite: str, image_
         "--image-dir",
         str(image_dir),
     ]
-    await queue.run_script(build, argv, work=None, expect_done=False)
+    await queue.run_script(build, argv, expect_done=False)
 
 
 async def _layer(
     ctx: Context,
     queue: BuildQueue,
+    indexes: BuildIndexes,
     build: Build,
     rec: TemplateRecord,
     spec: TemplateSpec,
@@ -82,36 +93,48 @@ async def _layer(
     files: Path | None,
     final: Path,
 ) -> GuestImage:
+    """The layer, built in a build VM of the base (``files``: the tenant's archive, handed to
+    that VM unopened)."""
     scratch = final.parent / f".build-{final.name}-{build.id}"
     scratch.mkdir(parents=True)
     try:
-        pip_options, binds = build_pip_options()
-        job = {
-            **spec.wire(),
-            "pip_config": pip_options,
-            "pip_binds": binds,
-            "kernel_packages": KERNEL_PACKAGES.get(spec.kernel, {}),
-        }
-        (scratch / "spec.json").write_text(json.dumps(job))
         base_dir = ctx.settings.image_dir / base[0]
-        argv = [
-            sys.executable, str(GUEST_IMAGE / "layer.py"), "--base", str(base_dir),
-            "--spec", str(scratch / "spec.json"), "--out", str(scratch / "out"),
-            "--work", str(scratch / "work"),
-        ]  # fmt: skip
-        if files is not None:
-            argv += ["--files", str(files)]
-        info = await queue.run_script(build, argv, work=scratch / "work")
+        base_image = GuestImage(base[0], base_dir, json.loads((base_dir / "manifest.json").read_text()))
+        job = {**spec.wire(), "kernel_packages": KERNEL_PACKAGES.get(spec.kernel, {}),
+               "max_members": ctx.settings.template_files_max_members,
+               "max_file_bytes": ctx.settings.max_file_bytes}  # fmt: skip
+        info, layer = await queue.run(
+            build, lambda: build_in_vm(ctx, indexes, build, base_image, job, files, scratch)
+        )
         manifest = _manifest(rec, spec, base, build, info)
-        (scratch / "out" / "manifest.json").write_text(json.dumps(manifest, indent=1))
-        for path in (scratch / "out").iterdir():
-            path.chmod(0o644)
-        (scratch / "out").chmod(0o755)
-        shutil.rmtree(final, ignore_errors=True)
-        (scratch / "out").rename(final)
+        await asyncio.to_thread(_install, scratch, layer, manifest, final)
     finally:
         await asyncio.shield(asyncio.to_thread(clean_work, scratch))
     return GuestImage(image_name(rec.owner, rec.name), final, manifest, ctx.settings.image_dir)
+
+
+def _install(scratch: Path, layer: Path, manifest: dict[str, Any], final: Path) -> None:
+    """``final``: the layer (root's, readable by QEMU's group) and the manifest (root's only)."""
+    out = scratch / "out"
+    out.mkdir(mode=IMAGE_DIR_MODE)
+    layer.rename(out / "layer.erofs")
+    (out / "manifest.json").write_text(json.dumps(manifest, indent=1))
+    (out / "manifest.json").chmod(MANIFEST_MODE)
+    gid = qemu_gid()
+    for path, mode in ((out / "layer.erofs", LAYER_MODE), (out, IMAGE_DIR_MODE)):
+        if gid is not None:
+            os.chown(path, 0, gid)
+        path.chmod(mode)
+    shutil.rmtree(final, ignore_errors=True)
+    out.rename(final)
+
+
+def qemu_gid() -> int | None:
+    """The group of libvirt's QEMU user (it reads layers through it), None without one."""
+    try:
+        return pwd.getpwnam(QEMU_USER).pw_gid
+    except KeyError:
+        return None
 
 
 def _manifest(

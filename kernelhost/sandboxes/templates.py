@@ -18,6 +18,8 @@ import asyncio
 import contextlib
 import hashlib
 import json
+import os
+import secrets
 import shutil
 import sys
 import time
@@ -29,17 +31,28 @@ import structlog
 
 from hypervisor import GuestImage, ImageNotFound
 
-from ..archive import ArchiveError, local_files, pack_files, unpack_archive
+from ..archive import ArchiveError, local_files, pack_files
 from ..templates import SpecError, TemplateSpec, parse_spec
 from ..templates.builds import GUEST_IMAGE, Build, BuildFailed, BuildQueue, BuildState, clean_work
 from .context import Context
-from .errors import InvalidRequest, Remedy, SandboxError, TemplateConflict, TemplateNotFound, UnknownTemplate
+from .errors import (
+    CapacityExceeded,
+    InvalidRequest,
+    Remedy,
+    SandboxError,
+    TemplateConflict,
+    TemplateNotFound,
+    UnknownTemplate,
+)
+from .network.indexes import BuildIndexes
 from .template_store import TemplateRecord, TemplateStore
 from .template_views import KERNEL_PACKAGES, TemplateView, builtin_view, image_name, record_view
+from .template_vm import SCRIPTS
 
 log = structlog.get_logger("kernelhost.templates")
 
-LAYER_FORMAT = 1  # bump when what goes into a layer's key changes
+LAYER_FORMAT = 2  # bump when what goes into a layer's key changes (2: built in a build VM)
+GZIP_MAGIC = b"\x1f\x8b"
 
 
 class TemplateService:
@@ -52,7 +65,8 @@ class TemplateService:
             settings.template_build_concurrency,
             settings.template_build_timeout,
         )
-        self.files_dir = settings.state_dir / "template-files"
+        self.files_dir = settings.state_dir / "template-files"  # archives of builds under way
+        self.indexes = BuildIndexes(ctx.network.host)
 
     def start(self) -> None:
         """After a restart: builds that were running are failed (their scratch is gone with the
@@ -69,7 +83,8 @@ class TemplateService:
             for row in self.store.builds(rec.owner, rec.name):
                 self.queue.restore(row)
         for scratch in self.ctx.settings.built_image_dir.glob(".build-*-bld_*"):
-            clean_work(scratch)  # a layer build that a killed service left (mounts included)
+            clean_work(scratch)  # a layer build that a killed service left
+        clean_work(self.files_dir)  # archives of builds that a killed service left
 
     # -- what a key sees -------------------------------------------------------------------------
 
@@ -156,10 +171,11 @@ class TemplateService:
                 template=spec.name,
                 build_id=running.id,
             )
+        self._check_limits(owner, spec)
+        base = await self._base(spec)
         files = None
         if archive:
-            spec, files = await asyncio.to_thread(self._unpack, spec, archive)
-        base = await self._base(spec)
+            spec, files = await asyncio.to_thread(self._stage, spec, archive)
         key = self._key(spec, base)
         build = self.queue.new(owner, spec.name, key)
         rec = current or TemplateRecord(owner, spec.name, spec.wire(), "building")
@@ -171,16 +187,49 @@ class TemplateService:
         )
         return build
 
-    def _unpack(self, spec: TemplateSpec, archive: bytes) -> tuple[TemplateSpec, Path]:
+    def _stage(self, spec: TemplateSpec, archive: bytes) -> tuple[TemplateSpec, Path]:
+        """Keep the tenant's archive as opaque bytes until its build VM takes it (the host never
+        opens it: its members are checked and unpacked in that VM); only its size and gzip
+        header are checked here. Removed when the build ends."""
+        if not archive.startswith(GZIP_MAGIC):
+            raise InvalidRequest(
+                "files: the archive is not gzip-compressed; send a tar.gz (the SDK and the CLI "
+                "pack one: kernelhost.archive.pack_files)",
+                field="files",
+            )
         digest = hashlib.sha256(archive).hexdigest()
-        dest = self.files_dir / digest
-        if not dest.is_dir():
-            try:
-                unpack_archive(archive, dest.with_name(dest.name + ".tmp"), self.ctx.settings.max_file_bytes)
-            except ArchiveError as exc:
-                raise InvalidRequest(str(exc), field="files") from None
-            dest.with_name(dest.name + ".tmp").rename(dest)
-        return spec.with_files(digest), dest
+        self.files_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        path = self.files_dir / f"{digest}-{secrets.token_hex(4)}.tar.gz"
+        path.write_bytes(archive)
+        return spec.with_files(digest), path
+
+    def _check_limits(self, owner: str, spec: TemplateSpec) -> None:
+        """A template's shape within its owner's limits; its builds within the key's places."""
+        settings = self.ctx.settings
+        memory = max(spec.memory_mib or 0, settings.template_build_memory_mib)
+        if memory > settings.max_memory_mib_per_key:
+            raise CapacityExceeded(
+                f"template {spec.name!r} needs {memory} MiB of VM memory (its memory_mib, or a build "
+                f"VM's template_build_memory_mib), over this key's limit of "
+                f"{settings.max_memory_mib_per_key} MiB (max_memory_mib_per_key); lower memory_mib",
+                limit="max_memory_mib_per_key",
+                value=settings.max_memory_mib_per_key,
+            )
+        cpus = max(os.cpu_count() or 1, settings.vm_vcpus)
+        if spec.vcpus is not None and spec.vcpus > cpus:
+            raise InvalidRequest(
+                f"vcpus: {spec.vcpus} is more than this host's {cpus} CPUs; ask for at most {cpus}",
+                field="vcpus",
+            )
+        mine = [b for b in self.queue.builds.values() if b.owner == owner and not b.state.finished]
+        if len(mine) >= settings.max_template_builds_per_key:
+            raise CapacityExceeded(
+                f"this API key has {len(mine)} template builds queued or running, its limit "
+                f"(max_template_builds_per_key {settings.max_template_builds_per_key}); wait for "
+                "one to finish or cancel it",
+                limit="max_template_builds_per_key",
+                value=settings.max_template_builds_per_key,
+            )
 
     async def _base(self, spec: TemplateSpec) -> tuple[str, str]:
         """(the base's image directory name, its key) for a spec; a distribution base may not
@@ -205,7 +254,7 @@ class TemplateService:
         return image.path.name, image.key
 
     def _key(self, spec: TemplateSpec, base: tuple[str, str]) -> str:
-        scripts = b"".join((GUEST_IMAGE / f).read_bytes() for f in ("layer.py", "buildroot.py"))
+        scripts = b"".join((GUEST_IMAGE / f).read_bytes() for f in SCRIPTS)
         blob = json.dumps([LAYER_FORMAT, spec.wire(), base[1], KERNEL_PACKAGES.get(spec.kernel, {})])
         return hashlib.sha256(blob.encode() + hashlib.sha256(scripts).digest()).hexdigest()[:16]
 
@@ -217,7 +266,7 @@ class TemplateService:
         bound = log.bind(template=spec.name, build_id=build.id, owner=rec.owner or "operator")
         bound.info("template.build_started", key=build.key)
         try:
-            _, cached = await run_build(self.ctx, self.queue, build, rec, spec, base, files)
+            _, cached = await run_build(self.ctx, self.queue, self.indexes, build, rec, spec, base, files)
             rec.state, rec.image_key, rec.error = "ready", build.key, ""
             await build.finish(BuildState.CACHED if cached else BuildState.SUCCEEDED)
             bound.info("template.built", seconds=round(time.time() - build.created_at, 1))
@@ -233,6 +282,8 @@ class TemplateService:
             bound.info("template.build_cancelled")
             raise
         finally:
+            if files is not None:
+                files.unlink(missing_ok=True)
             if self.store.get(rec.owner, rec.name) is not None:  # not deleted meanwhile
                 self.store.put(rec)
             self.store.put_build(build.row())
@@ -246,9 +297,11 @@ class TemplateService:
         return build
 
     def build(self, owner: str, name: str, build_id: str | None = None) -> Build:
-        """One build of the caller's template (the latest by default)."""
-        rec = self._record(owner, name)
-        if rec is None or (rec.owner != owner and rec.owner != ""):
+        """One build of the caller's own template (the latest by default). The operator's
+        templates' builds (owner "") are the operator's: a key neither reads their logs nor
+        cancels them (404, as for another key's)."""
+        rec = self.store.get(owner, name)
+        if rec is None:
             raise TemplateNotFound(name, [v.name for v in self.visible(owner)])
         wanted = build_id or rec.build_id
         build = self.queue.builds.get(wanted)

@@ -1,27 +1,26 @@
-"""Template builds off the request path: a queue with bounded concurrency, one build script per
-build (``guest-image/layer.py``, or ``build.py`` for a distribution base) in its own process
-group, its JSON-lines progress kept as the build's log, followed live, cancellable, and cleaned
-up whatever ends it (a failure, a cancel, a deadline, the service stopping).
+"""Template builds off the request path: a queue with bounded concurrency and a deadline per
+build (``BuildQueue.run``: a tenant's layer is built in a build VM, ``sandboxes/template_vm.py``;
+``run_script`` runs the operator's own scripts, ``build.py`` for a distribution base, in their
+own process group), the JSON-lines progress kept as the build's log (bounded), followed live,
+cancellable, and cleaned up whatever ends it (a failure, a cancel, a deadline, the service
+stopping).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
-import importlib.util
 import json
 import os
 import shutil
 import signal
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
-from types import ModuleType
-from typing import Any
+from typing import Any, TypeVar
 
 import structlog
 
@@ -30,6 +29,8 @@ log = structlog.get_logger("kernelhost.templates")
 REPO = Path(__file__).resolve().parents[2]
 GUEST_IMAGE = REPO / "guest-image"
 LOG_LINE_MAX = 4000  # characters of one build log line kept
+LOG_BYTES_MAX = 16 << 20  # bytes of one build's log; later log lines are dropped (stages kept)
+T = TypeVar("T")
 KILL_GRACE = 5.0  # seconds between SIGTERM and SIGKILL of a cancelled build
 
 
@@ -70,6 +71,7 @@ class Build:
     created_at: float = field(default_factory=time.time)
     started_at: float | None = None
     finished_at: float | None = None
+    log_bytes: int = 0
     changed: asyncio.Condition = field(default_factory=asyncio.Condition, repr=False)
     task: asyncio.Task[None] | None = field(default=None, repr=False)
 
@@ -93,10 +95,17 @@ class Build:
     async def note(self, event: dict[str, Any]) -> None:
         """Append one event to the log, take in a stage, wake the followers."""
         if "log" in event:
+            if self.log_bytes > LOG_BYTES_MAX:
+                return
             event = {"log": str(event["log"])[:LOG_LINE_MAX]}
         event.setdefault("at", round(time.time(), 3))
+        line = json.dumps(event) + "\n"
+        self.log_bytes += len(line)
+        if "log" in event and self.log_bytes > LOG_BYTES_MAX:
+            cut = f"(the log passed {LOG_BYTES_MAX} bytes; later lines are dropped)"
+            line = json.dumps({"log": cut, "at": event["at"]}) + "\n"
         with self.log_path.open("a") as f:
-            f.write(json.dumps(event) + "\n")
+            f.write(line)
         if "stage" in event and "error" not in event:
             self.stage = str(event["stage"])
             self.stages.append(
@@ -146,26 +155,25 @@ class BuildQueue:
         self.builds[build_id] = build
         return build
 
-    async def run_script(
-        self, build: Build, argv: list[str], work: Path | None, expect_done: bool = True
-    ) -> dict[str, Any]:
-        """Run one build script once a slot is free; its ``done`` event's data (``{}`` for a
-        script that has none: ``expect_done=False``). Raises ``BuildFailed``; cancelling the
-        task stops the script. ``work`` is removed whatever happens (after unmounting what the
-        script left mounted)."""
+    async def run(self, build: Build, job: Callable[[], Awaitable[T]]) -> T:
+        """Run one step of a build once a slot is free, under the build's deadline. Raises
+        ``BuildFailed`` at the deadline; cancelling the task cancels the step."""
         try:
             async with self._slots:
                 if build.state != BuildState.RUNNING:
                     build.state, build.started_at = BuildState.RUNNING, time.time()
                     await build.note({"state": str(BuildState.RUNNING)})
-                return await asyncio.wait_for(self._run(build, argv, expect_done), self.timeout)
+                return await asyncio.wait_for(job(), self.timeout)
         except TimeoutError:
             raise BuildFailed(
                 f"the build took longer than {self.timeout:.0f} s (template_build_timeout)", build.stage
             ) from None
-        finally:
-            if work is not None:
-                await asyncio.shield(asyncio.to_thread(clean_work, work))
+
+    async def run_script(self, build: Build, argv: list[str], expect_done: bool = True) -> dict[str, Any]:
+        """Run one of the operator's build scripts (never a tenant's input) once a slot is
+        free; its ``done`` event's data (``{}`` for a script that has none:
+        ``expect_done=False``). Raises ``BuildFailed``; cancelling the task stops the script."""
+        return await self.run(build, lambda: self._run(build, argv, expect_done))
 
     async def _run(self, build: Build, argv: list[str], expect_done: bool) -> dict[str, Any]:
         proc = await asyncio.create_subprocess_exec(
@@ -244,18 +252,6 @@ async def _stop(proc: asyncio.subprocess.Process) -> None:
 
 
 def clean_work(work: Path) -> None:
-    """Unmount what a build left mounted under ``work`` and remove it (idempotent)."""
-    if work.exists():
-        _buildroot().unmount_all(work)
-        shutil.rmtree(work, ignore_errors=True)
-
-
-@functools.cache
-def _buildroot() -> ModuleType:
-    """guest-image/buildroot.py (standard library only: the build scripts use it), by path."""
-    path = GUEST_IMAGE / "buildroot.py"
-    spec = importlib.util.spec_from_file_location("_kernelhost_buildroot", path)
-    assert spec is not None and spec.loader is not None, path
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    """Remove a build's scratch directory (idempotent; nothing of a build is ever mounted on
+    the host)."""
+    shutil.rmtree(work, ignore_errors=True)

@@ -38,7 +38,10 @@ ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,99}$")
 KERNELSPEC = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 MODULE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 R_PACKAGE = re.compile(r"^[A-Za-z][A-Za-z0-9.]*$")
-GUEST_PATH = re.compile(r"^/[^\0]*$")
+#: an absolute guest path without "." or ".." components, empty components or control characters
+#: (it is resolved inside the build VM's root, never on the host; refused here so that a spec
+#: says what it means)
+GUEST_PATH = re.compile(r"\A(?:/|(?:/(?!\.\.?(?:/|\Z))[^/\x00-\x1f\x7f]+)+/?)\Z")
 
 MAX_ITEMS = 200  # packages, setup commands, preloads, env entries
 MAX_TEXT = 16384  # one setup command, one env value, the description
@@ -127,7 +130,11 @@ def parse_spec(data: Mapping[str, Any], *, builtins: tuple[str, ...] = ()) -> Te
             _each(data, "allow", lambda v: _text({"allow": v}, "allow", pattern=re.compile(r"^\S{1,260}$")))
         ),
         files_dest=_text(
-            data, "files_dest", default="/home/user", pattern=GUEST_PATH, hint="an absolute guest path"
+            data,
+            "files_dest",
+            default="/home/user",
+            pattern=GUEST_PATH,
+            hint="an absolute guest path without '.' or '..' components, e.g. /home/user/data",
         ),
     )
     if spec.memory_mib and spec.writable_mib and spec.writable_mib >= spec.memory_mib:

@@ -16,7 +16,7 @@ from kernelhost.api.pip_index import serving as serving_index
 from kernelhost.channel import AgentClient
 from kernelhost.channel.protocol import NET_WINDOW as WINDOW
 from kernelhost.config import ConfigError, Settings
-from kernelhost.pipconfig import PipIndexes, build_pip_options, read_pip_config
+from kernelhost.pipconfig import PipIndexes, read_pip_config
 from kernelhost.sandboxes import InvalidRequest
 from kernelhost.sandboxes.network import (
     INDEX_HOST,
@@ -172,23 +172,6 @@ def test_bad_operator_entries_fail_at_start(tmp_path: Path) -> None:
 
 
 # -- the host's pip configuration ------------------------------------------------------------------
-
-
-def test_a_template_build_takes_over_the_hosts_pip_options_and_their_directories(tmp_path: Path) -> None:
-    (tmp_path / "index" / "simple").mkdir(parents=True)
-    (tmp_path / "wheels").mkdir()
-    (tmp_path / "ca.pem").write_text("x")
-    conf = tmp_path / "pip.conf"
-    conf.write_text(
-        f"[global]\nextra-index-url = {(tmp_path / 'index' / 'simple').as_uri()} https://pypi.example/simple\n"
-        f"find-links = {tmp_path / 'wheels'}\ncert = {tmp_path / 'ca.pem'}\n"
-    )
-    options, binds = build_pip_options(
-        {"PIP_CONFIG_FILE": str(conf), "HOME": str(tmp_path), "XDG_CONFIG_DIRS": "/nonexistent"}
-    )
-    assert options["find-links"] == str(tmp_path / "wheels") and "pypi.example" in options["extra-index-url"]
-    assert str(tmp_path / "index") in binds  # the index's parent: its pages link to ../../files
-    assert str(tmp_path / "wheels") in binds and str(tmp_path) in binds  # the cert's directory
 
 
 def test_pip_config_files_and_environment(tmp_path: Path) -> None:

@@ -16,7 +16,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
 from kernelhost.api import init_app
-from kernelhost.archive import ArchiveError, local_files, pack_files, unpack_archive
+from kernelhost.archive import ArchiveError, local_files, pack_files
 
 from .offline import fake_image_dir, offline_settings
 
@@ -74,9 +74,12 @@ async def test_a_bad_spec_is_a_400_naming_the_field(
     assert err["field"] == field and field in err["message"]
 
 
-async def test_a_files_archive_that_leaves_its_root_is_refused(client: ApiClient) -> None:
+@pytest.mark.parametrize("mode", ["w", "w:bz2", "w:xz"])
+async def test_a_files_archive_that_is_not_gzip_is_refused_unopened(client: ApiClient, mode: str) -> None:
+    """Only a tar.gz goes to a build VM; the host reads nothing of it but its first two bytes
+    (its members, such as this one leaving its root, are checked in the VM)."""
     buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w") as tar:
+    with tarfile.open(fileobj=buf, mode=mode) as tar:
         info = tarfile.TarInfo("../../etc/passwd")
         info.size = 1
         tar.addfile(info, io.BytesIO(b"x"))
@@ -85,7 +88,8 @@ async def test_a_files_archive_that_leaves_its_root_is_refused(client: ApiClient
     form.add_field("files", buf.getvalue(), filename="f.tar")
     r = await client.post("/v1/templates", data=form, headers=auth())
     assert r.status == 400
-    assert "leaves the archive" in (await r.json())["error"]["message"]
+    error = (await r.json())["error"]
+    assert error["field"] == "files" and "not gzip-compressed" in error["message"], error
     r = await client.get("/v1/templates/evil", headers=auth())
     assert r.status == 404  # nothing was recorded
 
@@ -97,22 +101,21 @@ async def test_multipart_without_a_spec_part_is_a_400(client: ApiClient) -> None
     assert r.status == 400 and (await r.json())["error"]["field"] == "spec"
 
 
-def test_archives_round_trip_and_refuse_links_and_escapes(tmp_path: Path) -> None:
+def test_archives_pack_guest_paths_as_gzip_and_refuse_links(tmp_path: Path) -> None:
     (tmp_path / "src" / "sub").mkdir(parents=True)
     (tmp_path / "src" / "sub" / "a.txt").write_text("a")
     (tmp_path / "run.sh").write_text("#!/bin/sh\n")
     (tmp_path / "run.sh").chmod(0o755)
     entries = local_files(["run.sh", {"src": "src", "dest": "/opt/app"}], tmp_path)
     assert entries[0] == (tmp_path / "run.sh", "/home/user/run.sh")
-    digest = unpack_archive(pack_files(entries), tmp_path / "out", 1 << 20)
-    assert len(digest) == 64
-    assert (tmp_path / "out" / "opt/app/sub/a.txt").read_text() == "a"
-    assert (tmp_path / "out" / "home/user/run.sh").stat().st_mode & 0o111
+    packed = pack_files(entries)
+    assert packed[:2] == b"\x1f\x8b" and packed == pack_files(entries)  # gzip, reproducible
+    with tarfile.open(fileobj=io.BytesIO(packed), mode="r:gz") as archive:  # the test reads it
+        members = {m.name: m for m in archive}
+    assert {"home/user/run.sh", "opt/app/sub/a.txt"} <= set(members)
+    assert members["home/user/run.sh"].mode & 0o111
     (tmp_path / "link").symlink_to(tmp_path / "run.sh")
     with pytest.raises(ArchiveError, match="is a link"):
         pack_files([(tmp_path / "link", "/x")])
-    with pytest.raises(ArchiveError, match="more than"):
-        unpack_archive(pack_files(entries), tmp_path / "out2", 1)
-    assert not (tmp_path / "out2").exists()
     with pytest.raises(ArchiveError, match="absolute guest path"):
         local_files([{"src": "run.sh", "dest": "relative"}], tmp_path)
