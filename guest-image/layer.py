@@ -8,7 +8,7 @@ disk, packed as one erofs the guest stacks over the image's root.
 The host (kernelhost/sandboxes/template_vm.py) boots the base image with an empty writable disk
 (``--out-dev``), uploads this file, ``buildroot.py``, the job and the tenant's files archive over
 the agent channel, and runs this script as a bash command. ``JOB.json`` is the template spec in
-its canonical form (kernelhost/templates/spec.py) plus ``pip`` (the guest's pip index options,
+its canonical form (kernelhost/templates/spec.py) plus ``pip_config`` (the guest's pip index options,
 served through the VM's allowlist proxy), ``proxy_env`` and ``kernel_packages`` (what the chosen
 kernel needs), ``max_members`` and ``max_file_bytes`` (the archive's caps). The work tree lives
 on a tmpfs of the VM's RAM. Progress goes to stdout as JSON lines: ``{"stage": ..., "detail":
@@ -313,7 +313,7 @@ def build(
     with BuildRoot(root_dev, work / "build") as root:
         before = dpkg_versions(root)
         step_apt(root, [*kernel_packages.get("apt", []), *spec["apt"]], env)
-        step_pip(root, [*kernel_packages.get("pip", []), *spec["pip"]], spec.get("pip", {}), env)
+        step_pip(root, [*kernel_packages.get("pip", []), *spec["pip"]], spec.get("pip_config", {}), env)
         step_files(root, files, spec.get("files_dest") or "/home/user", spec)
         step_setup(root, [*kernel_packages.get("setup", []), *spec["setup"]], env)
         info = step_kernel(root, spec)

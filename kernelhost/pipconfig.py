@@ -14,6 +14,7 @@ import structlog
 
 log = structlog.get_logger("kernelhost.pip")
 
+
 @dataclass
 class PipIndexes:
     index_url: str | None = None

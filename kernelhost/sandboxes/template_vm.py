@@ -20,6 +20,7 @@ import dataclasses
 import json
 import os
 import secrets
+import time
 from pathlib import Path
 from typing import Any
 
@@ -74,13 +75,15 @@ async def build_in_vm(
         try:
             what = f"{image.template}, {memory} MiB, network: {indexes.describe()}"
             await build.note({"stage": "vm", "detail": what})
+            t0 = time.monotonic()
             await to_thread_to_the_end(ctx.hv.start, spec)
             agent = await ctx.vms.connect_agent(spec.channel_socket, settings.timeouts.boot)
+            await build.note({"log": f"build VM {domain}: booted in {time.monotonic() - t0:.1f} s"})
             tunnels = Tunnels(indexes.policy(), agent, build.id, count=ctx.metrics.count_connection)
             agent.add_listener(tunnels)
             net = ctx.network.host.guest_config(NetworkSpec("allowlist"))
             await agent.request(Op.NET_CONFIG, timeout=settings.timeouts.net_config, **net)
-            job = {**job, "pip": indexes.pip, "proxy_env": net["env"]}
+            job = {**job, "pip_config": indexes.pip, "proxy_env": net["env"]}
             await _upload(agent, job, archive, settings.timeouts.file_op)
             argv = f"--spec {GUEST_DIR}/job.json --out-dev /dev/{spec.scratch_device}"
             if archive is not None:

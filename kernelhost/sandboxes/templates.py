@@ -82,8 +82,13 @@ class TemplateService:
         for rec in self.store.all():
             for row in self.store.builds(rec.owner, rec.name):
                 self.queue.restore(row)
+        stale = time.time() - self.ctx.settings.template_build_timeout - 300
         for scratch in self.ctx.settings.built_image_dir.glob(".build-*-bld_*"):
-            clean_work(scratch)  # a layer build that a killed service left
+            # a layer build that a killed service left (past any build's deadline: another
+            # service sharing the image directory may be building in a younger one)
+            with contextlib.suppress(OSError):
+                if scratch.stat().st_mtime < stale:
+                    clean_work(scratch)
         clean_work(self.files_dir)  # archives of builds that a killed service left
 
     # -- what a key sees -------------------------------------------------------------------------
@@ -276,6 +281,11 @@ class TemplateService:
             rec.error = said if not exc.stage or said.startswith(f"{exc.stage}:") else f"{exc.stage}: {said}"
             await build.finish(BuildState.FAILED, rec.error)
             bound.warning("template.build_failed", stage=exc.stage, error=str(exc))
+        except (OSError, ValueError) as exc:  # the host's side failed: the build fails, said so
+            rec.state = "failed"
+            rec.error = f"{build.stage or 'build'}: the service could not run the build: {exc}"
+            await build.finish(BuildState.FAILED, rec.error)
+            bound.exception("template.build_error", stage=build.stage)
         except asyncio.CancelledError:
             rec.state, rec.error = ("ready" if self._image(rec) else "failed"), "the build was cancelled"
             await build.finish(BuildState.CANCELLED, rec.error)

@@ -9,6 +9,7 @@ import json
 import tarfile
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Literal
 
 import aiohttp
 import pytest
@@ -75,7 +76,9 @@ async def test_a_bad_spec_is_a_400_naming_the_field(
 
 
 @pytest.mark.parametrize("mode", ["w", "w:bz2", "w:xz"])
-async def test_a_files_archive_that_is_not_gzip_is_refused_unopened(client: ApiClient, mode: str) -> None:
+async def test_a_files_archive_that_is_not_gzip_is_refused_unopened(
+    client: ApiClient, mode: Literal["w", "w:bz2", "w:xz"]
+) -> None:
     """Only a tar.gz goes to a build VM; the host reads nothing of it but its first two bytes
     (its members, such as this one leaving its root, are checked in the VM)."""
     buf = io.BytesIO()
