@@ -95,7 +95,7 @@ async def _layer(
 ) -> GuestImage:
     """The layer, built in a build VM of the base (``files``: the tenant's archive, handed to
     that VM unopened)."""
-    scratch = final.parent / f".build-{final.name}-{build.id}"
+    scratch = final.parent / f".build-{final.name}-{build.id.removeprefix('bld_')}"
     scratch.mkdir(parents=True)
     try:
         base_dir = ctx.settings.image_dir / base[0]

@@ -83,7 +83,7 @@ class TemplateService:
             for row in self.store.builds(rec.owner, rec.name):
                 self.queue.restore(row)
         stale = time.time() - self.ctx.settings.template_build_timeout - 300
-        for scratch in self.ctx.settings.built_image_dir.glob(".build-*-bld_*"):
+        for scratch in self.ctx.settings.built_image_dir.glob(".build-*"):
             # a layer build that a killed service left (past any build's deadline: another
             # service sharing the image directory may be building in a younger one)
             with contextlib.suppress(OSError):

@@ -119,7 +119,7 @@ def _files_archive(members: dict[str, bytes]) -> bytes:
 async def _post(svc: Service, key: str, spec: dict[str, Any], archive: bytes) -> tuple[int, dict[str, Any]]:
     form = aiohttp.FormData()
     form.add_field("spec", json.dumps(spec), content_type="application/json")
-    form.add_field("files", archive, filename="files.tar.gz", content_type="application/octet-stream")
+    form.add_field("files", io.BytesIO(archive), filename="files.tar.gz", content_type="application/gzip")
     async with (
         aiohttp.ClientSession() as http,
         http.post(f"{svc.url}/v1/templates", data=form, headers={"Authorization": f"Bearer {key}"}) as r,
@@ -150,7 +150,8 @@ async def hostile(sec_service: Service) -> AsyncIterator[Hostile]:
         "setup": [
             _attack(nonce, "setup", svc.state_dir),
             f"cp /run/kh-{nonce}/evilmod.py {site}/",
-            f"pip install --no-index --no-build-isolation /run/kh-{nonce}/khevil-0.1.tar.gz",
+            "pip install --break-system-packages --no-index --no-build-isolation "
+            f"/run/kh-{nonce}/khevil-0.1.tar.gz",
         ],
         "preload": ["evilmod"],
         "env": {"KH_NONCE": nonce},
