@@ -10,6 +10,7 @@ APT_PACKAGES=(
   mmdebstrap erofs-utils squashfs-tools busybox-static tini cpio zstd
   chromium  # the JupyterLab browser test (tests/clients/test_jupyter_lab.py)
   postgresql  # the cluster's store in the tests (tests/pg.py) and bench/bench_cluster.py
+  strace  # lists what the host runs during a template build (tests/vm/test_template_security.py)
 )
 VENV=${VENV:-.venv}
 PYTHON=${PYTHON:-python3}

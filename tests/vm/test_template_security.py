@@ -13,9 +13,13 @@ the host", findings 1-6), each attack mounted through the real service and real 
 - another key reading and cancelling an operator's build (404);
 - what a build leaves: the layer root-owned and not world-readable, the manifest root's only.
 
+It also lists every process the service and libvirt start on the host (``execve``, traced with
+strace) during the hostile template's whole build and a sandbox's life, with its argv, into
+``results/host-processes.txt``, and checks that none carries the tenant's input.
+
 Fixture graph (module scoped)::
 
-    sec_service ──> hostile (the built hostile template, with its build log and nonce)
+    sec_service ──> host_trace (strace of the service and libvirtd) ──> hostile
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ import asyncio
 import gzip
 import io
 import json
+import re
 import secrets
 import socket
 import stat
@@ -135,8 +140,49 @@ def _service_rss(svc: Service) -> int:
     raise AssertionError("no VmRSS")
 
 
+@dataclass
+class Trace:
+    proc: subprocess.Popen[bytes]
+    path: Path
+
+    def stop(self) -> list[tuple[str, list[str]]]:
+        """Stop tracing; every (program, argv) the traced processes started."""
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(30)
+        found = []
+        for line in self.path.read_text(errors="replace").splitlines():
+            m = re.search(r'execve\("([^"]*)", \[(.*?)\](?:, 0x[0-9a-f]+| /\*)', line)
+            if m and "= -1" not in line:
+                found.append((m.group(1), re.findall(r'"((?:[^"\\]|\\.)*)"', m.group(2))))
+        return found
+
+
 @pytest.fixture(scope="module")
-async def hostile(sec_service: Service) -> AsyncIterator[Hostile]:
+def host_trace(sec_service: Service, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Trace]:
+    """``strace -f -e execve`` of the service and libvirtd (which starts every QEMU)."""
+    assert sec_service.proc is not None
+    libvirtd = subprocess.run(
+        ["pgrep", "-o", "-x", "libvirtd"], capture_output=True, text=True
+    ).stdout.split()
+    assert libvirtd, "libvirtd is not running"
+    path = tmp_path_factory.mktemp("trace") / "execve.trace"
+    proc = subprocess.Popen(
+        ["strace", "-f", "-qq", "-s", "4096", "-e", "trace=execve", "-o", str(path),
+         "-p", str(sec_service.proc.pid), "-p", libvirtd[0]],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    deadline = time.monotonic() + 10
+    while not path.exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    time.sleep(1)  # strace attaches to every thread
+    trace = Trace(proc, path)
+    yield trace
+    trace.stop()
+
+
+@pytest.fixture(scope="module")
+async def hostile(sec_service: Service, host_trace: Trace) -> AsyncIterator[Hostile]:
     svc, nonce = sec_service, secrets.token_hex(4)
     dest = f"/var/run/kh-{nonce}"  # through the image's /var/run -> /run symlink
     evilmod = f"import subprocess\nsubprocess.run({_attack(nonce, 'preload', svc.state_dir)!r}, shell=True)\n"
@@ -195,6 +241,22 @@ async def test_build_steps_run_in_a_vm_and_reach_nothing_of_the_host(
     assert found.stdout == "", f"a build step wrote on the host: {found.stdout}"
     # files_dest through the image's /var/run -> /run symlink resolved inside the VM's root
     assert not Path(f"/run/kh-{hostile.nonce}").exists() and not Path(f"/var/run/kh-{hostile.nonce}").exists()
+
+
+async def test_no_process_the_host_started_carries_the_tenants_input(
+    sec_service: Service, hostile: Hostile, host_trace: Trace
+) -> None:
+    """After the hostile template's build and a sandbox's life (the test above): every program
+    the service and libvirtd started, with its argv, in results/host-processes.txt; none holds
+    the tenant's nonce (its setup commands, files, module names and env all carry it)."""
+    started = await asyncio.to_thread(host_trace.stop)
+    results = Path(__file__).resolve().parents[2] / "results"
+    results.mkdir(exist_ok=True)
+    listing = "\n".join(f"{prog}  {json.dumps(argv)}" for prog, argv in started)
+    (results / "host-processes.txt").write_text(listing + "\n")
+    assert any("qemu-system" in prog for prog, _ in started), f"the trace saw no QEMU start:\n{listing}"
+    carrying = [(p, a) for p, a in started if hostile.nonce in p or any(hostile.nonce in w for w in a)]
+    assert carrying == [], f"host processes carry the tenant's input: {carrying}"
 
 
 async def test_a_files_dest_with_dot_dot_is_refused(sec_service: Service) -> None:
