@@ -281,6 +281,10 @@ class TemplateService:
             rec.error = said if not exc.stage or said.startswith(f"{exc.stage}:") else f"{exc.stage}: {said}"
             await build.finish(BuildState.FAILED, rec.error)
             bound.warning("template.build_failed", stage=exc.stage, error=str(exc))
+        except SandboxError as exc:  # a limit of the key (its memory, while the build's VMs run)
+            rec.state, rec.error = "failed", f"{build.stage or 'build'}: {exc}"
+            await build.finish(BuildState.FAILED, rec.error)
+            bound.warning("template.build_refused", stage=build.stage, error=str(exc))
         except (OSError, ValueError) as exc:  # the host's side failed: the build fails, said so
             rec.state = "failed"
             rec.error = f"{build.stage or 'build'}: the service could not run the build: {exc}"
