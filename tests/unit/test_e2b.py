@@ -24,6 +24,7 @@ from kernelhost.api import init_app
 from kernelhost.api.e2b.connect import ConnectError, end_stream, envelope, parse_stream_request
 from kernelhost.api.e2b.process import command_line, script, summary
 from kernelhost.api.state import RUNTIME
+from kernelhost.config import ConfigError, Settings
 from kernelhost.sandboxes.access import (
     MAX_ACCESS_TOKENS,
     TOKEN_PREFIX,
@@ -453,3 +454,20 @@ def test_an_older_sandbox_table_gains_access_tokens(tmp_path: Path) -> None:
     )
     old = Store(db).get("sbx_1")
     assert old is not None and old.access_tokens == []
+
+
+@pytest.mark.parametrize(
+    "name, value",
+    [
+        ("body_timeout", "0"),
+        ("max_processes_per_sandbox", "0"),
+        ("max_processes_per_key", "0"),
+        ("max_list_entries", "0"),
+    ],
+)
+def test_the_new_limits_are_validated_and_documented(name: str, value: str) -> None:
+    with pytest.raises(ConfigError, match=name):
+        Settings.load({f"KERNELHOST_{name.upper()}": value})
+    docs = Path(__file__).resolve().parents[2] / "docs"
+    for page in ("configuration.md", "limits.md"):
+        assert f"`{name}`" in (docs / page).read_text(), (name, page)
