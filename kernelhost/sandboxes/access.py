@@ -42,10 +42,11 @@ def kept_hashes(hashes: list[str], new: str) -> list[str]:
 
 def token_matches(hashes: list[str], presented: str) -> bool:
     """Whether ``presented`` is one of the tokens ``hashes`` were made from. The same work
-    whatever matches (every hash is compared, and an empty list against a stand-in), so the
-    time taken says nothing about which tokens a sandbox has, or whether it has any."""
+    whatever matches and however many hashes there are (always ``MAX_ACCESS_TOKENS``
+    comparisons, stand-ins filling in), so the time taken says nothing about which tokens a
+    sandbox has, or whether it has any (or exists)."""
     digest = token_hash(presented)
     found = False
-    for want in hashes or [_NO_MATCH]:
+    for want in [*hashes, *[_NO_MATCH] * (MAX_ACCESS_TOKENS - len(hashes))]:
         found |= hmac.compare_digest(digest, want)
     return found and bool(presented) and bool(hashes)
