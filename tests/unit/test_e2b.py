@@ -21,6 +21,7 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from hypervisor import ImageStore
 from kernelhost.api import init_app
+from kernelhost.api.e2b.common import NO_SUCH_SANDBOX
 from kernelhost.api.e2b.connect import ConnectError, end_stream, envelope, parse_stream_request
 from kernelhost.api.e2b.process import command_line, script, summary
 from kernelhost.api.state import RUNTIME
@@ -369,6 +370,8 @@ async def test_every_refusal_of_an_in_sandbox_call_is_the_same_404(
             r = await client.request(method, path, headers=headers, json={})
             seen.add((r.status, await r.read()))
         assert len(seen) == 1 and next(iter(seen))[0] == 404, (path, seen)
+        # the message as a forwarding cluster node words it too
+        assert json.loads(next(iter(seen))[1])["message"] == NO_SUCH_SANDBOX
 
 
 async def test_a_sandbox_of_a_key_no_longer_configured_takes_no_token(

@@ -21,6 +21,8 @@ from urllib.parse import urlsplit
 import aiohttp
 import pytest
 
+from kernelhost.api.e2b.common import NO_SUCH_SANDBOX
+
 from ..harness import Service, running_service
 
 pytestmark = [pytest.mark.vm, pytest.mark.timeout(900)]
@@ -192,7 +194,8 @@ async def test_a_wrong_token_and_an_unknown_id_get_the_same_404(
                 r = await http.request(method, svc.url + path, headers=headers, json=body)
                 seen[case] = (r.status, r.content_type, await r.read())
             assert len(set(seen.values())) == 1, (path, seen)
-            assert next(iter(seen.values()))[0] == 404, (path, seen)
+            status, _, body = next(iter(seen.values()))
+            assert status == 404 and json.loads(body)["message"] == NO_SUCH_SANDBOX, (path, seen)
         assert await _run(http, svc, _as(owner), "'still mine'") == "'still mine'"
     finally:
         await _kill(http, svc, owner, svc.api_key)

@@ -152,15 +152,24 @@ def may_use(request: web.Request, rec: SandboxRecord | None) -> bool:
     return valid and rec is not None and rec.owner in request.app[KEYS].digests
 
 
+class _Refused(Exception):
+    """An in-sandbox call that does not prove it may use the sandbox it names (the message is
+    sent as it is)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
 def _check_sandbox(request: web.Request) -> Sandbox:
     """The sandbox an in-sandbox call names, if the call carries one of its access tokens."""
     sandbox_id = request.headers.get("E2b-Sandbox-Id", "")
     if not sandbox_id:
-        raise SandboxNotFound(NO_SANDBOX_HEADER)
+        raise _Refused(NO_SANDBOX_HEADER)
     sbx = runtime(request).manager.find(sandbox_id)
     # one check, the same work whether the sandbox exists or not
     if not may_use(request, sbx.record if sbx is not None else None) or sbx is None:
-        raise SandboxNotFound(NO_SUCH_SANDBOX)
+        raise _Refused(NO_SUCH_SANDBOX)
     request[KEY_ID] = sbx.record.owner
     request[SANDBOX] = sbx
     structlog.contextvars.bind_contextvars(sandbox_id=sbx.id, key_id=sbx.record.owner)
@@ -188,7 +197,7 @@ def identify(request: web.Request) -> web.Response | None:
         return None
     try:
         _check_sandbox(request)
-    except SandboxNotFound as exc:
+    except _Refused as exc:
         return not_found(request, exc.message)
     return None
 
