@@ -194,8 +194,8 @@ async def test_a_wrong_token_and_an_unknown_id_get_the_same_404(
                 r = await http.request(method, svc.url + path, headers=headers, json=body)
                 seen[case] = (r.status, r.content_type, await r.read())
             assert len(set(seen.values())) == 1, (path, seen)
-            status, _, body = next(iter(seen.values()))
-            assert status == 404 and json.loads(body)["message"] == NO_SUCH_SANDBOX, (path, seen)
+            status, _, answer = next(iter(seen.values()))
+            assert status == 404 and json.loads(answer)["message"] == NO_SUCH_SANDBOX, (path, seen)
         assert await _run(http, svc, _as(owner), "'still mine'") == "'still mine'"
     finally:
         await _kill(http, svc, owner, svc.api_key)
