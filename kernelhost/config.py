@@ -109,6 +109,11 @@ class Settings:
     max_requests_per_key: int = 64  # requests one API key has open at once (streams included)
     max_connections: int = 1024  # client connections the service holds at once
     header_timeout: float = 30.0  # seconds to send a request's head; also the keep-alive idle time
+    body_timeout: float = 30.0  # seconds an /e2b request may take to send its body (an upload: per chunk)
+    # background processes (E2B's commands, directory watchers) one sandbox, one key may run
+    max_processes_per_sandbox: int = 32
+    max_processes_per_key: int = 128
+    max_list_entries: int = 10000  # entries of one recursive listing (E2B's ListDir) before it stops
     metrics_require_key: bool = False  # /healthz and /metrics behind an API key
     tls_cert_file: str = ""  # serve HTTPS with this certificate chain (PEM) and tls_key_file
     tls_key_file: str = ""
@@ -179,6 +184,18 @@ class Settings:
             max_file_bytes=self.max_file_bytes,
             max_frame_bytes=self.max_frame_bytes,
         )
+
+    @property
+    def max_ws_message_bytes(self) -> int:
+        """One WebSocket message a client may send (code and a request's framing): the
+        Kernel Gateway's WebSocket, and a cluster node's bridge of it to another node."""
+        return self.max_code_bytes + 1024 * 1024
+
+    @property
+    def max_ws_relay_bytes(self) -> int:
+        """One WebSocket message a node takes from another (a kernel's message: at most one
+        channel frame, re-encoded with room for JSON's escapes)."""
+        return 2 * self.max_frame_bytes
 
     @property
     def url(self) -> str:
@@ -299,8 +316,12 @@ class Settings:
                 f"template_build_memory_mib ({self.template_build_memory_mib}) must be at least 512 "
                 f"and template_layer_max_mib ({self.template_layer_max_mib}) at least 64"
             )
-        if not self.header_timeout > 0:
-            raise ConfigError(f"header_timeout has value {self.header_timeout}; use seconds > 0")
+        for name in ("header_timeout", "body_timeout"):
+            if not getattr(self, name) > 0:
+                raise ConfigError(f"{name} has value {getattr(self, name)}; use seconds > 0")
+        for name in ("max_processes_per_sandbox", "max_processes_per_key", "max_list_entries"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} has value {getattr(self, name)}; use at least 1")
         if bool(self.tls_cert_file) != bool(self.tls_key_file):
             raise ConfigError("tls_cert_file and tls_key_file go together: set both, or neither")
         self._validate_cluster()

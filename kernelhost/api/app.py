@@ -20,7 +20,7 @@ from .auth import KeyRing
 from .checkpoints import checkpoint_routes
 from .cluster import cluster_middleware, setup_cluster
 from .console import setup_console
-from .e2b import setup_e2b
+from .e2b import read_bodies_in_time, setup_e2b
 from .errors import error_middleware
 from .gateway import setup_gateway
 from .mcp_http import setup_mcp
@@ -92,7 +92,13 @@ async def _service(app: web.Application, settings: Settings) -> AsyncIterator[No
 
 def init_app(settings: Settings, keys: KeyRing | None = None) -> web.Application:
     app = web.Application(
-        middlewares=[error_middleware, auth_middleware, request_limits(settings), cluster_middleware],
+        middlewares=[
+            error_middleware,
+            auth_middleware,
+            request_limits(settings),
+            cluster_middleware,
+            read_bodies_in_time,  # /e2b: a body's deadline, after the credential check and count
+        ],
         client_max_size=settings.max_code_bytes + 1024 * 1024,
     )
     app.on_response_prepare.append(add_security_headers)

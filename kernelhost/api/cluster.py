@@ -33,6 +33,7 @@ from ..sandboxes import (
     SandboxManager,
 )
 from ..sandboxes.sandbox import record_view
+from .e2b import common as e2b_common
 from .e2b import snapshots as e2b_snapshots
 from .e2b.common import TEMPLATE_ALIASES
 from .errors import Handler, error_response
@@ -225,16 +226,26 @@ async def _create(request: web.Request, handler: Handler, manager: SandboxManage
 
 
 async def forward_e2b_sandbox(request: web.Request) -> web.StreamResponse | None:
-    """An E2B in-sandbox call (envd, the code interpreter) for a sandbox on another node: passed
-    on as it came, and the node that holds the sandbox checks its access token. None when the
-    sandbox is this node's (or unknown): it is answered here."""
+    """An E2B in-sandbox call (envd, the code interpreter) for a sandbox on another node: its
+    access token checked here against the shared record (a call without one is refused as an
+    unknown sandbox is, and never reaches a peer), then passed on as it came; the node that
+    holds the sandbox checks it again. None when the sandbox is this node's (or unknown): it is
+    answered here."""
     manager = _manager(request)
     sandbox_id = request.headers.get("E2b-Sandbox-Id", "")
-    if manager is None or manager.cluster is None or not sandbox_id or manager.find(sandbox_id):
+    if (
+        manager is None
+        or manager.cluster is None
+        or not sandbox_id
+        or manager.find(sandbox_id)
+        or request.path == e2b_common.SANDBOX_PREFIX + "/health"
+    ):
         return None
     loc = await asyncio.to_thread(manager.locate, sandbox_id)
     if loc is None or loc.node is None or loc.node.id == manager.cluster.id:
         return None
+    if not e2b_common.may_use(request, loc.record):
+        return e2b_common.not_found(request)
     if loc.movable and await asyncio.to_thread(manager.take_over, loc) is not None:
         return None
     if loc.lost:

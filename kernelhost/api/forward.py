@@ -1,6 +1,9 @@
 """Forwarding one request to another node, streamed both ways: bodies (uploads, downloads, NDJSON
 execute streams) pass through in chunks as they come, never buffered whole, and a WebSocket is
-bridged message by message. A client that hangs up closes the upstream request with it."""
+bridged message by message, each under the size a node takes on its own WebSocket routes (a
+client's message: ``max_ws_message_bytes``; the peer's: ``max_ws_relay_bytes``), so a bridge
+never buffers more of one message than the route it stands for would. A client that hangs up
+closes the upstream request with it."""
 
 from __future__ import annotations
 
@@ -10,6 +13,8 @@ from collections.abc import AsyncIterator, Mapping
 
 import aiohttp
 from aiohttp import web
+
+from .state import SETTINGS
 
 CHUNK = 256 * 1024
 # headers of one hop, never passed on (RFC 9110 7.6.1), and what the forwarder sets itself
@@ -94,16 +99,21 @@ async def _bridge(
     """A WebSocket to the peer, and one to the client speaking the subprotocol the peer chose."""
     offered = [p.strip() for p in request.headers.get("Sec-WebSocket-Protocol", "").split(",") if p.strip()]
     url = base_url + request.rel_url.path_qs
+    settings = request.app[SETTINGS]
     try:
         upstream = await session.ws_connect(
-            url, headers=_headers(request.headers, extra), protocols=offered, max_msg_size=0, autoping=True
+            url,
+            headers=_headers(request.headers, extra),
+            protocols=offered,
+            max_msg_size=settings.max_ws_relay_bytes,
+            autoping=True,
         )
     except aiohttp.WSServerHandshakeError as exc:
         return web.json_response({"error": "forward_failed", "message": exc.message}, status=exc.status)
     except (TimeoutError, aiohttp.ClientConnectionError) as exc:
         raise PeerUnreachable(f"{base_url}: {exc or type(exc).__name__}") from None
     chosen = (upstream.protocol,) if upstream.protocol else ()
-    client = web.WebSocketResponse(protocols=chosen, max_msg_size=0)
+    client = web.WebSocketResponse(protocols=chosen, max_msg_size=settings.max_ws_message_bytes)
     async with contextlib.AsyncExitStack() as stack:
         stack.push_async_callback(upstream.close)
         await client.prepare(request)

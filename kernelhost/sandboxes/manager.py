@@ -28,6 +28,7 @@ from ..config import Settings
 from ..metrics import Metrics
 from ..tasks import TaskSet
 from ..templates.builds import Build
+from .access import kept_hashes, new_access_token, token_matches
 from .checkpoint_store import CheckpointRecord, CheckpointStore
 from .checkpoints import Checkpoints
 from .cluster import ClusterNode, Location, Node, Placement
@@ -46,7 +47,7 @@ from .registry import Quota, Registry
 from .sandbox import Sandbox, ensure_usable, wait_replacement
 from .session import Sessions
 from .states import Recovery
-from .store import Store
+from .store import SandboxRecord, Store
 from .template_store import TemplateStore
 from .template_views import TemplateView
 from .templates import OperatorTemplates, TemplateService
@@ -315,6 +316,22 @@ class SandboxManager:
 
     async def fork(self, owner: str, sandbox_id: str, n: int = 1) -> list[Sandbox]:
         return await self._forker.fork(owner, sandbox_id, n)
+
+    # -- access tokens (access.py: per-sandbox credentials, kept as hashes) ----------------------
+
+    def mint_access_token(self, sbx: Sandbox) -> str:
+        """A new access token of ``sbx``, stored as its hash; the earlier ones stay valid (but
+        the oldest past ``MAX_ACCESS_TOKENS``)."""
+        token, digest = new_access_token()
+        self._ctx.registry.update(sbx, access_tokens=kept_hashes(sbx.record.access_tokens, digest))
+        return token
+
+    @staticmethod
+    def access_token_valid(rec: SandboxRecord | None, presented: str) -> bool:
+        """Whether ``presented`` is one of the access tokens of the sandbox of ``rec`` (a record
+        of any node: a cluster node checks before it forwards). None (no such sandbox) takes
+        the same time and is False."""
+        return token_matches([] if rec is None else rec.access_tokens, presented)
 
     # -- checkpoints -----------------------------------------------------------------------------
 

@@ -14,6 +14,12 @@ cannot stall the others or the guest. With no listener the output is dropped and
 runs on. A process ends with its command (its ``End``), when it is signalled, at its timeout
 (the timeout ladder of any bash call), when the sandbox is hibernated (its processes are killed
 first: their host side cannot be carried over), or with the sandbox's VM.
+
+What the host holds per process is bounded: a sandbox runs at most
+``max_processes_per_sandbox`` of them and a key ``max_processes_per_key`` (the service's own,
+such as a usage reading, are not counted); once the guest has the command, the host keeps its
+first ``COMMAND_SHOWN`` characters and the caller's ``info`` (at most ``MAX_INFO_BYTES`` as JSON),
+never the whole request.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ import asyncio
 import contextlib
 import dataclasses
 import itertools
+import json
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,12 +38,14 @@ import structlog
 from ..channel import AgentClient, ChannelError
 from ..channel.protocol import Capability, Op
 from .context import Context
-from .errors import InvalidRequest, NotSupportedByImage, ProcessNotFound, Remedy
+from .errors import CapacityExceeded, InvalidRequest, NotSupportedByImage, ProcessNotFound, Remedy
 from .execution import Cell, CellPolicy, End, Error, Event, OutputLimits, RunningCall, run_cell
 from .sandbox import Sandbox, ensure_usable
 
 log = structlog.get_logger("kernelhost.processes")
 
+COMMAND_SHOWN = 200  # characters of a command the host keeps once the guest runs it (logs)
+MAX_INFO_BYTES = 8192  # a process's ``info`` as JSON: a summary of the request, not the request
 LISTENER_EVENTS = 256  # events queued for one listener before it must read
 LISTENER_PATIENCE = 30.0  # seconds a listener may leave a full queue unread
 SIGNALS = ("INT", "TERM", "KILL")
@@ -49,8 +58,8 @@ class Process:
 
     pid: int
     sandbox_id: str
-    command: str
-    info: dict[str, Any]  # how the caller described it (E2B: its config), shown as given
+    command: str  # its first COMMAND_SHOWN characters
+    info: dict[str, Any]  # how the caller described it (E2B: a summary of its config), as given
     stdin: bool
     agent: AgentClient
     agent_timeout: float
@@ -60,6 +69,7 @@ class Process:
     _first: asyncio.Queue[Any] = field(default_factory=lambda: asyncio.Queue(LISTENER_EVENTS))
     _listeners: set[asyncio.Queue[Any]] = field(default_factory=set)
     _first_taken: bool = False
+    own: bool = False  # the service's own (a usage reading): not counted against the limits
 
     def __post_init__(self) -> None:
         self._listeners.add(self._first)
@@ -159,10 +169,18 @@ class Processes:
         timeout: float | None = None,
         stdin: bool = False,
         info: dict[str, Any] | None = None,
+        own: bool = False,
     ) -> Process:
-        """Start ``command`` in the sandbox's shell; returns once the guest runs it."""
+        """Start ``command`` in the sandbox's shell; returns once the guest runs it. ``own``: the
+        service's (not counted against the process limits)."""
         if timeout is not None and timeout <= 0:
             raise InvalidRequest(f"timeout={timeout} must be positive (seconds) or null", field="timeout")
+        shown = dict(info or {})
+        if len(json.dumps(shown, default=str)) > MAX_INFO_BYTES:
+            raise InvalidRequest(
+                f"a process's description is over {MAX_INFO_BYTES} bytes as JSON; describe it in brief",
+                field="info",
+            )
         ensure_usable(sbx)
         await self._settle(sbx)
         ensure_usable(sbx)
@@ -173,8 +191,17 @@ class Processes:
                 + ("" if agent is None else ": its guest image predates them; rebuild the images"),
                 remedy=Remedy.RECREATE,
             )
+        if not own:
+            self._check_room(sbx)  # no await from here to the insertion: starts cannot overbook
         proc = Process(
-            next(self._pids), sbx.id, command, dict(info or {}), stdin, agent, self.policy.agent_timeout
+            next(self._pids),
+            sbx.id,
+            command[:COMMAND_SHOWN],
+            shown,
+            stdin,
+            agent,
+            self.policy.agent_timeout,
+            own=own,
         )
         cell = Cell(command, "bash", timeout, stdin=stdin, keep_state=False)
         events = run_cell(agent, cell, self.policy, proc.running, sbx.session_id)
@@ -183,6 +210,30 @@ class Processes:
         self.ctx.registry.touch(sbx)
         log.info("process.started", sandbox_id=sbx.id, pid=proc.pid, stdin=stdin, timeout=timeout)
         return proc
+
+    def _check_room(self, sbx: Sandbox) -> None:
+        """Raise ``CapacityExceeded`` (naming the setting) when the sandbox or its key runs as
+        many background processes as it may."""
+        settings = self.ctx.settings
+        here = _counted(sbx)
+        if here >= settings.max_processes_per_sandbox:
+            raise CapacityExceeded(
+                f"sandbox {sbx.id} runs {here} background processes, its limit "
+                f"(max_processes_per_sandbox={settings.max_processes_per_sandbox}); end some "
+                "(kill them, or let them finish) before starting another, or raise the setting",
+                limit="max_processes_per_sandbox",
+                value=settings.max_processes_per_sandbox,
+                sandbox_id=sbx.id,
+            )
+        held = sum(_counted(s) for s in self.ctx.registry.owned(sbx.record.owner))
+        if held >= settings.max_processes_per_key:
+            raise CapacityExceeded(
+                f"this API key's sandboxes run {held} background processes, its limit "
+                f"(max_processes_per_key={settings.max_processes_per_key}); end some (kill them, "
+                "or let them finish) before starting another, or raise the setting",
+                limit="max_processes_per_key",
+                value=settings.max_processes_per_key,
+            )
 
     async def _own(self, sbx: Sandbox, proc: Process, events: AsyncGenerator[Event, None]) -> None:
         try:
@@ -207,6 +258,10 @@ class Processes:
 
     def of(self, sbx: Sandbox) -> list[Process]:
         return sorted(sbx.processes.values(), key=lambda p: p.pid)
+
+
+def _counted(sbx: Sandbox) -> int:
+    return sum(1 for p in sbx.processes.values() if not p.own)
 
 
 async def stop_processes(sbx: Sandbox, timeout: float) -> None:

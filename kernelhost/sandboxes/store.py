@@ -38,7 +38,8 @@ CREATE TABLE IF NOT EXISTS sandboxes (
     network TEXT NOT NULL DEFAULT '{"mode": "none", "allow": []}',
     auto_checkpoint INTEGER NOT NULL DEFAULT 0,
     calls INTEGER NOT NULL DEFAULT 0,
-    node TEXT NOT NULL DEFAULT ''
+    node TEXT NOT NULL DEFAULT '',
+    access_tokens TEXT NOT NULL DEFAULT '[]'
 );
 CREATE INDEX IF NOT EXISTS sandboxes_owner ON sandboxes(owner);
 CREATE INDEX IF NOT EXISTS sandboxes_node ON sandboxes(node)
@@ -50,8 +51,11 @@ MIGRATIONS = {
     "auto_checkpoint": "INTEGER NOT NULL DEFAULT 0",
     "calls": "INTEGER NOT NULL DEFAULT 0",
     "node": "TEXT NOT NULL DEFAULT ''",
+    # hashes of the sandbox's access tokens (access.py); an older sandbox has none, and gets
+    # one from its next connect
+    "access_tokens": "TEXT NOT NULL DEFAULT '[]'",
 }
-JSON_FIELDS = ("metadata", "network")
+JSON_FIELDS = ("metadata", "network", "access_tokens")
 
 
 def key_id(api_key: str) -> str:
@@ -83,6 +87,7 @@ class SandboxRecord:
     auto_checkpoint: int = 0  # checkpoints kept before calls (undo); 0: none are taken
     calls: int = 0  # executions started (what undo counts back from)
     node: str = ""  # the node whose VM it is (docs/cluster.md); the store sets it
+    access_tokens: list[str] = field(default_factory=list)  # SHA-256 hashes, never tokens (access.py)
 
 
 class Store:
@@ -147,5 +152,7 @@ def _record(row: dict[str, Any]) -> SandboxRecord:
     data = dict(row)
     data["metadata"] = json.loads(data["metadata"] or "{}")
     data["network"] = json.loads(data.get("network") or '{"mode": "none", "allow": []}')
+    tokens = json.loads(data.get("access_tokens") or "[]")
+    data["access_tokens"] = [t for t in tokens if isinstance(t, str)] if isinstance(tokens, list) else []
     data["state"] = SandboxState(data["state"])
     return SandboxRecord(**data)

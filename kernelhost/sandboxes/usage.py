@@ -75,7 +75,7 @@ class UsageMeter:
 
     async def _guest(self, sbx: Sandbox) -> tuple[int, int, int, int, int]:
         """(memory total, used, cached; disk total, used) in bytes, from inside the guest."""
-        proc = await self.processes.start(sbx, PROBE, timeout=READING_TIMEOUT, info={"usage": True})
+        proc = await self.processes.start(sbx, PROBE, timeout=READING_TIMEOUT, info={"usage": True}, own=True)
         out: list[str] = []
         async with contextlib.aclosing(proc.listen()) as events:
             async for event in events:

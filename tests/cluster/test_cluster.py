@@ -226,6 +226,32 @@ def test_an_unmodified_e2b_program_runs_on_another_node_through_a(cluster: Clust
         asyncio.run(drop())
 
 
+async def test_an_e2b_call_for_node_cs_sandbox_is_checked_at_a(cluster: Cluster) -> None:
+    """Node A checks an in-sandbox call's access token against the shared record before it
+    forwards it (issue 35): without one, node C's sandbox is the same 404 as an unknown id, its
+    kernel untouched; with the token connect gave (through A, made by C), the call goes through."""
+    sid = KEEP["node-c"]
+    url = cluster.a.url
+    async with aiohttp.ClientSession() as http:
+        await _execute(http, cluster, sid, "kept_on_c = 'yes'")
+        r = await http.post(f"{url}/e2b/sandboxes/{sid}/connect", headers={"X-API-KEY": cluster.a.api_key})
+        token = (await r.json())["envdAccessToken"]
+        seen = set()
+        for headers in (
+            {"E2b-Sandbox-Id": sid},
+            {"E2b-Sandbox-Id": sid, "X-Access-Token": "kh_sbx_forged"},
+            {"E2b-Sandbox-Id": "sbx_00000000deadbeef", "X-Access-Token": token},
+        ):
+            async with http.post(f"{url}/e2b/sandbox/contexts/python/restart", headers=headers) as r:
+                seen.add((r.status, await r.read()))
+        assert len(seen) == 1 and next(iter(seen))[0] == 404, seen
+        traffic = {"E2b-Sandbox-Id": sid, "E2B-Traffic-Access-Token": token}
+        async with http.get(f"{url}/e2b/sandbox/contexts", headers=traffic) as r:
+            assert r.status == 200, await r.text()
+        answer = await _execute(http, cluster, sid, "kept_on_c")  # never restarted
+        assert [e["data"]["text/plain"] for e in answer if e["type"] == "result"] == ["'yes'"]
+
+
 async def test_a_dead_node(cluster: Cluster) -> None:
     """Node C dies: its running sandbox answers 410 within the lease and leaves the quota, a
     create still works, and its hibernated sandbox wakes with its state on the live node with the

@@ -4,28 +4,30 @@ errors in the two shapes E2B's SDKs parse.
 - Lifecycle calls (``/e2b/...``) carry the API key as ``X-API-KEY`` (E2B's header; a
   ``Bearer`` key works too). Their errors are ``{"code": <int status>, "message": str}``.
 - In-sandbox calls (``/e2b/sandbox/...``: envd and the code interpreter) name the sandbox in
-  ``E2b-Sandbox-Id`` and carry the sandbox's access token, ``X-Access-Token``: an HMAC of the
-  sandbox id under the owner key's digest, returned at create and connect as
-  ``envdAccessToken``. It is recomputed, never stored, and is worthless for any other sandbox.
-  The code interpreter's context calls carry no token in E2B's SDKs; they are answered from the
-  sandbox id alone and can only list or restart that sandbox's kernel.
+  ``E2b-Sandbox-Id`` and carry one of its access tokens (``sandboxes/access.py``: random,
+  minted at create, fork and connect, kept only as hashes), returned as ``envdAccessToken``
+  (sent back as ``X-Access-Token``) and as ``trafficAccessToken`` (sent back as
+  ``E2B-Traffic-Access-Token``: E2B's SDKs send only that one with the code interpreter's
+  context calls). Every in-sandbox call but ``/health`` (which names no sandbox) must carry
+  one, and is checked before it is counted against the owner's key or run.
+- An unknown sandbox, a wrong or missing token, and a sandbox whose owner key is no longer
+  configured get the same 404, byte for byte: the answer says nothing of which it was.
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
-import hashlib
-import hmac
+import json
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
 import structlog
 from aiohttp import web
 
-from ...sandboxes import Sandbox, SandboxError, SandboxNotFound
-from ..errors import status_for
-from ..state import KEY_ID, KEYS, RUNTIME, Runtime
+from ...sandboxes import Sandbox, SandboxError, SandboxNotFound, SandboxRecord
+from ..errors import Handler, status_for
+from ..state import KEY_ID, KEYS, RUNTIME, SETTINGS, Runtime
 
 log = structlog.get_logger("kernelhost.api.e2b")
 
@@ -55,11 +57,13 @@ class E2BError(Exception):
 
 
 async def read_body(request: web.Request) -> dict[str, Any]:
-    """A lifecycle call's JSON object body ({} for none)."""
-    if not request.can_read_body:
+    """A lifecycle call's JSON object body ({} for none). ``read_bodies_in_time`` has read it
+    already (so ``can_read_body`` is false): this parses what it read."""
+    raw = await request.read() if request.body_exists else b""
+    if not raw:
         return {}
     try:
-        body = await request.json()
+        body = json.loads(raw)
     except ValueError:
         raise E2BError(400, "the request body is not JSON") from None
     if not isinstance(body, dict):
@@ -109,10 +113,9 @@ def runtime(request: web.Request) -> Runtime:
     return request.app[RUNTIME]
 
 
-def access_token(request: web.Request, owner: str, sandbox_id: str) -> str:
-    digest = request.app[KEYS].digests.get(owner, "")
-    mac = hmac.new(digest.encode(), f"e2b-envd:{sandbox_id}".encode(), hashlib.sha256)
-    return "kh_" + mac.hexdigest()[:40]
+def access_token(request: web.Request, sbx: Sandbox) -> str:
+    """A new access token of ``sbx`` for the caller (create, fork, connect); earlier ones stay."""
+    return runtime(request).manager.mint_access_token(sbx)
 
 
 def api_key_id(request: web.Request) -> str | None:
@@ -124,25 +127,49 @@ def api_key_id(request: web.Request) -> str | None:
     return request.app[KEYS].identify(presented) if presented else None
 
 
-def _check_sandbox(request: web.Request, *, token: bool) -> Sandbox:
-    """The sandbox an in-sandbox call names, checked against its access token (``token=False``:
-    the id alone, for the calls E2B's SDKs send without one)."""
+#: the one answer to an in-sandbox call that does not prove it may use the sandbox it names
+NO_SUCH_SANDBOX = (
+    "no sandbox of this E2b-Sandbox-Id accepts this access token: send the sandboxID and the "
+    "envdAccessToken (as X-Access-Token) that create or connect returned"
+)
+NO_SANDBOX_HEADER = "no E2b-Sandbox-Id header: set E2B_SANDBOX_URL to this service's /e2b/sandbox"
+TOKEN_HEADERS = ("X-Access-Token", "E2B-Traffic-Access-Token")
+
+
+def presented_token(request: web.Request) -> str:
+    """The access token an in-sandbox call carries (envd's header, else the code interpreter's)."""
+    for name in TOKEN_HEADERS:
+        value = request.headers.get(name, "").strip()
+        if value:
+            return value
+    return ""
+
+
+def may_use(request: web.Request, rec: SandboxRecord | None) -> bool:
+    """Whether the call proves it may use the sandbox of ``rec`` (None: unknown): one of the
+    sandbox's tokens, and an owner key that is still configured."""
+    valid = runtime(request).manager.access_token_valid(rec, presented_token(request))
+    return valid and rec is not None and rec.owner in request.app[KEYS].digests
+
+
+class _Refused(Exception):
+    """An in-sandbox call that does not prove it may use the sandbox it names (the message is
+    sent as it is)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+def _check_sandbox(request: web.Request) -> Sandbox:
+    """The sandbox an in-sandbox call names, if the call carries one of its access tokens."""
     sandbox_id = request.headers.get("E2b-Sandbox-Id", "")
-    sbx = runtime(request).manager.find(sandbox_id) if sandbox_id else None
-    if sbx is None:
-        raise SandboxNotFound(
-            f"no sandbox {sandbox_id!r}: send E2b-Sandbox-Id with an id create returned"
-            if sandbox_id
-            else "no E2b-Sandbox-Id header: set E2B_SANDBOX_URL to this service's /e2b/sandbox"
-        )
-    if token:
-        presented = request.headers.get("X-Access-Token", "")
-        want = access_token(request, sbx.record.owner, sbx.id)
-        if not hmac.compare_digest(presented.encode(), want.encode()):
-            raise Unauthorized(
-                f"the X-Access-Token of sandbox {sbx.id} is missing or wrong: use the "
-                "envdAccessToken create or connect returned"
-            )
+    if not sandbox_id:
+        raise _Refused(NO_SANDBOX_HEADER)
+    sbx = runtime(request).manager.find(sandbox_id)
+    # one check, the same work whether the sandbox exists or not
+    if not may_use(request, sbx.record if sbx is not None else None) or sbx is None:
+        raise _Refused(NO_SUCH_SANDBOX)
     request[KEY_ID] = sbx.record.owner
     request[SANDBOX] = sbx
     structlog.contextvars.bind_contextvars(sandbox_id=sbx.id, key_id=sbx.record.owner)
@@ -153,12 +180,8 @@ def sandbox_of(request: web.Request) -> Sandbox:
     """The sandbox of an in-sandbox call, as ``identify`` found and checked it."""
     sbx: Sandbox | None = request.get(SANDBOX)
     if sbx is None:
-        raise SandboxNotFound("no E2b-Sandbox-Id header: set E2B_SANDBOX_URL to this service's /e2b/sandbox")
+        raise SandboxNotFound(NO_SANDBOX_HEADER)
     return sbx
-
-
-class Unauthorized(Exception):
-    """An in-sandbox call without the sandbox's token."""
 
 
 def identify(request: web.Request) -> web.Response | None:
@@ -170,16 +193,53 @@ def identify(request: web.Request) -> web.Response | None:
         request[KEY_ID] = kid
         structlog.contextvars.bind_contextvars(key_id=kid)
         return None
-    tail = request.path[len(SANDBOX_PREFIX) :]
-    if tail == "/health":
+    if request.path == SANDBOX_PREFIX + "/health":  # names no sandbox, reads nothing
         return None
     try:
-        _check_sandbox(request, token=not tail.startswith("/contexts"))
-    except SandboxNotFound as exc:
-        return sandbox_error(request, 404, "not_found", exc.message)
-    except Unauthorized as exc:
-        return sandbox_error(request, 401, "unauthenticated", str(exc))
+        _check_sandbox(request)
+    except _Refused as exc:
+        return not_found(request, exc.message)
     return None
+
+
+def not_found(request: web.Request, message: str = NO_SUCH_SANDBOX) -> web.Response:
+    return sandbox_error(request, 404, "not_found", message)
+
+
+#: bodies read as they come (an upload), each chunk within ``body_timeout`` (files.py)
+STREAMED_BODIES = frozenset({SANDBOX_PREFIX + "/files"})
+
+
+@web.middleware
+async def read_bodies_in_time(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """An ``/e2b`` call's body, read whole within ``body_timeout`` seconds before its view runs
+    (the views read it again from memory): a caller that sends a head and holds the body back
+    cannot hold a view, and a place in its key's ``max_requests_per_key``, for ever. Runs after
+    the credential check and the request count."""
+    if (
+        request.get(KEY_ID) is None
+        or not request.body_exists
+        or request.path in STREAMED_BODIES
+        or not request.path.startswith(PREFIX + "/")
+    ):
+        return await handler(request)
+    wait = request.app[SETTINGS].body_timeout
+    try:
+        async with asyncio.timeout(wait):
+            await request.read()
+    except TimeoutError:
+        return body_too_slow(request, wait)
+    return await handler(request)
+
+
+def body_too_slow(request: web.Request, wait: float) -> web.Response:
+    message = (
+        f"the request body did not arrive within body_timeout={wait:g}s; send it at once, or "
+        "raise the server's body_timeout"
+    )
+    if request.path.startswith(SANDBOX_PREFIX + "/"):
+        return sandbox_error(request, 408, "deadline_exceeded", message)
+    return lifecycle_error(408, message)
 
 
 def is_rpc(request: web.Request) -> bool:

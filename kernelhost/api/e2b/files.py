@@ -8,11 +8,14 @@ ignored: a kernelhost sandbox runs its code as one user.
 
 from __future__ import annotations
 
+import asyncio
+import collections
 import contextlib
 import shlex
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any
+from typing import Any, TypeVar
 
+import structlog
 from aiohttp import BodyPartReader, web
 
 from ...sandboxes import (
@@ -25,10 +28,13 @@ from ...sandboxes import (
     SandboxError,
 )
 from ..errors import status_for
-from .common import runtime, sandbox_of
+from .common import body_too_slow, runtime, sandbox_of
 from .connect import UNARY_CONTENT_TYPE, ConnectError, parse_message
 
+log = structlog.get_logger("kernelhost.api.e2b")
+
 CHUNK = 1 << 16
+T = TypeVar("T")
 KIND = {"file": "FILE_TYPE_FILE", "dir": "FILE_TYPE_DIRECTORY", "symlink": "FILE_TYPE_SYMLINK"}
 
 
@@ -62,39 +68,54 @@ async def download(request: web.Request) -> web.StreamResponse:
     return resp
 
 
-async def _part_chunks(part: BodyPartReader) -> AsyncIterator[bytes]:
-    while chunk := await part.read_chunk(CHUNK):
+class _BodyTooSlow(Exception):
+    """An upload's next bytes did not come within ``body_timeout``."""
+
+
+async def _in_time(step: Awaitable[T], wait: float) -> T:
+    try:
+        async with asyncio.timeout(wait):
+            return await step
+    except TimeoutError:
+        raise _BodyTooSlow from None
+
+
+async def _part_chunks(part: BodyPartReader, wait: float) -> AsyncIterator[bytes]:
+    while chunk := await _in_time(part.read_chunk(CHUNK), wait):
         yield chunk
 
 
-async def _body_chunks(request: web.Request) -> AsyncIterator[bytes]:
-    async for chunk in request.content.iter_chunked(CHUNK):
+async def _body_chunks(request: web.Request, wait: float) -> AsyncIterator[bytes]:
+    while chunk := await _in_time(request.content.read(CHUNK), wait):
         yield chunk
 
 
 async def upload(request: web.Request) -> web.Response:
+    """Each piece of the body (a part's head, a chunk) must come within ``body_timeout``."""
     sbx = sandbox_of(request)
-    files = runtime(request).manager.files
+    manager = runtime(request).manager
+    files, wait = manager.files, manager.settings.body_timeout
     query_path = request.query.get("path")
     written: list[dict[str, Any]] = []
     try:
         if request.content_type.startswith("multipart/"):
             reader = await request.multipart()
-            async for part in reader:
+            while (part := await _in_time(reader.next(), wait)) is not None:
                 if not isinstance(part, BodyPartReader) or part.name != "file":
                     continue
                 path = query_path or part.filename
                 if not path:
                     raise InvalidRequest("a file part names no path: send ?path= or the part's filename")
-                written.append(await files.write_file(sbx, path, _part_chunks(part)))
+                written.append(await files.write_file(sbx, path, _part_chunks(part, wait)))
         else:
             if not query_path:
                 raise InvalidRequest("path is required (?path=...) for an octet-stream upload")
-            written.append(
-                await files.write_file(sbx, query_path, _body_chunks(request), request.content_length)
-            )
+            chunks = _body_chunks(request, wait)
+            written.append(await files.write_file(sbx, query_path, chunks, request.content_length))
     except SandboxError as exc:
         return _http_error(exc)
+    except _BodyTooSlow:
+        return body_too_slow(request, wait)
     if not written:
         return web.json_response(
             {"code": 400, "message": "no file part named 'file' in the upload"}, status=400
@@ -144,20 +165,36 @@ def _connect_error(exc: SandboxError) -> ConnectError:
 
 
 async def _list_dir(request: web.Request, sbx: Sandbox, message: dict[str, Any]) -> dict[str, Any]:
-    files = runtime(request).manager.files
+    """The tree under a path, breadth first, ``depth`` levels deep, stopped at
+    ``max_list_entries`` entries: then (or when the guest cut a directory's listing short) the
+    answer carries ``"truncated": true``, a field E2B's SDKs ignore (they parse envd's JSON
+    leniently) and the service log notes."""
+    manager = runtime(request).manager
+    cap = manager.settings.max_list_entries
     depth = message.get("depth", 1)
     if not isinstance(depth, int) or isinstance(depth, bool) or not 1 <= depth <= 16:
         raise ConnectError("invalid_argument", f"depth={depth!r} must be 1 to 16")
     entries: list[dict[str, Any]] = []
-    todo = [(_path_field(message), 1)]
+    todo = collections.deque([(_path_field(message), 1)])
+    truncated = False
     while todo:
-        where, level = todo.pop(0)
-        listing = await files.list_files(sbx, where)
+        if len(entries) >= cap:  # directories left unlisted
+            truncated = True
+            break
+        where, level = todo.popleft()
+        listing = await manager.files.list_files(sbx, where)
+        truncated = truncated or listing["truncated"]
         for item in listing["entries"]:
+            if len(entries) >= cap:
+                truncated = True
+                break
             entries.append(_entry(item))
             if item["type"] == "dir" and level < depth:
                 todo.append((item["path"], level + 1))
-    return {"entries": entries}
+    if not truncated:
+        return {"entries": entries}
+    log.info("e2b.list_truncated", sandbox_id=sbx.id, entries=len(entries), limit=cap)
+    return {"entries": entries, "truncated": True}
 
 
 async def _stat(request: web.Request, sbx: Sandbox, message: dict[str, Any]) -> dict[str, Any]:

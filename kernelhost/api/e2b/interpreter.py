@@ -168,10 +168,13 @@ def _context(language: str) -> dict[str, str]:
 
 async def create_context(request: web.Request) -> web.Response:
     sbx = sandbox_of(request)
+    raw = await request.read() if request.body_exists else b""
     try:
-        body = await request.json() if request.can_read_body else {}
+        body = json.loads(raw) if raw else {}
     except ValueError:
         return _text_error(400, "the request body is not JSON")
+    if not isinstance(body, dict):
+        return _text_error(400, "the request body must be a JSON object")
     manager = runtime(request).manager
     kernel = kernel_language(manager, sbx)
     language = str(body.get("language") or kernel).lower()

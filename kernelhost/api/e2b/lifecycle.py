@@ -55,9 +55,11 @@ def _describe(request: web.Request, sbx: Sandbox, *, secrets: bool = False) -> d
         "state": "paused" if rec.state == SandboxState.HIBERNATED else "running",
         "metadata": rec.metadata,
     }
-    if secrets:
-        out["envdAccessToken"] = access_token(request, rec.owner, sbx.id)
-        out["trafficAccessToken"] = None
+    if secrets:  # a new token (only its hash is kept); E2B's SDKs send the code interpreter's
+        # context calls with the traffic token alone, so it is the same one
+        token = access_token(request, sbx)
+        out["envdAccessToken"] = token
+        out["trafficAccessToken"] = token
     return out
 
 

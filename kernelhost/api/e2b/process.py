@@ -23,6 +23,7 @@ from typing import Any
 from aiohttp import web
 
 from ...sandboxes import (
+    CapacityExceeded,
     End,
     Error,
     Event,
@@ -101,15 +102,40 @@ def keepalive_interval(request: web.Request) -> float:
         return KEEPALIVE_DEFAULT
 
 
+SHOWN = 120  # characters of one string of a process's config that the host keeps (List)
+SHOWN_ITEMS = 16  # args, envs of a process's config that the host keeps
+
+
+def shorten(text: str) -> str:
+    return text if len(text) <= SHOWN else text[: SHOWN - 1] + "…"
+
+
+def summary(config: dict[str, Any]) -> dict[str, Any]:
+    """What the host keeps of a process's config for ``List`` (a few KiB at most, whatever
+    was sent): each string cut at ``SHOWN`` characters (``…`` marks a cut), the first
+    ``SHOWN_ITEMS`` args and envs. The command itself went to the guest whole."""
+    out: dict[str, Any] = {"cmd": shorten(str(config.get("cmd", "")))}
+    args = config.get("args") or []
+    if isinstance(args, list):
+        out["args"] = [shorten(str(a)) for a in args[:SHOWN_ITEMS]]
+    envs = config.get("envs") or {}
+    if isinstance(envs, dict):
+        out["envs"] = {shorten(str(k)): shorten(str(v)) for k, v in list(envs.items())[:SHOWN_ITEMS]}
+    if isinstance(config.get("cwd"), str):
+        out["cwd"] = shorten(config["cwd"])
+    return out
+
+
 def _event(**event: Any) -> bytes:
     return envelope({"event": event})
 
 
-def _failure(exc: SandboxError) -> web.Response:
+def failure(exc: SandboxError) -> web.Response:
     code = {
         InvalidRequest: "invalid_argument",
         ProcessNotFound: "not_found",
         NotSupportedByImage: "unimplemented",
+        CapacityExceeded: "resource_exhausted",  # a process limit: the message names it and the fix
     }.get(type(exc), "unavailable")
     err = ConnectError(code, exc.message)
     return web.json_response(err.wire(), status=err.status)
@@ -130,13 +156,15 @@ async def start(request: web.Request) -> web.StreamResponse:
             raise ConnectError("invalid_argument", "stdin must be a boolean")
         code = script(config)
         sbx = sandbox_of(request)
+        tag = message.get("tag")
+        info = {"config": summary(config), "tag": shorten(tag) if isinstance(tag, str) else None}
         proc = await runtime(request).manager.processes.start(
-            sbx, code, deadline(request), stdin=stdin, info={"config": config, "tag": message.get("tag")}
+            sbx, code, deadline(request), stdin=stdin, info=info
         )
     except ConnectError as exc:
         return web.json_response(exc.wire(), status=exc.status)
     except SandboxError as exc:
-        return _failure(exc)
+        return failure(exc)
     return await _follow(request, proc)
 
 
@@ -148,7 +176,7 @@ async def connect(request: web.Request) -> web.StreamResponse:
     except ConnectError as exc:
         return web.json_response(exc.wire(), status=exc.status)
     except SandboxError as exc:
-        return _failure(exc)
+        return failure(exc)
     return await _follow(request, proc)
 
 
@@ -264,7 +292,7 @@ async def _unary(
     except ConnectError as exc:
         return web.json_response(exc.wire(), status=exc.status)
     except SandboxError as exc:
-        return _failure(exc)
+        return failure(exc)
     return web.json_response({}, content_type=UNARY_CONTENT_TYPE)
 
 

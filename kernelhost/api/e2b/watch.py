@@ -23,7 +23,7 @@ from aiohttp import web
 from ...sandboxes import End, Process, SandboxError, Stream
 from .common import runtime, sandbox_of, with_keepalives
 from .connect import STREAM_CONTENT_TYPE, ConnectError, end_stream, envelope, parse_stream_request
-from .process import deadline, keepalive_interval
+from .process import deadline, failure, keepalive_interval, shorten
 
 HOME = "/home/user"
 POLL_SECONDS = 0.2
@@ -112,14 +112,12 @@ async def watch_dir(request: web.Request) -> web.StreamResponse:
             raise ConnectError("invalid_argument", "path must be a non-empty path")
         sbx = sandbox_of(request)
         processes = runtime(request).manager.processes
-        proc = await processes.start(
-            sbx, _command(path, bool(message.get("recursive"))), deadline(request), info={"watch": path}
-        )
+        command = _command(path, bool(message.get("recursive")))
+        proc = await processes.start(sbx, command, deadline(request), info={"watch": shorten(path)})
     except ConnectError as exc:
         return web.json_response(exc.wire(), status=exc.status)
     except SandboxError as exc:
-        err = ConnectError("unavailable", exc.message)
-        return web.json_response(err.wire(), status=err.status)
+        return failure(exc)
     try:
         return await _stream(request, proc)
     finally:

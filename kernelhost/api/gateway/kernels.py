@@ -191,7 +191,7 @@ async def kernel_channels(request: web.Request) -> web.StreamResponse:
     manager.check_usable(sbx)  # 409 before the upgrade for a dead sandbox
     settings = manager.settings
     ws = web.WebSocketResponse(
-        protocols=(wire.V1_PROTOCOL,), heartbeat=30.0, max_msg_size=settings.max_code_bytes + 1024 * 1024
+        protocols=(wire.V1_PROTOCOL,), heartbeat=30.0, max_msg_size=settings.max_ws_message_bytes
     )
     await ws.prepare(request)
     session = manager.sessions.open(sbx)

@@ -14,6 +14,7 @@ is a notice queued on its subscription, which ends it at once.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 import uuid
 from collections.abc import AsyncGenerator, Awaitable, Callable
@@ -149,6 +150,7 @@ class _Driver:
                     started = await call.start()
                 finally:
                     self.running.started.set()
+                    self._forget_code()
                 for event in started:
                     yield event
                 while not call.done:
@@ -180,6 +182,15 @@ class _Driver:
             # the code caught the KeyboardInterrupt, or bash has no error to convert
             yield self._timeout_error(self.recovery or Recovery.INTERRUPTED)
         yield self._end()
+
+    def _forget_code(self) -> None:
+        """The guest has the code now: the host keeps none of it (a background command may run
+        for hours, and its text may be megabytes)."""
+        self.cell = dataclasses.replace(self.cell, code="")
+        if isinstance(self.call, BashCall):
+            self.call.command = ""
+        elif isinstance(self.call, PythonCall):
+            self.call.code = ""
 
     def _interrupt(self) -> None:
         self.status, self.recovery = ExecutionStatus.TIMEOUT, Recovery.INTERRUPTED

@@ -274,7 +274,8 @@ async def test_another_key_and_a_forged_token_are_refused(e2b: Service, sandbox:
                 f"{e2b.url}/e2b/sandbox/files", params={"path": "/etc/hostname"},
                 headers={**headers, "X-Access-Token": token},
             ) as r:  # fmt: skip
-                assert r.status == 401 and "envdAccessToken" in (await r.json())["message"]
+                # the same 404 an unknown sandbox gets: no existence oracle (issue 35)
+                assert r.status == 404 and "envdAccessToken" in (await r.json())["message"]
         async with http.post(f"{e2b.url}/e2b/v2/sandboxes", json={}, headers={"X-API-KEY": "wrong"}) as r:
             assert r.status == 401 and (await r.json())["code"] == 401
 
