@@ -297,8 +297,9 @@ def test_image_and_entrypoint() -> None:
     dockerfile = (DEPLOY / "Dockerfile").read_text().replace("\\\n", " ")
     installed = re.search(r"apt-get install -y --no-install-recommends (.*?) &&", dockerfile)
     assert installed is not None
-    # only the tests need these: a browser (JupyterLab), a PostgreSQL server (the cluster tier)
-    assert set(installed[1].split()) == set(wanted) - {"chromium", "postgresql"}
+    # only the tests need these: a browser (JupyterLab), a PostgreSQL server (the cluster tier),
+    # strace (what the host runs during a template build)
+    assert set(installed[1].split()) == set(wanted) - {"chromium", "postgresql", "strace"}
     assert 'ENTRYPOINT ["tini", "--", "/opt/kernelhost/deploy/entrypoint.sh"]' in dockerfile
     entrypoint = (DEPLOY / "entrypoint.sh").read_text().splitlines()
     assert entrypoint.index("scripts/start-libvirt.sh") < entrypoint.index(
