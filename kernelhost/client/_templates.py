@@ -8,6 +8,7 @@ follow its build, list, look up, cancel and delete. ``AsyncTemplate`` is the ori
 
 from __future__ import annotations
 
+import asyncio
 import builtins
 import json
 import tomllib
@@ -27,6 +28,7 @@ __all__ = ["AsyncTemplate", "BuildInfo", "TemplateBuildError", "TemplateInfo"]
 
 #: How long ``build`` waits for a build to end (a distribution base bootstraps a whole system).
 BUILD_TIMEOUT = 3600.0
+POLL_SECONDS = 2.0  # how often an operator template's state is read while it builds
 
 OnStage = Callable[[str, str], object]
 OnLog = Callable[[str], object]
@@ -172,7 +174,9 @@ class AsyncTemplate:
         on_log: OnLog | None = None,
         timeout: float = BUILD_TIMEOUT,
     ) -> TemplateInfo:
-        """Follow a build (the template's latest by default) until it ends."""
+        """Follow a build (the template's latest by default) until it ends. The operator's
+        templates' builds are not a key's to follow (their logs are the operator's): for one of
+        those, wait for the template's state instead (no stages or log lines)."""
         client = cls._client(url, api_key)
         try:
             if build_id is None:
@@ -180,9 +184,27 @@ class AsyncTemplate:
                 if info.build is None:
                     return info
                 build_id = info.build.id
+                if info.kind == "operator":
+                    return await cls._poll(client, name, timeout)
             return await cls._wait(client, name, build_id, on_stage, on_log, timeout)
         finally:
             await client.aclose()
+
+    @classmethod
+    async def _poll(cls, client: HTTPClient, name: str, timeout: float) -> TemplateInfo:
+        deadline = asyncio.get_running_loop().time() + timeout
+        while True:
+            info = TemplateInfo.from_wire(await client.request("GET", f"/v1/templates/{quote(name)}"))
+            if info.state != "building":
+                break
+            if asyncio.get_running_loop().time() > deadline:
+                raise TimeoutError(f"template {name!r} was still building after {timeout:g} s")
+            await asyncio.sleep(POLL_SECONDS)
+        if info.state == "failed" and info.build is not None:
+            raise TemplateBuildError(
+                f"template {name!r}: {info.error}", stage=info.build.stage, build=info.build
+            )
+        return info
 
     @classmethod
     async def _wait(
