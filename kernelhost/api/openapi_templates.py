@@ -40,7 +40,10 @@ SPEC: dict[str, Any] = {
         "writable_mib": {"type": "integer", "minimum": 16},
         "network": {"type": "string", "enum": ["none", "allowlist", "outbound"]},
         "allow": LIST,
-        "files_dest": {"type": "string", "description": "where the files archive is unpacked"},
+        "files_dest": {
+            "type": "string",
+            "description": "where the files archive is unpacked (in the build VM): absolute, no . or ..",
+        },
     },
 }
 
@@ -63,7 +66,14 @@ def template_paths(op: Any) -> dict[str, Any]:
                         "multipart/form-data": {
                             "schema": {
                                 "type": "object",
-                                "properties": {"spec": SPEC, "files": {"type": "string", "format": "binary"}},
+                                "properties": {
+                                    "spec": SPEC,
+                                    "files": {
+                                        "type": "string",
+                                        "format": "binary",
+                                        "description": "a tar.gz",
+                                    },
+                                },
                             }
                         },
                     },

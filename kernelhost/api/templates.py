@@ -1,7 +1,7 @@
 """HTTP views of templates (``/v1/templates``): build from a spec, list, look at one, follow a
 build's log, cancel a build, delete. A spec comes as a JSON body, or as ``multipart/form-data``
-with a ``spec`` part (JSON) and a ``files`` part (a tar archive, plain or gzip-compressed,
-unpacked at the spec's ``files_dest``)."""
+with a ``spec`` part (JSON) and a ``files`` part (a tar.gz archive, kept unopened by the service
+and unpacked at the spec's ``files_dest`` inside the template's build VM)."""
 
 from __future__ import annotations
 
