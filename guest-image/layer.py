@@ -78,6 +78,7 @@ PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 KERNEL_DIRS = ("usr/local/share/jupyter/kernels", "usr/share/jupyter/kernels")
 PYTHON_KERNELSPEC = "kernelhost"  # the image's own (guest-image/build.py)
 TEMPLATE_FILE = "etc/kernelhost/template.json"  # what the agent reads at start
+PIP_CERT = "/tmp/kh-pip-cert.pem"  # in the root while it builds (its /tmp is emptied before packing)
 
 
 class StepFailed(Exception):
@@ -311,6 +312,9 @@ def build(
     kernel_packages = spec.get("kernel_packages", {})
     emit(stage="mount", detail=str(root_dev))
     with BuildRoot(root_dev, work / "build") as root:
+        if spec.get("pip_cert"):  # the certificates the host's pip trusts, for pip in setup too
+            shutil.copyfile(spec["pip_cert"], root.path / PIP_CERT.lstrip("/"))
+            env["PIP_CERT"] = PIP_CERT
         before = dpkg_versions(root)
         step_apt(root, [*kernel_packages.get("apt", []), *spec["apt"]], env)
         step_pip(root, [*kernel_packages.get("pip", []), *spec["pip"]], spec.get("pip_config", {}), env)

@@ -84,7 +84,9 @@ async def build_in_vm(
             net = ctx.network.host.guest_config(NetworkSpec("allowlist"))
             await agent.request(Op.NET_CONFIG, timeout=settings.timeouts.net_config, **net)
             job = {**job, "pip_config": indexes.pip, "proxy_env": net["env"]}
-            await _upload(agent, job, archive, settings.timeouts.file_op)
+            if indexes.cert is not None:
+                job["pip_cert"] = f"{GUEST_DIR}/pip-cert.pem"
+            await _upload(agent, job, archive, indexes.cert, settings.timeouts.file_op)
             argv = f"--spec {GUEST_DIR}/job.json --out-dev /dev/{spec.scratch_device}"
             if archive is not None:
                 argv += f" --files {GUEST_DIR}/files.tar.gz"
@@ -108,9 +110,13 @@ def _make_disk(path: Path, max_mib: int) -> None:
     give_to_qemu(path, 0o600)
 
 
-async def _upload(agent: AgentClient, job: dict[str, Any], archive: Path | None, timeout: float) -> None:
+async def _upload(
+    agent: AgentClient, job: dict[str, Any], archive: Path | None, cert: Path | None, timeout: float
+) -> None:
     files: list[tuple[str, bytes | Path]] = [(name, GUEST_IMAGE / name) for name in SCRIPTS]
     files.append(("job.json", json.dumps(job).encode()))
+    if cert is not None:
+        files.append(("pip-cert.pem", cert))
     if archive is not None:
         files.append(("files.tar.gz", archive))
     for name, source in files:

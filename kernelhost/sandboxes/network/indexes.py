@@ -5,7 +5,9 @@ configured with, and nothing else (docs/templates.md, "Where a build runs").
   ``sources.list.d/*.list`` / ``*.sources``), read at service start;
 - pip: the host's ``http(s)`` indexes (``HostNetwork.defaults``), its ``file://`` indexes (served
   by the host, read only), and, when the host's pip names no ``index-url``, pip's own default
-  index, as the installed pip names it (the project writes no index host of its own).
+  index, as the installed pip names it (the project writes no index host of its own); the
+  certificate bundle the host's pip trusts (its ``cert`` option), where it names one, goes to the
+  build VM with them (a host whose TLS is intercepted by a proxy of its network needs it).
 
 The build VM gets these as an ``allowlist`` policy of the existing tunnel machinery, and the
 pip options pointing at them; the host checks every connection it opens (its protections hold).
@@ -21,12 +23,14 @@ from typing import Any
 
 import structlog
 
+from ...pipconfig import read_pip_options
 from .host import HostNetwork
 from .policy import AllowEntry, Policy, parse_entry
 
 log = structlog.get_logger("kernelhost.network")
 
 APT_DIR = Path("/etc/apt")
+CERT_MAX = 4 << 20  # bytes of the host pip's certificate bundle handed to a build VM
 
 
 def apt_source_urls(apt_dir: Path = APT_DIR) -> list[str]:
@@ -99,6 +103,8 @@ class BuildIndexes:
             }
             extra += [_entry(index), _entry(files_host)]
         self.entries = [e for e in extra if e is not None]
+        cert = Path(read_pip_options(("cert",)).get("cert", "") or "/nonexistent")
+        self.cert = cert if cert.is_file() and cert.stat().st_size <= CERT_MAX else None
 
     def policy(self) -> Policy:
         """An allowlist of the host's package indexes and the operator's entries."""
