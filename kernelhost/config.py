@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .secret_rules import MIN_CLUSTER_SECRET_CHARS, check_secrets
+
 DEFAULT_CONFIG_FILE = Path("/etc/kernelhost/config.toml")
 
 
@@ -126,7 +128,7 @@ class Settings:
     store_url: str = ""
     node_id: str = ""  # this node's name in the cluster; default: the host name
     advertise_url: str = ""  # the URL other nodes reach this one at; default: url
-    cluster_secret: str = ""  # what node-to-node calls carry; clients never see it
+    cluster_secret: str = ""  # the key node-to-node signatures derive from; never sent
     node_lease_seconds: float = 15.0  # a node whose heartbeat is older is dead
     hibernate_dir: Path = Path()  # hibernated VMs; default state_dir/hibernated (shared: wake anywhere)
 
@@ -288,9 +290,9 @@ class Settings:
         if bool(self.tls_cert_file) != bool(self.tls_key_file):
             raise ConfigError("tls_cert_file and tls_key_file go together: set both, or neither")
         self._validate_cluster()
-        for key in self.api_keys + self.operator_keys:
-            if len(key) < 16:
-                raise ConfigError("every API key must be at least 16 characters long")
+        weak = check_secrets(self.api_keys, self.operator_keys, self.cluster_secret, self.store_url)
+        if weak:
+            raise ConfigError(weak)
 
     def _validate_cluster(self) -> None:
         if self.store_url and not self.store_url.startswith(("postgresql://", "postgres://", "sqlite:///")):
@@ -300,10 +302,11 @@ class Settings:
             )
         if not self.node_lease_seconds >= 2:
             raise ConfigError(f"node_lease_seconds has value {self.node_lease_seconds}; use at least 2")
-        if self.cluster and len(self.cluster_secret) < 16:
+        if self.cluster and not self.cluster_secret:
             raise ConfigError(
                 "a cluster node (a postgresql:// store_url) needs cluster_secret "
-                "(KERNELHOST_CLUSTER_SECRET), the same on every node, at least 16 characters"
+                "(KERNELHOST_CLUSTER_SECRET), the same on every node, at least "
+                f"{MIN_CLUSTER_SECRET_CHARS} random characters: `openssl rand -hex 32`"
             )
         if self.advertise_url and not self.advertise_url.startswith(("http://", "https://")):
             raise ConfigError(f"advertise_url has value {self.advertise_url!r}; use http://host:port")
