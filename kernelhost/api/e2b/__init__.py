@@ -17,9 +17,17 @@ from __future__ import annotations
 from aiohttp import web
 
 from . import files, interpreter, lifecycle, process, watch
-from .common import PREFIX, SANDBOX_PREFIX, identify, is_rpc, lifecycle_error, sandbox_error
+from .common import (
+    PREFIX,
+    SANDBOX_PREFIX,
+    identify,
+    identify_forwarded,
+    is_rpc,
+    lifecycle_error,
+    sandbox_error,
+)
 
-__all__ = ["PREFIX", "SANDBOX_PREFIX", "identify", "setup_e2b"]
+__all__ = ["PREFIX", "SANDBOX_PREFIX", "identify", "identify_forwarded", "setup_e2b"]
 
 
 async def _no_route(request: web.Request) -> web.Response:

@@ -124,25 +124,32 @@ def api_key_id(request: web.Request) -> str | None:
     return request.app[KEYS].identify(presented) if presented else None
 
 
-def _check_sandbox(request: web.Request, *, token: bool) -> Sandbox:
+def _token_ok(request: web.Request, owner: str, sandbox_id: str) -> bool:
+    presented = request.headers.get("X-Access-Token", "")
+    return hmac.compare_digest(presented.encode(), access_token(request, owner, sandbox_id).encode())
+
+
+def _wrong_token(sandbox_id: str) -> str:
+    return (
+        f"the X-Access-Token of sandbox {sandbox_id} is missing or wrong: use the "
+        "envdAccessToken create or connect returned"
+    )
+
+
+def _check_sandbox(request: web.Request, *, token: bool, owner: str | None = None) -> Sandbox:
     """The sandbox an in-sandbox call names, checked against its access token (``token=False``:
-    the id alone, for the calls E2B's SDKs send without one)."""
+    the id alone, for the calls E2B's SDKs send without one; ``owner``: a call another node
+    forwarded, which checked the token and signed the owner it acts for)."""
     sandbox_id = request.headers.get("E2b-Sandbox-Id", "")
     sbx = runtime(request).manager.find(sandbox_id) if sandbox_id else None
-    if sbx is None:
+    if sbx is None or (owner is not None and sbx.record.owner != owner):
         raise SandboxNotFound(
             f"no sandbox {sandbox_id!r}: send E2b-Sandbox-Id with an id create returned"
             if sandbox_id
             else "no E2b-Sandbox-Id header: set E2B_SANDBOX_URL to this service's /e2b/sandbox"
         )
-    if token:
-        presented = request.headers.get("X-Access-Token", "")
-        want = access_token(request, sbx.record.owner, sbx.id)
-        if not hmac.compare_digest(presented.encode(), want.encode()):
-            raise Unauthorized(
-                f"the X-Access-Token of sandbox {sbx.id} is missing or wrong: use the "
-                "envdAccessToken create or connect returned"
-            )
+    if token and not _token_ok(request, sbx.record.owner, sbx.id):
+        raise Unauthorized(_wrong_token(sbx.id))
     request[KEY_ID] = sbx.record.owner
     request[SANDBOX] = sbx
     structlog.contextvars.bind_contextvars(sandbox_id=sbx.id, key_id=sbx.record.owner)
@@ -170,15 +177,41 @@ def identify(request: web.Request) -> web.Response | None:
         request[KEY_ID] = kid
         structlog.contextvars.bind_contextvars(key_id=kid)
         return None
+    return _identify_sandbox(request)
+
+
+def _needs_token(request: web.Request) -> bool | None:
+    """Whether an in-sandbox call needs the sandbox's token (None: it names no sandbox)."""
     tail = request.path[len(SANDBOX_PREFIX) :]
-    if tail == "/health":
+    return None if tail == "/health" else not tail.startswith("/contexts")
+
+
+def _identify_sandbox(request: web.Request, owner: str | None = None) -> web.Response | None:
+    token = _needs_token(request)
+    if token is None:
         return None
     try:
-        _check_sandbox(request, token=not tail.startswith("/contexts"))
+        _check_sandbox(request, token=token and owner is None, owner=owner)
     except SandboxNotFound as exc:
         return sandbox_error(request, 404, "not_found", exc.message)
     except Unauthorized as exc:
         return sandbox_error(request, 401, "unauthenticated", str(exc))
+    return None
+
+
+def identify_forwarded(request: web.Request, owner: str) -> web.Response | None:
+    """An in-sandbox call another node forwarded, acting for ``owner`` (signed): its sandbox
+    must be that key's; the token was checked where the call came in."""
+    if not request.path.startswith(SANDBOX_PREFIX + "/"):
+        return None
+    return _identify_sandbox(request, owner)
+
+
+def token_refusal(request: web.Request, owner: str, sandbox_id: str) -> web.Response | None:
+    """Before an in-sandbox call goes to the node of its sandbox: its token, checked here (the
+    call is passed on without it), or the error to answer."""
+    if _needs_token(request) and not _token_ok(request, owner, sandbox_id):
+        return sandbox_error(request, 401, "unauthenticated", _wrong_token(sandbox_id))
     return None
 
 
