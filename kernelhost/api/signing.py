@@ -16,7 +16,8 @@ secret. It sends an HMAC-SHA256 signature, with a key derived from the secret, o
 
 The receiving node accepts a call only when it is for this node, its timestamp is within
 ``WINDOW`` seconds of this node's clock, the signature matches, and its nonce was not seen in
-the window (a replay cache). A captured request can thus be neither replayed nor altered.
+the window (a replay cache; a call signed before this node started is refused too, since the
+cache starts empty). A captured request can thus be neither replayed nor altered.
 """
 
 from __future__ import annotations
@@ -102,6 +103,8 @@ class Verifier:
     ) -> None:
         self.secret, self.node_id, self.window, self.max_nonces = secret, node_id, window, max_nonces
         self._seen: OrderedDict[str, float] = OrderedDict()  # nonce -> when it may be forgotten
+        # the nonces seen before a restart are gone: calls signed before this start are refused
+        self.started = time.time()
         self._lock = threading.Lock()
 
     def verify(self, method: str, path_qs: str, headers: Mapping[str, str], now: float | None = None) -> None:
@@ -127,6 +130,11 @@ class Verifier:
         if not hmac.compare_digest(headers[SIGNATURE].encode(), want.encode()):
             raise Refused(
                 "bad node-to-node signature: the call was altered, or the nodes' cluster_secret differ"
+            )
+        if date < self.started:
+            raise Refused(
+                "this call was signed before this node started (it cannot know whether it was seen); "
+                "send it again"
             )
         self._remember(headers[NONCE], date + self.window, now)
 

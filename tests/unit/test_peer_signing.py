@@ -75,6 +75,16 @@ def test_a_stale_call_and_another_secret_are_refused() -> None:
         Verifier(SECRET, "node-b").verify("POST", PATH, {DATE: "1"})
 
 
+def test_a_call_signed_before_the_node_started_is_refused() -> None:
+    """The replay cache starts empty at each start: a call captured just before a restart must
+    not pass after it."""
+    headers = _signed()
+    verifier = Verifier(SECRET, "node-b")
+    verifier.started = float(headers[DATE]) + 0.001
+    with pytest.raises(Refused, match="before this node started"):
+        verifier.verify("POST", PATH, headers)
+
+
 def test_the_secret_is_never_sent() -> None:
     headers = _signed(reservation="res_1")
     assert all(SECRET not in v for v in headers.values())
