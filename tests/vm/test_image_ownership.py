@@ -1,9 +1,10 @@
 """Issue 35, finding 15: what every tenant's VM starts from stays root's and read-only to QEMU.
 
 One QEMU escape must not backdoor the next tenant's VM: the shared images (kernel, initramfs,
-root) and a frozen template snapshot (its directory, device state and metadata, and the RAM
-directories that hold it) must be root's and not writable by libvirt's QEMU user, after a
-template snapshot was built (a cold boot from the kernel) and after clones started from it.
+root, and a template's layer) and a frozen template snapshot (its directory, device state and
+metadata, and the RAM directories that hold it) must be root's and not writable by libvirt's
+QEMU user, after a template snapshot was built (a cold boot from the kernel) and after clones
+started from it.
 Checked with ``os.stat`` and by trying, as the QEMU user, to open each file for writing (and to
 create a file in each directory). Sandboxes still start and run code.
 
@@ -17,6 +18,7 @@ user's (docs/security.md), and its test is an expected failure until the host's 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import shutil
@@ -28,7 +30,7 @@ from pathlib import Path
 import pytest
 
 from hypervisor.ownership import private_ram_may_be_read_only, qemu_ids
-from kernelhost import AsyncSandbox
+from kernelhost import AsyncSandbox, AsyncTemplate
 
 from ..harness import Service, running_service
 
@@ -123,17 +125,21 @@ def own_service(tmp_path_factory: pytest.TempPathFactory, own_dirs: tuple[Path, 
 @pytest.fixture(scope="module")
 async def two_clones(own_service: Service) -> AsyncIterator[list[AsyncSandbox]]:
     """The first create builds the template snapshot (a cold boot) and clones it; the second is
-    a clone of the snapshot as it is then."""
+    a clone of the snapshot as it is then; the third is a clone of a template with a layer (built
+    through the API: its image is a layer over python's, its snapshot a cold boot of both)."""
+    url, key = own_service.url, own_service.api_key
     made: list[AsyncSandbox] = []
     try:
         for _ in range(2):
-            made.append(
-                await AsyncSandbox.create(template="python", url=own_service.url, api_key=own_service.api_key)
-            )
+            made.append(await AsyncSandbox.create(template="python", url=url, api_key=key))
+        await AsyncTemplate.build({"name": "own-layer", "env": {"KH_LAYER": "on"}}, url=url, api_key=key)
+        made.append(await AsyncSandbox.create(template="own-layer", url=url, api_key=key))
         yield made
     finally:
         for sbx in made:
             await sbx.close()
+        with contextlib.suppress(Exception):
+            await AsyncTemplate.delete("own-layer", url=url, api_key=key)
 
 
 def _snapshot(ram_dir: Path) -> Path:
@@ -149,9 +155,19 @@ async def test_images_and_snapshot_stay_roots_and_read_only_to_qemu(
     for sbx in two_clones:  # they start and run code
         execution = await sbx.run_code("print(6 * 7)")
         assert execution.stdout == "42\n", execution
+    layered = await two_clones[-1].run_code("import os; print(os.environ.get('KH_LAYER'))")
+    assert layered.stdout == "on\n", layered
     image = (image_dir / "python").resolve()
     snap = _snapshot(ram_dir)
+    layers = [p.resolve() for p in image_dir.glob("own-layer@*") if p.is_symlink()]
+    assert len(layers) == 1, list(image_dir.iterdir())
+    layer_snaps = [p for p in (ram_dir / "templates").glob("own-layer@*") if not p.name.startswith(".")]
+    assert len(layer_snaps) == 1, layer_snaps
     checked = [
+        layers[0],
+        layers[0] / "layer.erofs",
+        layer_snaps[0],
+        layer_snaps[0] / "state",
         image_dir,
         image,
         image / "vmlinuz",
