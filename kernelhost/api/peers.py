@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 from collections.abc import AsyncIterator, Callable, Mapping
+from typing import Any
 
 import structlog
 from aiohttp import web
@@ -23,8 +24,10 @@ from .state import KEY_ID, KEYS, SETTINGS
 log = structlog.get_logger("kernelhost.cluster")
 
 VERIFIER = web.AppKey("cluster_verifier", Verifier)
-PEER = "cluster_peer"  # request key: the call came from another node
-OPERATOR = "cluster_operator"  # request key: the cluster itself (kernelhost node drain)
+# request keys (typed where aiohttp has them, as KEY_ID): the call came from another node; it
+# acts for the cluster itself (kernelhost node drain)
+PEER: Any = web.RequestKey("cluster_peer", bool) if hasattr(web, "RequestKey") else "cluster_peer"
+OPERATOR: Any = web.RequestKey("cluster_operator", bool) if hasattr(web, "RequestKey") else "cluster_operator"
 CLUSTER_ROUTES = "/v1/cluster/"
 Signer = Callable[[str], Mapping[str, str]]  # a body's binding -> the headers of the signed call
 
