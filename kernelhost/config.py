@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from .secret_rules import MIN_CLUSTER_SECRET_CHARS, check_secrets
 
@@ -308,13 +309,34 @@ class Settings:
                 "(KERNELHOST_CLUSTER_SECRET), the same on every node, at least "
                 f"{MIN_CLUSTER_SECRET_CHARS} random characters: `openssl rand -hex 32`"
             )
-        if self.advertise_url and not self.advertise_url.startswith(("http://", "https://")):
-            raise ConfigError(f"advertise_url has value {self.advertise_url!r}; use http://host:port")
+        if self.advertise_url and not _is_base_url(self.advertise_url):
+            raise ConfigError(
+                f"advertise_url has value {self.advertise_url!r}; use http(s)://host:port, without "
+                "user info, path or query (other nodes refuse a node row with them)"
+            )
         if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}", self.node_id):
             raise ConfigError(
                 f"node_id has value {self.node_id!r}; use letters, digits, '.', '_' or '-' "
                 "(at most 63), starting with a letter or digit"
             )
+
+
+def _is_base_url(url: str) -> bool:
+    """``http(s)://host[:port][/]`` and nothing else (what a node row's URL must be)."""
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018  (raises on a port that is not a number in range)
+    except ValueError:
+        return False
+    return (
+        parts.scheme in ("http", "https")
+        and bool(parts.hostname)
+        and parts.username is None
+        and parts.password is None
+        and parts.path in ("", "/")
+        and not parts.query
+        and not parts.fragment
+    )
 
 
 def _bool(raw: Any) -> bool:

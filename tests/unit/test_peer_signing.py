@@ -21,6 +21,7 @@ from kernelhost.api.signing import (
     body_binding,
     sign,
 )
+from kernelhost.config import ConfigError, Settings
 from kernelhost.sandboxes.trust import inside, node_url_mac, registration_problem, url_problem
 
 pytestmark = pytest.mark.unit
@@ -112,6 +113,13 @@ def test_body_bindings() -> None:
 def test_node_urls_of_bad_shape_are_refused(url: str) -> None:
     assert url_problem(url)
     assert registration_problem(SECRET, "node-b", url, node_url_mac(SECRET, "node-b", url))
+
+
+@pytest.mark.parametrize("url", ["http://user:pw@10.0.0.2:8999", "http://10.0.0.2:8999/x", "ftp://10.0.0.2"])
+def test_a_node_does_not_advertise_a_url_its_peers_would_refuse(tmp_path: Path, url: str) -> None:
+    with pytest.raises(ConfigError, match="advertise_url"):
+        Settings(state_dir=tmp_path, advertise_url=url).validate()
+    Settings(state_dir=tmp_path, advertise_url="https://node-b.internal:8999").validate()
 
 
 def test_a_node_row_counts_only_with_its_registration_mac() -> None:
