@@ -44,6 +44,10 @@ class DomainSpec:
     # One writable raw disk after the layers (a template's build VM writes its layer there);
     # the host creates and owns the file, so libvirt does not relabel it
     scratch_disk: Path | None = None
+    # libvirt's DAC label of its QEMU user ("+uid:+gid"), set as the domain's static label with
+    # relabel='no': QEMU runs as that user, and libvirt chowns none of the shared images (the
+    # kernel, initramfs, root and layers stay root's, read-only to every QEMU; ownership.py)
+    dac_label: str = ""
 
     def __post_init__(self) -> None:
         if self.accel not in ("tcg", "kvm"):
@@ -125,7 +129,7 @@ class DomainSpec:
     </serial>
     <rng model='virtio'><backend model='random'>/dev/urandom</backend></rng>
     <memballoon model='none'/>
-  </devices>
+  </devices>{self._seclabel()}
   <qemu:commandline>{self._qemu_args()}
   </qemu:commandline>
   <qemu:capabilities><qemu:del capability='cpu-unavailable-features'/></qemu:capabilities>
@@ -146,6 +150,12 @@ class DomainSpec:
     <kernel>{escape(str(self.kernel))}</kernel>
     <initrd>{escape(str(self.initrd))}</initrd>
     <cmdline>{escape(self.cmdline)}</cmdline>"""
+
+    def _seclabel(self) -> str:
+        if not self.dac_label:
+            return ""
+        label = escape(self.dac_label)
+        return f"\n  <seclabel type='static' model='dac' relabel='no'><label>{label}</label></seclabel>"
 
     def _layer_disks(self) -> str:
         return "".join(

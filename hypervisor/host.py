@@ -36,6 +36,7 @@ from .forkram import (
     find_ram,
 )
 from .images import GuestImage
+from .ownership import dac_label, give_to_qemu, keep_images_from_qemu
 from .snapshot import (
     begin_live_save,
     finish_live_save,
@@ -44,8 +45,6 @@ from .snapshot import (
     save_devices,
     save_state,
 )
-
-QEMU_USER = "libvirt-qemu"
 
 
 def _silence_libvirt(_ctx: object, _err: object) -> None:
@@ -87,6 +86,7 @@ class Hypervisor:
         self._lock = threading.Lock()
         # domains whose destroy failed (libvirt away or restarting): retried by ``retry_destroys``
         self._doomed: set[str] = set()
+        self._dac_label: str | None = None
 
     # -- connection ----------------------------------------------------------------------------
 
@@ -99,6 +99,13 @@ class Hypervisor:
                 except libvirt.libvirtError as exc:
                     raise LibvirtUnavailable(self.uri, str(exc)) from exc
             return self._conn
+
+    @property
+    def dac_label(self) -> str:
+        """libvirt's DAC label of its QEMU user, read once (``ownership.dac_label``)."""
+        if self._dac_label is None:
+            self._dac_label = dac_label(self.conn)
+        return self._dac_label
 
     @staticmethod
     def _alive(conn: libvirt.virConnect) -> bool:
@@ -156,6 +163,8 @@ class Hypervisor:
         vm_dir = self.vm_dir(name)
         vm_dir.mkdir(parents=True, exist_ok=True)
         give_to_qemu(vm_dir)
+        # what every VM starts from: root's, read-only to QEMU (libvirt leaves them so: dac_label)
+        keep_images_from_qemu(image.kernel, image.initrd, image.rootfs, *image.layers)
         return DomainSpec(
             name=name,
             uuid=str(uuidlib.uuid4()),
@@ -175,6 +184,7 @@ class Hypervisor:
             mem_path=mem_path,
             mem_share=mem_share,
             incoming=incoming,
+            dac_label=self.dac_label,
         )
 
     def _check_name(self, name: str) -> None:
@@ -484,17 +494,3 @@ class Hypervisor:
                 return True
             time.sleep(0.05)
         return False
-
-
-def give_to_qemu(path: Path, mode: int = 0o750) -> None:
-    """QEMU runs as libvirt's unprivileged user: ``path`` (a directory it writes in, or a file
-    it maps, ``mode`` 0o600) becomes that user's."""
-    try:
-        import pwd
-
-        pw = pwd.getpwnam(QEMU_USER)
-    except KeyError:
-        return
-    with contextlib.suppress(PermissionError):
-        os.chown(path, pw.pw_uid, pw.pw_gid)
-    path.chmod(mode)

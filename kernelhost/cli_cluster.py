@@ -1,7 +1,7 @@
 """``kernelhost nodes`` and ``kernelhost node drain``: the cluster (docs/cluster.md), from a
 node's own settings. ``nodes`` reads the shared store; ``drain`` asks the node to drain itself
-(its advertised URL, with the cluster secret), so it hibernates its sandboxes and they wake on
-other nodes."""
+(its advertised URL, in a call signed with a key derived from the cluster secret), so it
+hibernates its sandboxes and they wake on other nodes."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import argparse
 import json
 import sys
 import urllib.error
+import urllib.parse
 import urllib.request
 from typing import Any
 
@@ -52,7 +53,7 @@ def _nodes(args: argparse.Namespace) -> int:
         return 2
     db = open_database(settings.store_url, settings.db_path)
     try:
-        nodes = NodeTable(db, settings.node_lease_seconds).all()
+        nodes = NodeTable(db, settings.node_lease_seconds, settings.cluster_secret).all()
     finally:
         db.close()
     if args.json:
@@ -72,12 +73,13 @@ def _drain(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"kernelhost node drain: {exc}", file=sys.stderr)
         return 2
+    from .api.signing import sign
+
     node = args.node or settings.node_id
-    req = urllib.request.Request(
-        f"{settings.peer_url}/v1/cluster/nodes/{node}/drain",
-        method="POST",
-        headers={"X-Kernelhost-Cluster-Secret": settings.cluster_secret, "X-Kernelhost-Owner": ""},
-    )
+    path = f"/v1/cluster/nodes/{urllib.parse.quote(node, safe='')}/drain"
+    # signed for this node, as the cluster itself (the owner ''): the secret is never sent
+    headers = sign(settings.cluster_secret, "POST", path, owner="", from_node="cli", to_node=settings.node_id)
+    req = urllib.request.Request(f"{settings.peer_url}{path}", method="POST", headers=headers)
     try:
         with urllib.request.urlopen(req, timeout=args.timeout) as resp:
             answer = json.load(resp)

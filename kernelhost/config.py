@@ -16,6 +16,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
+
+from .secret_rules import MIN_CLUSTER_SECRET_CHARS, check_secrets
 
 DEFAULT_CONFIG_FILE = Path("/etc/kernelhost/config.toml")
 
@@ -137,7 +140,7 @@ class Settings:
     store_url: str = ""
     node_id: str = ""  # this node's name in the cluster; default: the host name
     advertise_url: str = ""  # the URL other nodes reach this one at; default: url
-    cluster_secret: str = ""  # what node-to-node calls carry; clients never see it
+    cluster_secret: str = ""  # the key node-to-node signatures derive from; never sent
     node_lease_seconds: float = 15.0  # a node whose heartbeat is older is dead
     hibernate_dir: Path = Path()  # hibernated VMs; default state_dir/hibernated (shared: wake anywhere)
 
@@ -325,9 +328,9 @@ class Settings:
         if bool(self.tls_cert_file) != bool(self.tls_key_file):
             raise ConfigError("tls_cert_file and tls_key_file go together: set both, or neither")
         self._validate_cluster()
-        for key in self.api_keys + self.operator_keys:
-            if len(key) < 16:
-                raise ConfigError("every API key must be at least 16 characters long")
+        weak = check_secrets(self.api_keys, self.operator_keys, self.cluster_secret, self.store_url)
+        if weak:
+            raise ConfigError(weak)
 
     def _validate_cluster(self) -> None:
         if self.store_url and not self.store_url.startswith(("postgresql://", "postgres://", "sqlite:///")):
@@ -337,18 +340,40 @@ class Settings:
             )
         if not self.node_lease_seconds >= 2:
             raise ConfigError(f"node_lease_seconds has value {self.node_lease_seconds}; use at least 2")
-        if self.cluster and len(self.cluster_secret) < 16:
+        if self.cluster and not self.cluster_secret:
             raise ConfigError(
                 "a cluster node (a postgresql:// store_url) needs cluster_secret "
-                "(KERNELHOST_CLUSTER_SECRET), the same on every node, at least 16 characters"
+                "(KERNELHOST_CLUSTER_SECRET), the same on every node, at least "
+                f"{MIN_CLUSTER_SECRET_CHARS} random characters: `openssl rand -hex 32`"
             )
-        if self.advertise_url and not self.advertise_url.startswith(("http://", "https://")):
-            raise ConfigError(f"advertise_url has value {self.advertise_url!r}; use http://host:port")
+        if self.advertise_url and not _is_base_url(self.advertise_url):
+            raise ConfigError(
+                f"advertise_url has value {self.advertise_url!r}; use http(s)://host:port, without "
+                "user info, path or query (other nodes refuse a node row with them)"
+            )
         if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}", self.node_id):
             raise ConfigError(
                 f"node_id has value {self.node_id!r}; use letters, digits, '.', '_' or '-' "
                 "(at most 63), starting with a letter or digit"
             )
+
+
+def _is_base_url(url: str) -> bool:
+    """``http(s)://host[:port][/]`` and nothing else (what a node row's URL must be)."""
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018  (raises on a port that is not a number in range)
+    except ValueError:
+        return False
+    return (
+        parts.scheme in ("http", "https")
+        and bool(parts.hostname)
+        and parts.username is None
+        and parts.password is None
+        and parts.path in ("", "/")
+        and not parts.query
+        and not parts.fragment
+    )
 
 
 def _bool(raw: Any) -> bool:

@@ -27,6 +27,9 @@ job "kernelhost" {
 
       env {
         KERNELHOST_NODE_ID            = "${node.unique.name}"
+        # other nodes' calls are signed with a key derived from cluster_secret (never sent) and
+        # valid for 30 s: keep clocks in sync; https:// + TLS settings on an untrusted network
+        # (docs/cluster.md, "Between nodes")
         KERNELHOST_ADVERTISE_URL      = "http://${attr.unique.network.ip-address}:8999"
         KERNELHOST_NODE_LEASE_SECONDS = "15"
         KERNELHOST_HOST               = "0.0.0.0"

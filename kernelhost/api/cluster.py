@@ -1,20 +1,20 @@
 """A node of a cluster, as HTTP (docs/cluster.md): any node serves the whole API.
 
 - A call for a sandbox on another live node is forwarded to it (``forward.py``), streamed both
-  ways; the client's key was checked here, once, and the peer trusts the cluster secret and the
-  key id it carries. A sandbox whose node died answers 410; a hibernated one of a dead or
-  draining node is taken over by the live node with its build and the most room (this one, or
-  the peer the call is forwarded to) and wakes there.
+  ways; the client's key was checked here, once, and the call to the peer is signed as acting
+  for that key (``peers.py``, ``signing.py``), without the client's credentials. A sandbox
+  whose node died answers 410; a hibernated one of a dead or draining node is taken over by the
+  live node with its build and the most room (this one, or the peer the call is forwarded to)
+  and wakes there. A node whose row in the store is refused (``Node.refused``) gets nothing.
 - ``POST /v1/sandboxes`` is placed: the node with the template and the most room, reserved in one
   transaction with the key's limits; the reservation goes along to the node that makes it.
 - ``GET /v1/cluster/nodes`` and ``POST /v1/cluster/nodes/{node_id}/drain``: operator keys, or
-  the cluster secret (``kernelhost nodes`` and ``kernelhost node drain``).
+  a call signed for the cluster itself (``kernelhost node drain``).
 """
 
 from __future__ import annotations
 
 import asyncio
-import hmac
 import json
 from collections.abc import AsyncIterator
 from typing import Any
@@ -28,47 +28,27 @@ from ..sandboxes import (
     HOST_FAILED,
     HostFailed,
     InvalidRequest,
+    NodeRefused,
     NodeUnreachable,
     Remedy,
     SandboxManager,
 )
+from ..sandboxes.cluster import Node
 from ..sandboxes.sandbox import record_view
 from .e2b import common as e2b_common
 from .e2b import snapshots as e2b_snapshots
 from .e2b.common import TEMPLATE_ALIASES
-from .errors import Handler, error_response
+from .errors import Handler
 from .forward import PeerUnreachable, forward, new_session
 from .gateway.kernels import kernel_id
-from .state import KEY_ID, KEYS, RUNTIME, SETTINGS
+from .peers import OPERATOR, PEER, setup_peers, signer
+from .signing import RESERVATION
+from .state import KEY_ID, KEYS, RUNTIME
 
 log = structlog.get_logger("kernelhost.cluster")
 
-SECRET = "X-Kernelhost-Cluster-Secret"
-OWNER = "X-Kernelhost-Owner"
-RESERVATION = "X-Kernelhost-Reservation"
-FORWARDED_BY = "X-Kernelhost-Forwarded-By"
 PEERS = web.AppKey("cluster_peers", aiohttp.ClientSession)
 CREATES = frozenset({"/v1/sandboxes", "/e2b/sandboxes", "/e2b/v2/sandboxes"})  # placed on the node with room
-PEER = "cluster_peer"  # request key: the call came from another node
-OPERATOR = "cluster_operator"  # request key: an operator key, or the cluster secret
-
-
-def peer_auth(request: web.Request) -> web.StreamResponse | None:
-    """For a call from another node: check its secret and take the key id it carries. None when
-    the call is not one (the usual key check follows)."""
-    presented = request.headers.get(SECRET)
-    if presented is None:
-        return None
-    secret = request.app[SETTINGS].cluster_secret
-    if not secret or not hmac.compare_digest(presented.encode(), secret.encode()):
-        return error_response(
-            401, "unauthorized", f"wrong {SECRET}; every node needs the same cluster_secret"
-        )
-    request[KEY_ID] = request.headers.get(OWNER, "")
-    request[PEER] = True
-    request[OPERATOR] = True
-    structlog.contextvars.bind_contextvars(key_id=request[KEY_ID], peer=request.headers.get(FORWARDED_BY, ""))
-    return None  # accepted
 
 
 def is_operator(request: web.Request) -> bool:
@@ -102,22 +82,13 @@ def _target(request: web.Request, manager: SandboxManager) -> str | None:
     return wanted
 
 
-def _headers(request: web.Request, manager: SandboxManager, reservation: str = "") -> dict[str, str]:
-    cluster = manager.cluster
-    assert cluster is not None
-    headers = {SECRET: request.app[SETTINGS].cluster_secret, OWNER: request[KEY_ID], FORWARDED_BY: cluster.id}
-    if reservation:
-        headers[RESERVATION] = reservation
-    return headers
-
-
 @web.middleware
 async def cluster_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
     manager = _manager(request)
     if manager is None or request.get(KEY_ID) is None:
         return await handler(request)
     if request.get(PEER):  # forwarded here by the node the client called: served here, always
-        if RESERVATION in request.headers:
+        if RESERVATION in request.headers:  # signed along with the call
             FORWARDED_RESERVATION.set(request.headers[RESERVATION])
         await _take_over_for_peer(request, manager)
         return await handler(request)
@@ -140,7 +111,7 @@ async def _route(request: web.Request, handler: Handler, manager: SandboxManager
     assert manager.cluster is not None
     known = manager.cluster.peer_of(sandbox_id, request[KEY_ID])
     if known is not None:  # located before, on a node alive at the last heartbeat
-        return await _forward(request, manager, known.url, known.id)
+        return await _forward(request, manager, known)
     loc = await asyncio.to_thread(manager.locate, sandbox_id)
     here = manager.cluster.id if manager.cluster is not None else ""
     if loc is None or loc.record.owner != request[KEY_ID] or loc.node is None or loc.node.id == here:
@@ -148,12 +119,12 @@ async def _route(request: web.Request, handler: Handler, manager: SandboxManager
     if loc.movable:  # hibernated on a dead or draining node: it wakes where there is room
         target = await asyncio.to_thread(manager.wake_node, loc)
         if target is not None and target.id != here:
-            return await _forward(request, manager, target.url, target.id)
+            return await _forward(request, manager, target)
         if await asyncio.to_thread(manager.take_over, loc) is not None:
             return await handler(request)
     if loc.lost:
         raise HostFailed(HOST_FAILED, sandbox_id=sandbox_id, node=loc.node.id, remedy=Remedy.RECREATE)
-    return await _forward(request, manager, loc.node.url, loc.node.id)
+    return await _forward(request, manager, loc.node)
 
 
 async def _take_over_for_peer(request: web.Request, manager: SandboxManager) -> None:
@@ -169,13 +140,24 @@ async def _take_over_for_peer(request: web.Request, manager: SandboxManager) -> 
 async def _forward(
     request: web.Request,
     manager: SandboxManager,
-    url: str,
-    node: str,
+    to: Node,
     reservation: str = "",
     body: bytes | None = None,
+    owner: str | None = None,
 ) -> web.StreamResponse:
+    """Forward ``request`` to the node ``to``, signed as acting for ``owner`` (the caller's key)."""
+    assert manager.cluster is not None
+    url, node = to.url, to.id
+    if to.refused:  # a row this node must not believe (logged when read: cluster.node_refused)
+        raise NodeRefused(
+            f"node {node} holds this sandbox, but its row in the store is refused ({to.refused}); "
+            "see GET /v1/cluster/nodes and the service log",
+            node=node,
+        )
+    who = request[KEY_ID] if owner is None else owner
+    sign = signer(request, who, manager.cluster.id, node, reservation)
     try:
-        return await forward(request.app[PEERS], request, url, _headers(request, manager, reservation), body)
+        return await forward(request.app[PEERS], request, url, sign, body)
     except PeerUnreachable as exc:
         log.warning("cluster.forward_failed", node=node, error=str(exc))
         raise NodeUnreachable(
@@ -220,7 +202,7 @@ async def _create(request: web.Request, handler: Handler, manager: SandboxManage
         if placement.node.id == manager.cluster.id:
             FORWARDED_RESERVATION.set(rid)
             return await handler(request)
-        return await _forward(request, manager, placement.node.url, placement.node.id, rid, body)
+        return await _forward(request, manager, placement.node, rid, body)
     finally:
         await asyncio.to_thread(manager.cluster.quota.release, rid)  # idempotent: the maker released it
 
@@ -228,9 +210,9 @@ async def _create(request: web.Request, handler: Handler, manager: SandboxManage
 async def forward_e2b_sandbox(request: web.Request) -> web.StreamResponse | None:
     """An E2B in-sandbox call (envd, the code interpreter) for a sandbox on another node: its
     access token checked here against the shared record (a call without one is refused as an
-    unknown sandbox is, and never reaches a peer), then passed on as it came; the node that
-    holds the sandbox checks it again. None when the sandbox is this node's (or unknown): it is
-    answered here."""
+    unknown sandbox is, and never reaches a peer), then passed on without it, signed as acting
+    for the sandbox's owner. None when the sandbox is this node's (or unknown): it is answered
+    here."""
     manager = _manager(request)
     sandbox_id = request.headers.get("E2b-Sandbox-Id", "")
     if (
@@ -251,10 +233,9 @@ async def forward_e2b_sandbox(request: web.Request) -> web.StreamResponse | None
     if loc.lost:
         return web.json_response({"code": 410, "message": HOST_FAILED}, status=410)
     try:
-        return await forward(request.app[PEERS], request, loc.node.url, {FORWARDED_BY: manager.cluster.id})
-    except PeerUnreachable as exc:
-        message = f"node {loc.node.id} holds this sandbox and did not answer ({exc}); retry"
-        return web.json_response({"code": 503, "message": message}, status=503)
+        return await _forward(request, manager, loc.node, owner=loc.record.owner)
+    except NodeUnreachable as exc:
+        return web.json_response({"code": 503, "message": exc.message}, status=503)
 
 
 def remote_views(request: web.Request) -> list[dict[str, Any]]:
@@ -309,11 +290,12 @@ async def drain_node(request: web.Request) -> web.StreamResponse:
         node = await asyncio.to_thread(cluster.nodes.get, node_id)
         if node is None:
             raise InvalidRequest(f"no node {node_id!r} in the cluster; list them with GET /v1/cluster/nodes")
-        return await _forward(request, manager, node.url, node.id)
+        return await _forward(request, manager, node)
     hibernated = await manager.drain()
     return web.json_response({"node": node_id, "draining": True, "hibernated": hibernated})
 
 
 def setup_cluster(app: web.Application) -> None:
+    setup_peers(app)
     app.cleanup_ctx.append(_sessions)
     app.add_routes(routes)

@@ -3,17 +3,22 @@ execute streams) pass through in chunks as they come, never buffered whole, and 
 bridged message by message, each under the size a node takes on its own WebSocket routes (a
 client's message: ``max_ws_message_bytes``; the peer's: ``max_ws_relay_bytes``), so a bridge
 never buffers more of one message than the route it stands for would. A client that hangs up
-closes the upstream request with it."""
+closes the upstream request with it.
+
+The call to the peer is signed (``signing.py``; the signer gets the body's binding) and carries
+none of the client's credentials (``CREDENTIALS``): the peer acts for the signed owner."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 
 import aiohttp
 from aiohttp import web
+from yarl import URL
 
+from .signing import body_binding
 from .state import SETTINGS
 
 CHUNK = 256 * 1024
@@ -27,6 +32,9 @@ HOP = frozenset(
         "Sec-WebSocket-Protocol", "Sec-WebSocket-Accept",
     )
 )  # fmt: skip
+# what a client proves itself with: checked by the node it called, never passed on
+CREDENTIALS = frozenset({"authorization", "proxy-authorization", "x-api-key", "x-access-token", "cookie"})
+Signer = Callable[[str], Mapping[str, str]]
 
 
 class PeerUnreachable(ConnectionError):
@@ -43,10 +51,18 @@ def new_session() -> aiohttp.ClientSession:
 
 def _headers(source: Mapping[str, str], extra: Mapping[str, str]) -> dict[str, str]:
     out = {
-        k: v for k, v in source.items() if k.lower() not in HOP and not k.lower().startswith("x-kernelhost-")
+        k: v
+        for k, v in source.items()
+        if k.lower() not in HOP and k.lower() not in CREDENTIALS and not k.lower().startswith("x-kernelhost-")
     }
     out.update(extra)
     return out
+
+
+def _url(base_url: str, request: web.Request) -> URL:
+    """The peer's URL for ``request``: its path and query exactly as they came (still encoded, as
+    signed)."""
+    return URL(base_url.rstrip("/") + request.rel_url.raw_path_qs, encoded=True)
 
 
 async def _body(request: web.Request) -> AsyncIterator[bytes]:
@@ -58,20 +74,21 @@ async def forward(
     session: aiohttp.ClientSession,
     request: web.Request,
     base_url: str,
-    extra: Mapping[str, str],
+    signer: Signer,
     body: bytes | None = None,
 ) -> web.StreamResponse:
     """Send ``request`` to the node at ``base_url`` and stream its answer back (``body``: the
-    request's body, when it was read already)."""
+    request's body, when it was read already: signed whole)."""
     if request.headers.get("Upgrade", "").lower() == "websocket":
-        return await _bridge(session, request, base_url, extra)
+        return await _bridge(session, request, base_url, signer("none"))
     data: bytes | AsyncIterator[bytes] | None = body
-    extra = dict(extra)
-    if data is None and request.body_exists:
+    streamed = data is None and request.body_exists
+    extra = dict(signer(body_binding(body, streamed=streamed, length=request.content_length)))
+    if streamed:
         data = _body(request)
         if request.content_length is not None:  # the peer checks sizes up front, as we would
             extra["Content-Length"] = str(request.content_length)
-    url = base_url + request.rel_url.path_qs
+    url = _url(base_url, request)
     try:
         upstream_cm = session.request(
             request.method, url, headers=_headers(request.headers, extra), data=data, allow_redirects=False
@@ -98,7 +115,7 @@ async def _bridge(
 ) -> web.StreamResponse:
     """A WebSocket to the peer, and one to the client speaking the subprotocol the peer chose."""
     offered = [p.strip() for p in request.headers.get("Sec-WebSocket-Protocol", "").split(",") if p.strip()]
-    url = base_url + request.rel_url.path_qs
+    url = _url(base_url, request)
     settings = request.app[SETTINGS]
     try:
         upstream = await session.ws_connect(

@@ -10,7 +10,7 @@ from aiohttp import web
 from aiohttp.typedefs import Middleware
 
 from ..config import Settings
-from . import cluster, e2b
+from . import cluster, e2b, peers
 from .console import PATHS as CONSOLE_PATHS
 from .errors import Handler, error_response
 from .state import KEY_ID, KEYS, SETTINGS
@@ -29,11 +29,12 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
     sandbox_id = request.match_info.get("sandbox_id")
     if sandbox_id:
         structlog.contextvars.bind_contextvars(sandbox_id=sandbox_id)
-    refused = cluster.peer_auth(request)  # another node of the cluster, forwarding a client's call
+    refused = await peers.peer_auth(request)  # another node of the cluster, forwarding a call
     if refused is not None:
         return refused
-    if request.get(cluster.PEER):
-        return await handler(request)
+    if request.get(peers.PEER):
+        refused = e2b.identify_forwarded(request, request[KEY_ID])  # an in-sandbox call's sandbox
+        return refused if refused is not None else await handler(request)
     if request.path in PUBLIC_PATHS or (
         request.path in HEALTH_PATHS and not request.app[SETTINGS].metrics_require_key
     ):

@@ -322,6 +322,11 @@ def _cluster_paths() -> dict[str, Any]:
             "templates": {"type": "array", "items": {"type": "string"}},
             "accel": {"type": "string"},
             "version": {"type": "string"},
+            "refused": {
+                "type": "string",
+                "description": "why no call goes to this node's row (an unregistered or malformed URL); "
+                "empty when none (docs/cluster.md, Between nodes)",
+            },
         },
     }
     listed = {

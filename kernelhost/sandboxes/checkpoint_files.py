@@ -42,8 +42,9 @@ import zstandard
 from hypervisor import MEM_ID, GuestImage, HypervisorError, LiveSaveUnavailable, diff_stream
 
 from ..tasks import to_thread_to_the_end
-from .errors import CheckpointUnusable
+from .errors import CheckpointUnusable, StoreRowRefused
 from .snapshots import Snapshot
+from .trust import inside
 from .vms import Launched, VmFactory
 
 log = structlog.get_logger("kernelhost.checkpoints")
@@ -85,6 +86,42 @@ class CheckpointFiles:
 
     def path_for(self, sandbox_id: str, checkpoint_id: str) -> Path:
         return self.dir / sandbox_id / f"{checkpoint_id}.zst"
+
+    def own(self, path: str | Path, checkpoint_id: str) -> Path:
+        """A checkpoint's file as its record names it, if it lies in this node's checkpoint_dir
+        (records come from a store other nodes share: one naming any other path is refused)."""
+        real = inside(path, self.dir)
+        if real is None:
+            log.warning(
+                "store.path_refused",
+                what="checkpoint file",
+                checkpoint_id=checkpoint_id,
+                path=str(path)[:300],
+            )
+            raise StoreRowRefused(
+                f"the file of checkpoint {checkpoint_id} lies outside this node's checkpoint_dir; refused",
+                checkpoint_id=checkpoint_id,
+            )
+        return real
+
+    def own_base(self, base: dict[str, Any], checkpoint_id: str) -> Path | None:
+        """The template snapshot a checkpoint's record names as its base, if it is one of this
+        node's (None: it has none); else refused, as ``own``."""
+        if not base.get("path"):
+            return None
+        real = inside(str(base["path"]), self.vms.snapshots.dir)
+        if real is None:
+            log.warning(
+                "store.path_refused",
+                what="checkpoint base",
+                checkpoint_id=checkpoint_id,
+                path=str(base["path"])[:300],
+            )
+            raise StoreRowRefused(
+                f"the base snapshot of checkpoint {checkpoint_id} is not one of this node's; refused",
+                checkpoint_id=checkpoint_id,
+            )
+        return real
 
     # -- taking --------------------------------------------------------------------------------
 
@@ -139,19 +176,24 @@ class CheckpointFiles:
         return size, base
 
     def remove(self, path: Path, checkpoint_id: str, base: dict[str, Any]) -> None:
-        """Delete a checkpoint's file and its pin on the base (idempotent)."""
-        path.unlink(missing_ok=True)
-        with contextlib.suppress(OSError):
-            path.parent.rmdir()  # the sandbox's directory, once empty
-        if base.get("path"):
-            (Path(base["path"]) / "pins" / checkpoint_id).unlink(missing_ok=True)
+        """Delete a checkpoint's file and its pin on the base (idempotent); what lies outside
+        this node's directories is left alone (refused and logged)."""
+        with contextlib.suppress(StoreRowRefused):
+            own = self.own(path, checkpoint_id)
+            own.unlink(missing_ok=True)
+            with contextlib.suppress(OSError):
+                own.parent.rmdir()  # the sandbox's directory, once empty
+        with contextlib.suppress(StoreRowRefused):
+            snapshot = self.own_base(base, checkpoint_id)
+            if snapshot is not None and "/" not in checkpoint_id:
+                (snapshot / "pins" / checkpoint_id).unlink(missing_ok=True)
 
     # -- loading -------------------------------------------------------------------------------
 
-    def _snapshot(self, image: GuestImage, base: dict[str, Any]) -> Snapshot | None:
-        if not base:
+    def _snapshot(self, image: GuestImage, base: dict[str, Any], checkpoint_id: str) -> Snapshot | None:
+        path = self.own_base(base, checkpoint_id)
+        if path is None:
             return None
-        path = Path(base["path"])
         try:
             meta = json.loads((path / "meta.json").read_text())
         except (OSError, ValueError):
@@ -168,7 +210,8 @@ class CheckpointFiles:
     def check(self, image: GuestImage, path: Path, base: dict[str, Any]) -> Snapshot | None:
         """``CheckpointUnusable`` unless the checkpoint's file and base are there (a restore
         asks before it lets the sandbox's VM go); its base snapshot, if it has one."""
-        snap = self._snapshot(image, base)
+        snap = self._snapshot(image, base, path.stem)
+        path = self.own(path, path.stem)
         if not path.is_file():
             raise CheckpointUnusable(f"the file of this checkpoint is missing ({path.name})", file=str(path))
         return snap

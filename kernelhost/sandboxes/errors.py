@@ -144,6 +144,19 @@ class NodeUnreachable(SandboxError):
     code = "node_unreachable"
 
 
+class NodeRefused(NodeUnreachable):
+    """The node that holds the sandbox has a row this node must not believe (an unregistered or
+    malformed URL): nothing is sent there."""
+
+    code = "node_refused"
+
+
+class StoreRowRefused(SandboxError):
+    """A row of the store names a file outside this node's own directories: refused, logged."""
+
+    code = "store_row_refused"
+
+
 class BootFailed(SandboxError):
     code = "boot_failed"
 

@@ -30,7 +30,7 @@ import structlog
 
 from hypervisor import GuestImage, HypervisorError
 from hypervisor.forkram import copy_base, make_ram_file
-from hypervisor.host import give_to_qemu
+from hypervisor.ownership import give_to_qemu
 
 from ..tasks import IdleThread, TaskSet
 

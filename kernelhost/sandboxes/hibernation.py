@@ -20,7 +20,7 @@ from hypervisor import HypervisorError
 from ..channel import ChannelError
 from ..ratelimit import TokenBucket
 from .context import Context
-from .errors import CapacityExceeded, Remedy, SandboxNotRunning
+from .errors import CapacityExceeded, Remedy, SandboxNotRunning, StoreRowRefused
 from .lifecycle import Lifecycle
 from .processes import stop_processes
 from .sandbox import Sandbox, wait_replacement
@@ -52,7 +52,7 @@ class Hibernation:
         used = 0
         for other in self.registry.owned(owner):
             if other.record.state == SandboxState.HIBERNATED:
-                with contextlib.suppress(OSError):
+                with contextlib.suppress(OSError, StoreRowRefused):
                     used += self.ctx.hibernation_file(other.record).stat().st_size
         limit = self.ctx.settings.max_hibernated_mib_per_key << 20
         if used + (sbx.record.memory_mib << 20) > limit:

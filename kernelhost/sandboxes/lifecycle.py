@@ -280,7 +280,7 @@ class Lifecycle:
             await sbx.agent.close()
         await self.destroy_vm(sbx)
         self.registry.forget(sbx.id)
-        self.ctx.hibernation_file(sbx.record).unlink(missing_ok=True)
+        self.ctx.drop_hibernation_file(sbx.record)
         for hook in self.on_remove:
             hook(sbx)
         log.info("sandbox.removed", sandbox_id=sbx.id, reason=reason)
@@ -298,7 +298,7 @@ class Lifecycle:
         for rec in ctx.registry.store.all():
             sbx = Sandbox(rec)
             info = domains.get(rec.domain)
-            if rec.state == SandboxState.HIBERNATED and ctx.hibernation_file(rec).is_file():
+            if rec.state == SandboxState.HIBERNATED and ctx.has_hibernation_file(rec):
                 ctx.registry.add(sbx)  # wakes on its next call
                 continue
             if rec.state == SandboxState.STARTING or info is None or not info.running:
@@ -330,7 +330,7 @@ class Lifecycle:
         return True
 
     def _remove_stray_hibernations(self) -> None:
-        known = {self.ctx.hibernation_file(s.record) for s in self.registry}
+        known = {self.ctx.settings.hibernate_dir / f"{s.id}.state" for s in self.registry}
         directory = self.ctx.settings.hibernate_dir
         store = self.registry.store
         if directory.is_dir():

@@ -143,7 +143,7 @@ class Recoverer:
         await asyncio.sleep(0)
         if not self.registry.holds(sbx):
             return
-        self.ctx.hibernation_file(sbx.record).unlink(missing_ok=True)  # a hibernated one too
+        self.ctx.drop_hibernation_file(sbx.record)  # a hibernated one too
         if wait:
             await self._destroy_old(sbx.id, sbx.record.domain)
         else:

@@ -9,6 +9,12 @@ under TCG, sharing every page it has not written with every other clone.
 Snapshots are content-addressed by everything that makes them valid (the image build, the QEMU
 and libvirt versions, the machine shape, the accelerator); a stale one is rebuilt on first use
 and the old one's files removed (running clones keep their mapping of the unlinked file).
+
+Once frozen, a snapshot is every tenant's starting point, so it is sealed (``_seal``): its
+directory, state and metadata become root's and read-only to QEMU, and so does its RAM file
+where this host's QEMU can map a file it may only read (``private_ram_may_be_read_only``:
+QEMU 7.2 opens even a private mapping's file read-write, so there the RAM file stays its
+user's, mode 0600; docs/security.md).
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ from pathlib import Path
 import structlog
 
 from hypervisor import GuestImage, Hypervisor, HypervisorError, device_model
-from hypervisor.host import give_to_qemu
+from hypervisor.ownership import give_to_qemu, keep_from_qemu, private_ram_may_be_read_only
 
 from .. import logs
 from ..channel import AgentClient
@@ -90,6 +96,34 @@ class TemplateSnapshots:
         self.warmup_timeout = warmup_timeout
         self.attach = attach
         self._locks: dict[str, asyncio.Lock] = {}
+        self.ram_read_only: bool | None = None  # probed by ``prepare``
+
+    def prepare(self) -> None:
+        """The snapshot directory, root's (QEMU writes only in a build's own directory), and
+        whether QEMU can clone from a RAM file it may only read."""
+        self.dir.mkdir(parents=True, exist_ok=True)
+        keep_from_qemu(self.dir, 0o755)
+        if self.ram_read_only is None:
+            self.ram_read_only = private_ram_may_be_read_only(self.dir)
+            if not self.ram_read_only:
+                log.warning(
+                    "snapshot.ram_writable_by_qemu",
+                    reason="this QEMU opens a private mapping's RAM file read-write (QEMU < 8.2)",
+                    hint="template RAM files stay writable to libvirt's QEMU user; docs/security.md",
+                )
+
+    def _seal(self, path: Path) -> None:
+        """A frozen snapshot: root's and read-only to QEMU, but for its RAM file where this
+        QEMU needs it writable to map it (idempotent)."""
+        for name in ("state", "meta.json"):
+            if (path / name).exists():
+                keep_from_qemu(path / name, 0o644)
+        if (path / "ram").exists():
+            if self.ram_read_only:
+                keep_from_qemu(path / "ram", 0o644)
+            else:
+                give_to_qemu(path / "ram", 0o600)
+        keep_from_qemu(path, 0o755)
 
     def shape_of(self, image: GuestImage) -> tuple[int, int, str]:
         """(memory MiB, vCPUs, writable size) of the image's VMs: its template's, else the
@@ -114,6 +148,7 @@ class TemplateSnapshots:
         key = self.key_for(image)
         path = self._path(image, key)
         if (path / "meta.json").is_file() and (path / "ram").is_file():
+            self._seal(path)  # one a service before this one built (a few stats when sealed)
             return Snapshot(image.template, key, path, image.key)
         return None
 
@@ -133,8 +168,7 @@ class TemplateSnapshots:
         memory, vcpus, writable = self.shape_of(image)
         work = self.dir / f".build-{final.name}-{uuid.uuid4().hex[:6]}"
         work.mkdir(parents=True)
-        give_to_qemu(self.dir)
-        give_to_qemu(work)
+        give_to_qemu(work)  # QEMU creates the RAM file here; sealed once frozen
         name = f"{self.hv.prefix}tpl{uuid.uuid4().hex[:9]}"
         preload = [m for m in image.manifest.get("preload", []) if isinstance(m, str)]
         bound = log.bind(template=image.template, key=key, domain=name)
@@ -187,6 +221,9 @@ class TemplateSnapshots:
                     }
                 )
             )
+            # the template VM goes before the seal: nothing maps the RAM file shared any more
+            await asyncio.shield(asyncio.to_thread(self.hv.destroy, name))
+            await asyncio.to_thread(self._seal, work)
             if final.exists():  # another service on this host built the same snapshot meanwhile
                 shutil.rmtree(work)
             else:

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from hypervisor import GuestImage, HypervisorError
-from hypervisor.host import QEMU_USER
+from hypervisor.ownership import QEMU_USER
 
 from ..channel import ChannelError
 from ..templates import TemplateSpec

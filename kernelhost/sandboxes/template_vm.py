@@ -27,7 +27,7 @@ from typing import Any
 import structlog
 
 from hypervisor import GuestImage, HypervisorError
-from hypervisor.host import give_to_qemu
+from hypervisor.ownership import give_to_qemu
 
 from ..channel import AgentClient, ChannelError
 from ..channel.protocol import BashFrame, Op

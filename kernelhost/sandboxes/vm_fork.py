@@ -27,7 +27,8 @@ import structlog
 
 from hypervisor import DomainSpec, GuestImage, HypervisorError, PageForkUnavailable
 from hypervisor.forkram import RamMapping, make_ram_file
-from hypervisor.host import PageCopy, give_to_qemu
+from hypervisor.host import PageCopy
+from hypervisor.ownership import give_to_qemu
 
 from ..channel import AgentClient
 from ..tasks import to_thread_to_the_end

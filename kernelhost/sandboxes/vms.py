@@ -23,7 +23,7 @@ from pathlib import Path
 import structlog
 
 from hypervisor import DomainSpec, GuestImage, Hypervisor, HypervisorError, ImageStore
-from hypervisor.host import give_to_qemu
+from hypervisor.ownership import give_to_qemu, keep_from_qemu
 
 from ..channel import AgentClient
 from ..channel.protocol import Capability, Op, jupyter_message
@@ -81,9 +81,12 @@ class VmFactory:
 
     async def prepare(self) -> None:
         """Create the RAM directories and remove what a killed predecessor left in them."""
-        for path in (self.ram_dir, self.anon_dir, self.forks_dir.parent):
+        self.ram_dir.mkdir(parents=True, exist_ok=True)
+        keep_from_qemu(self.ram_dir, 0o755)  # QEMU passes through; it must not rename templates/
+        for path in (self.anon_dir, self.forks_dir.parent):  # QEMU creates RAM files here
             path.mkdir(parents=True, exist_ok=True)
             give_to_qemu(path)
+        await asyncio.to_thread(self.snapshots.prepare)
         # this service's unfinished forks (a crash mid-fork); children that run keep their
         # mappings of these files, so removing the names frees nothing still in use
         shutil.rmtree(self.forks_dir, ignore_errors=True)

@@ -5,6 +5,9 @@ run directories; one libvirt), sharing one hibernation directory. The tests driv
 Every node has the same two client keys and an operator key; a key holds at most 5 sandboxes
 (the quota test needs a limit), and no node keeps a warm pool (three pools would not fit the
 machine's two cores).
+
+Node B advertises a relay (``relay.py``) in front of it: every call another node forwards to B
+crosses it and is kept, as an attacker on the network between the nodes would see it.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import pytest
 
 from ..harness import REPO, Service, cluster_node
 from ..pg import PostgresServer, running_postgres
+from .relay import Relay
 
 LEASE = 6.0
 LIMIT = 5
@@ -35,6 +39,9 @@ class Cluster:
     operator_key: str
     pg: PostgresServer
     hibernate_dir: Path
+    store_url: str
+    secret: str
+    relay_b: Relay  # between the other nodes and node B
 
     @property
     def nodes(self) -> dict[str, Service]:
@@ -70,6 +77,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory, postgres: PostgresServer) 
     secret = secrets.token_hex(16)
     services: list[Service] = []
     run_dirs: list[Path] = []
+    relay: Relay | None = None
     try:
         for name in ("node-a", "node-b", "node-c"):
             state = tmp_path_factory.mktemp(f"state-{name}")
@@ -91,10 +99,14 @@ def cluster(tmp_path_factory: pytest.TempPathFactory, postgres: PostgresServer) 
                 KERNELHOST_REAPER_INTERVAL="1",
             )
             svc.api_key, svc.other_key = key, other
+            if name == "node-b":
+                relay = Relay(int(svc.env["KERNELHOST_PORT"]))
+                svc.env["KERNELHOST_ADVERTISE_URL"] = relay.url
             svc.start(timeout=180)
             services.append(svc)
         a, b, c = services
-        yield Cluster(a, b, c, operator_key=operator, pg=postgres, hibernate_dir=shared)
+        assert relay is not None
+        yield Cluster(a, b, c, operator, postgres, shared, url, secret, relay)
     finally:
         for svc in services:  # what the tests kept: each live node deletes its own
             if svc.proc is not None and svc.proc.poll() is None:
@@ -108,4 +120,6 @@ def cluster(tmp_path_factory: pytest.TempPathFactory, postgres: PostgresServer) 
             shutil.copy(svc.log_path, results / f"cluster-node-{'abc'[n]}-service.log")
         for run_dir in run_dirs:
             shutil.rmtree(run_dir, ignore_errors=True)
+        if relay is not None:
+            relay.close()
         assert not leaks, f"the cluster tier left VMs or VM directories behind: {leaks}"

@@ -20,7 +20,7 @@ def test_a_host_without_images_is_told_to_build_them(tmp_path: Path) -> None:
         state_dir=tmp_path / "state",
         run_dir=tmp_path / "run",
         ram_dir=tmp_path / "ram",
-        api_keys=("k" * 20,),
+        api_keys=("unit-test-key-0123456789",),
     )
     checks = {c.name: c for c in run_checks(settings)}
     assert checks["libvirt"].ok and "test:///default" in checks["libvirt"].detail
@@ -37,7 +37,7 @@ def test_an_unreachable_libvirt_says_how_to_start_it(tmp_path: Path) -> None:
         state_dir=tmp_path / "state",
         run_dir=tmp_path / "run",
         ram_dir=tmp_path / "ram",
-        api_keys=("k" * 20,),
+        api_keys=("unit-test-key-0123456789",),
     )
     libvirt = next(c for c in run_checks(settings) if c.name == "libvirt")
     assert not libvirt.ok and "KERNELHOST_LIBVIRT_URI" in libvirt.line()

@@ -59,7 +59,7 @@ class Node:
 
     async def ws(self, request: web.Request) -> web.StreamResponse:
         async with new_session() as session:
-            return await forward(session, request, self.peer.url, {})
+            return await forward(session, request, self.peer.url, lambda binding: {})
 
 
 @pytest.fixture

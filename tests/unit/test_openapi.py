@@ -24,7 +24,7 @@ UNDOCUMENTED_PREFIXES = (
 
 
 def _app_routes(tmp_path: Path) -> set[tuple[str, str]]:
-    settings = Settings.load({}, state_dir=tmp_path, api_keys=("k" * 20,))
+    settings = Settings.load({}, state_dir=tmp_path, api_keys=("unit-test-key-0123456789",))
     app = init_app(settings)
     out = set()
     for route in app.router.routes():
@@ -45,7 +45,7 @@ def test_every_route_is_documented_and_every_operation_exists(tmp_path: Path) ->
 
 
 async def test_openapi_json_is_served_without_a_key(tmp_path: Path) -> None:
-    settings = offline_settings(tmp_path, pool_size=0, api_keys=("k" * 20,))
+    settings = offline_settings(tmp_path, pool_size=0, api_keys=("unit-test-key-0123456789",))
     async with TestClient(TestServer(init_app(settings))) as c:
         r = await c.get("/openapi.json")
         assert r.status == 200

@@ -21,13 +21,14 @@ from .common import (
     PREFIX,
     SANDBOX_PREFIX,
     identify,
+    identify_forwarded,
     is_rpc,
     lifecycle_error,
     read_bodies_in_time,
     sandbox_error,
 )
 
-__all__ = ["PREFIX", "SANDBOX_PREFIX", "identify", "read_bodies_in_time", "setup_e2b"]
+__all__ = ["PREFIX", "SANDBOX_PREFIX", "identify", "identify_forwarded", "read_bodies_in_time", "setup_e2b"]
 
 
 async def _no_route(request: web.Request) -> web.Response:

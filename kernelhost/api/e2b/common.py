@@ -170,10 +170,28 @@ def _check_sandbox(request: web.Request) -> Sandbox:
     # one check, the same work whether the sandbox exists or not
     if not may_use(request, sbx.record if sbx is not None else None) or sbx is None:
         raise _Refused(NO_SUCH_SANDBOX)
+    return _bind(request, sbx)
+
+
+def _bind(request: web.Request, sbx: Sandbox) -> Sandbox:
     request[KEY_ID] = sbx.record.owner
     request[SANDBOX] = sbx
     structlog.contextvars.bind_contextvars(sandbox_id=sbx.id, key_id=sbx.record.owner)
     return sbx
+
+
+def identify_forwarded(request: web.Request, owner: str) -> web.Response | None:
+    """An in-sandbox call another node forwarded, acting for ``owner`` (signed): the node the
+    client called checked its access token (``may_use``) and passed it on without it; the
+    sandbox must be that key's, else the one 404."""
+    if not request.path.startswith(SANDBOX_PREFIX + "/") or request.path == SANDBOX_PREFIX + "/health":
+        return None
+    sandbox_id = request.headers.get("E2b-Sandbox-Id", "")
+    sbx = runtime(request).manager.find(sandbox_id) if sandbox_id else None
+    if sbx is None or sbx.record.owner != owner:
+        return not_found(request)
+    _bind(request, sbx)
+    return None
 
 
 def sandbox_of(request: web.Request) -> Sandbox:

@@ -70,7 +70,7 @@ class ClusterNode:
         s = ctx.settings
         self.ctx, self.store = ctx, store
         self.id, self.url = s.node_id, s.peer_url
-        self.nodes = NodeTable(store.db, s.node_lease_seconds)
+        self.nodes = NodeTable(store.db, s.node_lease_seconds, s.cluster_secret)
         quota = Quota(s.max_sandboxes_per_key, s.max_memory_mib_per_key)
         self.quota = ClusterQuota(store.db, self.nodes, self.id, quota, s.boot_timeout + 60)
         ctx.registry.cluster = self.quota
@@ -103,7 +103,7 @@ class ClusterNode:
         await asyncio.to_thread(self.rejoin)
         s = self.ctx.settings
         db = await self._on_beat_thread(open_database, s.store_url, s.db_path)
-        self._beat_table = NodeTable(db, self.nodes.lease)
+        self._beat_table = NodeTable(db, self.nodes.lease, self.nodes.secret)
         await self._on_beat_thread(self._beat_table.heartbeat, self.id, self.url, self.figures(), fresh=True)
         self._task = self.ctx.tasks.spawn(self._beat(), name="cluster-heartbeat")
         log.info("cluster.joined", node=self.id, url=self.url, nodes=len(self.nodes.live()))
@@ -194,7 +194,7 @@ class ClusterNode:
         node = self._peers.get(where[1])
         since = time.time() - self._peers_read_at  # the read's age, on this node's clock
         lease = self.nodes.lease
-        if node is None or node.draining or since > lease / 2 or node.age + since > lease:
+        if node is None or node.draining or node.refused or since > lease / 2 or node.age + since > lease:
             return None
         return node
 

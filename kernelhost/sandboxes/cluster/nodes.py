@@ -1,14 +1,24 @@
 """The nodes of a cluster, in the store they share: who they are, where peers reach them, and
 the figures each heartbeats. A node whose heartbeat is older than the lease is dead; ages are
-measured on the database's clock, so the nodes' own clocks need not agree."""
+measured on the database's clock, so the nodes' own clocks need not agree.
+
+Each node signs its row's URL (``url_mac``, ``trust.py``): a row whose URL was not written by a
+holder of the cluster secret is *refused* (``Node.refused`` says why); no call is forwarded and
+nothing placed there."""
 
 from __future__ import annotations
 
 import json
+import threading
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import structlog
+
 from ..db import Database
+from ..trust import node_url_mac, registration_problem
+
+log = structlog.get_logger("kernelhost.cluster")
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS nodes (
@@ -23,7 +33,8 @@ CREATE TABLE IF NOT EXISTS nodes (
     templates TEXT NOT NULL DEFAULT '{}',
     accel TEXT NOT NULL DEFAULT '',
     version TEXT NOT NULL DEFAULT '',
-    draining INTEGER NOT NULL DEFAULT 0
+    draining INTEGER NOT NULL DEFAULT 0,
+    url_mac TEXT NOT NULL DEFAULT ''
 );
 CREATE TABLE IF NOT EXISTS reservations (
     id TEXT PRIMARY KEY,
@@ -67,6 +78,7 @@ class Node:
     draining: bool
     age: float  # seconds since its last heartbeat, on the database's clock
     alive: bool
+    refused: str = ""  # why no call goes to its URL (an unregistered or malformed row); '': none
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -76,14 +88,19 @@ class Node:
 
 
 class NodeTable:
-    def __init__(self, db: Database, lease_seconds: float) -> None:
+    def __init__(self, db: Database, lease_seconds: float, secret: str = "") -> None:
         self.db = db
         self.lease = lease_seconds
+        self.secret = secret  # the cluster secret: rows' URLs are checked against their MAC
         db.script(SCHEMA)
+        db.migrate("nodes", {"url_mac": "TEXT NOT NULL DEFAULT ''"})
+        self._warned: set[tuple[str, str]] = set()
+        self._lock = threading.Lock()
 
     def heartbeat(self, node_id: str, url: str, figures: Figures, *, fresh: bool = False) -> None:
         """Say ``node_id`` is alive now with ``figures`` (``fresh``: it has just started)."""
-        row = {**asdict(figures), "id": node_id, "url": url}
+        mac = node_url_mac(self.secret, node_id, url) if self.secret else ""
+        row = {**asdict(figures), "id": node_id, "url": url, "url_mac": mac}
         row["templates"] = json.dumps(figures.templates)
         cols = ", ".join(row)
         marks = ", ".join(f":{k}" for k in row)
@@ -127,4 +144,15 @@ class NodeTable:
         data["draining"] = bool(data["draining"])
         data["age"] = float(data["age"])
         data["alive"] = data["age"] <= self.lease
+        mac = data.pop("url_mac", "") or ""
+        data["refused"] = registration_problem(self.secret, data["id"], data["url"], mac)
+        if data["refused"]:
+            self._warn(data["id"], data["url"], data["refused"])
         return Node(**data)
+
+    def _warn(self, node_id: str, url: str, why: str) -> None:
+        with self._lock:
+            if (node_id, url) in self._warned:
+                return
+            self._warned.add((node_id, url))
+        log.warning("cluster.node_refused", node=node_id, url=url[:200], reason=why)

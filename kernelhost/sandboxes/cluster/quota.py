@@ -74,7 +74,7 @@ class ClusterQuota:
             room = int(row.pop("room"))
             node = self.nodes.node(row)
             have = node.templates.get(image)
-            if have is not None and (key is None or have == key):
+            if have is not None and (key is None or have == key) and not node.refused:
                 found.append((node, room))
         return found
 
