@@ -81,7 +81,7 @@ def test_a_call_signed_before_the_node_started_is_refused() -> None:
     not pass after it."""
     headers = _signed()
     verifier = Verifier(SECRET, "node-b")
-    verifier.started = float(headers[DATE]) + 0.001
+    verifier.started = float(headers[DATE]) + 0.01
     with pytest.raises(Refused, match="before this node started"):
         verifier.verify("POST", PATH, headers)
 
