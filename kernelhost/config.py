@@ -97,6 +97,7 @@ class Settings:
     template_build_memory_mib: int = 2048  # a build VM's memory (its key's memory limit counts it)
     template_layer_max_mib: int = 8192  # the largest layer a build VM may produce
     max_template_builds_per_key: int = 2  # builds one key may have queued or running at once
+    max_templates_per_key: int = 20  # templates one key may hold (their layers, snapshots, logs)
     template_files_max_members: int = (
         100_000  # members of a template's files archive (checked in its build VM)
     )
@@ -303,6 +304,7 @@ class Settings:
             "max_connections",
             "max_metadata_bytes",
             "max_template_builds_per_key",
+            "max_templates_per_key",
         ):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} has value {getattr(self, name)}; use at least 1")

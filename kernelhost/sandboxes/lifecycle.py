@@ -143,8 +143,10 @@ class Lifecycle:
             sbx = Sandbox(rec)
             vms = self.ctx.vms
             clone = vms.pool.take(name) if vms.use_snapshots else None
-            if vms.use_snapshots:
-                vms.pool.start(name)  # a template's pool fills once it is used (idempotent)
+            # a shared template's pool fills once it is used (idempotent); a key's own template
+            # has none: no VM runs on a key's behalf but its sandboxes (they clone its snapshot)
+            if vms.use_snapshots and "@" not in name:
+                vms.pool.start(name)
             if clone is not None and clone.image_key == image.key:
                 await self._adopt(sbx, clone)
                 how = "pool"

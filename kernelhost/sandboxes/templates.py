@@ -226,6 +226,14 @@ class TemplateService:
                 f"vcpus: {spec.vcpus} is more than this host's {cpus} CPUs; ask for at most {cpus}",
                 field="vcpus",
             )
+        held = [r.name for r in self.store.all() if r.owner == owner]
+        if owner and spec.name not in held and len(held) >= settings.max_templates_per_key:
+            raise CapacityExceeded(
+                f"this API key holds {len(held)} templates, its limit (max_templates_per_key "
+                f"{settings.max_templates_per_key}); delete one first",
+                limit="max_templates_per_key",
+                value=settings.max_templates_per_key,
+            )
         mine = [b for b in self.queue.builds.values() if b.owner == owner and not b.state.finished]
         if len(mine) >= settings.max_template_builds_per_key:
             raise CapacityExceeded(

@@ -122,3 +122,23 @@ def test_archives_pack_guest_paths_as_gzip_and_refuse_links(tmp_path: Path) -> N
         pack_files([(tmp_path / "link", "/x")])
     with pytest.raises(ArchiveError, match="absolute guest path"):
         local_files([{"src": "run.sh", "dest": "relative"}], tmp_path)
+
+
+async def test_a_key_holds_at_most_max_templates_per_key(tmp_path: Path) -> None:
+    settings = offline_settings(
+        tmp_path,
+        image_dir=fake_image_dir(tmp_path),
+        snapshots="off",
+        pool_size=0,
+        api_keys=(KEY, OTHER),
+        max_templates_per_key=1,
+    )
+    async with TestClient(TestServer(init_app(settings))) as c:
+        r = await c.post("/v1/templates", json={"name": "one"}, headers=auth())
+        assert r.status == 202, await r.text()
+        r = await c.post("/v1/templates", json={"name": "two"}, headers=auth())
+        error = (await r.json())["error"]
+        assert r.status == 429 and error["limit"] == "max_templates_per_key", error
+        assert "delete one first" in error["message"]
+        r = await c.post("/v1/templates", json={"name": "two"}, headers=auth(OTHER))  # its own limit
+        assert r.status == 202, await r.text()

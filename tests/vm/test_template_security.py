@@ -353,3 +353,14 @@ async def test_a_built_layer_is_root_owned_and_not_world_readable(
         assert (await sbx.run_code("1+1")).text == "2"
         st = (found[0] / "layer.erofs").stat()
         assert st.st_uid == 0 and stat.S_IMODE(st.st_mode) == 0o640, oct(st.st_mode)
+        await asyncio.sleep(3)  # a shared template's pool would start filling a second after a create
+        hv = svc.hypervisor()
+        try:
+            pooled = [
+                d.name
+                for d in hv.domains()
+                if d.metadata.get("role") == "pool" and d.metadata.get("template", "").startswith("hostile@")
+            ]
+        finally:
+            hv.close()
+        assert pooled == [], f"VMs run for the key beside its sandboxes: {pooled}"
