@@ -41,8 +41,8 @@ class DomainSpec:
     incoming: bool = False  # start waiting for a migration stream (``-incoming defer``)
     # Read-only erofs layers stacked over ``rootfs`` (a template's), lowest first: vdb, vdc, ...
     layers: tuple[Path, ...] = ()
-    # One writable raw disk after the layers (a template's build VM writes its layer there);
-    # the host creates and owns the file, so libvirt does not relabel it
+    # One writable raw disk after the layers (a template's build VM writes its layer there); the
+    # host creates it for QEMU's user (the domain's static label keeps libvirt from relabelling)
     scratch_disk: Path | None = None
     # libvirt's DAC label of its QEMU user ("+uid:+gid"), set as the domain's static label with
     # relabel='no': QEMU runs as that user, and libvirt chowns none of the shared images (the
@@ -181,9 +181,7 @@ class DomainSpec:
         return f"""
     <disk type='file' device='disk'>
       <driver name='qemu' type='raw'/>
-      <source file={quoteattr(str(self.scratch_disk))}>
-        <seclabel model='dac' relabel='no'/>
-      </source>
+      <source file={quoteattr(str(self.scratch_disk))}/>
       <target dev='{self.scratch_device}' bus='virtio'/>
     </disk>"""
 
