@@ -170,7 +170,7 @@ def host_trace(sec_service: Service, tmp_path_factory: pytest.TempPathFactory) -
     proc = subprocess.Popen(
         ["strace", "-f", "-qq", "-s", "4096", "-e", "trace=execve", "-o", str(path),
          "-p", str(sec_service.proc.pid), "-p", libvirtd[0]],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
     deadline = time.monotonic() + 10
     while not path.exists() and time.monotonic() < deadline:
