@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import pwd
 import shutil
 import sys
 import time
@@ -18,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from hypervisor import GuestImage, HypervisorError
-from hypervisor.ownership import QEMU_USER
+from hypervisor.ownership import qemu_ids
 
 from ..channel import ChannelError
 from ..templates import TemplateSpec
@@ -95,7 +94,7 @@ async def _layer(
 ) -> GuestImage:
     """The layer, built in a build VM of the base (``files``: the tenant's archive, handed to
     that VM unopened)."""
-    scratch = final.parent / f".build-{final.name}-{build.id.removeprefix('bld_')}"
+    scratch = final.parent / f".build-{final.name}-{build.id}"
     scratch.mkdir(parents=True)
     try:
         base_dir = ctx.settings.image_dir / base[0]
@@ -120,21 +119,13 @@ def _install(scratch: Path, layer: Path, manifest: dict[str, Any], final: Path) 
     layer.rename(out / "layer.erofs")
     (out / "manifest.json").write_text(json.dumps(manifest, indent=1))
     (out / "manifest.json").chmod(MANIFEST_MODE)
-    gid = qemu_gid()
+    ids = qemu_ids()  # QEMU reads the layer through its group
     for path, mode in ((out / "layer.erofs", LAYER_MODE), (out, IMAGE_DIR_MODE)):
-        if gid is not None:
-            os.chown(path, 0, gid)
+        if ids is not None:
+            os.chown(path, 0, ids[1])
         path.chmod(mode)
     shutil.rmtree(final, ignore_errors=True)
     out.rename(final)
-
-
-def qemu_gid() -> int | None:
-    """The group of libvirt's QEMU user (it reads layers through it), None without one."""
-    try:
-        return pwd.getpwnam(QEMU_USER).pw_gid
-    except KeyError:
-        return None
 
 
 def _manifest(

@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-import os
 import secrets
 import time
 from pathlib import Path
@@ -246,7 +245,6 @@ def _take_layer(disk: Path, info: dict[str, Any], max_mib: int) -> Path:
         if f.read(len(EROFS_MAGIC[1])) != EROFS_MAGIC[1]:
             raise BuildFailed("the build VM wrote no erofs layer", "pack")
         f.truncate(size)
-    os.chown(disk, 0, 0)
-    layer = disk.with_name("layer.erofs")
+    layer = disk.with_name("layer.erofs")  # root's again in template_build._install
     disk.rename(layer)
     return layer

@@ -76,6 +76,18 @@ def host_addresses() -> set[IPAddress]:
     return found
 
 
+def url_entry(url: str) -> AllowEntry:
+    """The operator's allowlist entry for an ``http(s)`` URL's host and port (its scheme's
+    default port when it names none); ValueError for anything else."""
+    parts = urllib.parse.urlsplit(url)
+    scheme = parts.scheme.lower()
+    if scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"{url!r:.200} is not an http(s) URL with a host")
+    port = parts.port or (443 if scheme == "https" else 80)
+    host = parts.hostname if ":" not in parts.hostname else f"[{parts.hostname}]"
+    return parse_entry(f"{host}:{port}", operator=True)
+
+
 class HostNetwork:
     """The host's side of every sandbox's network: defaults, protection, guest configuration."""
 
@@ -127,9 +139,7 @@ class HostNetwork:
             return f"http://{INDEX_HOST}/{len(self.file_roots) - 1}/{sub}"
         if scheme in ("http", "https") and parts.hostname:
             try:
-                port = parts.port or (443 if scheme == "https" else 80)
-                host = parts.hostname if ":" not in parts.hostname else f"[{parts.hostname}]"
-                self.defaults.append(parse_entry(f"{host}:{port}", operator=True))
+                self.defaults.append(url_entry(url))
             except ValueError:
                 log.warning("network.pip_index_unusable", url=url)
                 return None

@@ -17,15 +17,14 @@ from __future__ import annotations
 
 import importlib
 import re
-import urllib.parse
 from pathlib import Path
 from typing import Any
 
 import structlog
 
 from ...pipconfig import read_pip_options
-from .host import HostNetwork
-from .policy import AllowEntry, Policy, parse_entry
+from .host import HostNetwork, url_entry
+from .policy import AllowEntry, Policy
 
 log = structlog.get_logger("kernelhost.network")
 
@@ -70,16 +69,11 @@ def pip_default_index() -> tuple[str, str] | None:
         return None
 
 
-def _entry(url_or_host: str) -> AllowEntry | None:
-    parts = urllib.parse.urlsplit(url_or_host if "://" in url_or_host else f"https://{url_or_host}")
-    if not parts.hostname:
-        return None
-    port = parts.port or (80 if parts.scheme == "http" else 443)
-    host = parts.hostname if ":" not in parts.hostname else f"[{parts.hostname}]"
+def _entry(url: str) -> AllowEntry | None:
     try:
-        return parse_entry(f"{host}:{port}", operator=True)
+        return url_entry(url)
     except ValueError:
-        log.warning("network.build_index_unusable", url=url_or_host)
+        log.warning("network.build_index_unusable", url=url)
         return None
 
 
@@ -101,7 +95,7 @@ class BuildIndexes:
                 "extra-index-url": [*urls[1:], *self.pip.get("extra-index-url", [])],
                 "trusted-host": list(self.pip.get("trusted-host", [])),
             }
-            extra += [_entry(index), _entry(files_host)]
+            extra += [_entry(index), _entry(f"https://{files_host}")]
         self.entries = [e for e in extra if e is not None]
         cert = Path(read_pip_options(("cert",)).get("cert", "") or "/nonexistent")
         self.cert = cert if cert.is_file() and cert.stat().st_size <= CERT_MAX else None
