@@ -66,7 +66,7 @@ async def build_in_vm(
         spec = ctx.hv.spec_for(
             domain, image, accel=ctx.accel, memory_mib=memory, vcpus=max(1, settings.vm_vcpus),
             metadata={"role": "build", "build": build.id}, mem_path=ctx.vms.anon_dir, mem_share=True,
-            writable_size="25%",
+            writable_size="25%", cmdline_extra="kh.build",  # its agent starts no Jupyter kernel
         )  # fmt: skip
         spec = dataclasses.replace(spec, scratch_disk=disk)
         agent: AgentClient | None = None

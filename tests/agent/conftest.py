@@ -114,14 +114,15 @@ def test_config(root: Path, port_fd: int, **overrides: Any) -> AgentConfig:
 
 
 @contextlib.asynccontextmanager
-async def running_agent(root: Path) -> AsyncIterator[Running]:
-    """Start an agent on a socketpair; stop it and check it stayed healthy."""
+async def running_agent(root: Path, **overrides: Any) -> AsyncIterator[Running]:
+    """Start an agent on a socketpair (``overrides``: fields of its config); stop it and check
+    it stayed healthy."""
     loop = asyncio.get_running_loop()
     loop_errors: list[dict[str, Any]] = []
     previous = loop.get_exception_handler()
     loop.set_exception_handler(lambda _loop, context: loop_errors.append(context))
     host_sock, agent_sock = socket.socketpair()
-    config = test_config(root, agent_sock.fileno())
+    config = test_config(root, agent_sock.fileno(), **overrides)
     agent = Agent(config)
     host = HostEnd(host_sock)
     try:

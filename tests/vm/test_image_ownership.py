@@ -78,10 +78,12 @@ def _writable_by_qemu(path: Path) -> bool:
 
 
 def _root_and_read_only(path: Path) -> str:
-    """'' if ``path`` is root's and not writable by the QEMU user, else what is wrong."""
+    """'' if ``path`` is root's and not writable by the QEMU user, else what is wrong. Its group
+    is root's, or QEMU's for a template's layer (read through that group, never written)."""
     st = path.stat()
-    if st.st_uid != 0 or st.st_gid != 0:
-        return f"{path} is owned by {st.st_uid}:{st.st_gid}, not root"
+    ids = qemu_ids()
+    if st.st_uid != 0 or st.st_gid not in {0, ids[1] if ids else 0}:
+        return f"{path} is owned by {st.st_uid}:{st.st_gid}, not root (group root or QEMU's)"
     if st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
         return f"{path} has mode {oct(st.st_mode & 0o7777)}: writable by group or others"
     if _writable_by_qemu(path):

@@ -43,6 +43,18 @@ def auth(url: str, api_key: str) -> Auth:
     return {"url": url, "api_key": api_key}
 
 
+#: failing builds: the spec, the stage it fails at, words its error must hold
+BROKEN: list[tuple[dict[str, object], str, str]] = [
+    (
+        {"pip": ["tomli-ww-no-such-package"]},
+        "pip",
+        "no matching distribution for 'tomli-ww-no-such-package'",
+    ),
+    ({"apt": ["no-such-package-kh"]}, "apt", "no package named 'no-such-package-kh'"),
+    ({"setup": ["true", "echo about to fail; exit 3"]}, "setup", "setup[1]"),
+    ({"kernel": "julia-9"}, "kernel", "no kernelspec named 'julia-9'"),
+]
+
 OPERATOR_SPEC = """
 name = "shared-tools"
 description = "the operator's: every key may use it"
@@ -55,7 +67,13 @@ def tpl_service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
     operator = tmp_path_factory.mktemp("operator-templates")
     (operator / "shared-tools.toml").write_text(OPERATOR_SPEC)
     with running_service(
-        tmp_path_factory.mktemp("templates"), "vm-templates", KERNELHOST_TEMPLATE_DIR=str(operator)
+        tmp_path_factory.mktemp("templates"),
+        "vm-templates",
+        KERNELHOST_TEMPLATE_DIR=str(operator),
+        # two build VMs at once (one per core here), so the operator's build at start and the
+        # failing builds below overlap; a key may queue all four failing builds
+        KERNELHOST_TEMPLATE_BUILD_CONCURRENCY="2",
+        KERNELHOST_MAX_TEMPLATE_BUILDS_PER_KEY=str(len(BROKEN)),
     ) as svc:
         yield svc
 
@@ -174,25 +192,27 @@ async def test_a_template_in_use_cannot_be_deleted(tpl_service: Service, kit: Te
             await AsyncTemplate.delete("kit", **mine)
 
 
-@pytest.mark.parametrize(
-    ("spec", "stage", "words"),
-    [
-        (
-            {"pip": ["tomli-ww-no-such-package"]},
-            "pip",
-            "no matching distribution for 'tomli-ww-no-such-package'",
-        ),
-        ({"apt": ["no-such-package-kh"]}, "apt", "no package named 'no-such-package-kh'"),
-        ({"setup": ["true", "echo about to fail; exit 3"]}, "setup", "setup[1]"),
-        ({"kernel": "julia-9"}, "kernel", "no kernelspec named 'julia-9'"),
-    ],
-)
+@pytest.fixture(scope="module")
+async def broken(tpl_service: Service) -> dict[str, str]:
+    """The failing builds, started at once (they queue for the build slots); stage -> name."""
+    names = {}
+    for spec, stage, _ in BROKEN:
+        name = f"broken-{stage}"
+        started = await AsyncTemplate.build(
+            {"name": name, **spec}, wait=False, url=tpl_service.url, api_key=tpl_service.api_key
+        )
+        assert started.build is not None, started
+        names[stage] = name
+    return names
+
+
+@pytest.mark.parametrize(("spec", "stage", "words"), BROKEN)
 async def test_a_failing_build_names_the_stage_and_leaves_nothing(
-    tpl_service: Service, spec: dict[str, object], stage: str, words: str
+    tpl_service: Service, broken: dict[str, str], spec: dict[str, object], stage: str, words: str
 ) -> None:
-    name = f"broken-{stage}"
+    name = broken[stage]
     with pytest.raises(TemplateBuildError) as failed:
-        await AsyncTemplate.build({"name": name, **spec}, url=tpl_service.url, api_key=tpl_service.api_key)
+        await AsyncTemplate.wait(name, url=tpl_service.url, api_key=tpl_service.api_key)
     assert failed.value.stage == stage and words in str(failed.value), str(failed.value)
     if stage == "setup":
         assert "exit code 3" in str(failed.value)

@@ -53,8 +53,10 @@ class KernelOps:
         }
 
     async def op_hello(self, frame: dict[str, Any]) -> dict[str, Any]:
-        """Answered once the kernel is ready: who this agent is and what it can do."""
-        await self.kernel.until_ready()
+        """Answered once the kernel is ready (at once in a build VM, which has none): who this
+        agent is and what it can do."""
+        if self.kernel.config.start_kernel:
+            await self.kernel.until_ready()
         return {
             "agent_version": protocol.AGENT_PROTOCOL,
             "capabilities": self.dispatcher.capabilities(),
@@ -130,11 +132,15 @@ class Agent:
         return port.write_spliced(head, fd, size)
 
     async def start(self) -> None:
-        """Open the port, start the kernel, and return once it answers."""
+        """Open the port, start the kernel, and return once it answers (a build VM's agent
+        starts no kernel)."""
         os.makedirs(self.config.kernel_cwd, exist_ok=True)
         self.network.start()
         self.port = await self._open_port()
         self.port.start()
+        if not self.config.start_kernel:
+            log("build VM: no kernel")
+            return
         t0 = time.monotonic()
         await self.kernel.launch()
         self.relay.start()

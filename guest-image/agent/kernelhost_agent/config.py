@@ -17,7 +17,7 @@ from collections.abc import MutableMapping
 
 from .shared import codec, log, protocol
 
-__all__ = ["TEMPLATE_FILE", "AgentConfig", "guest_config"]
+__all__ = ["TEMPLATE_FILE", "AgentConfig", "build_vm", "guest_config"]
 
 #: What a template's layer says about its kernel and environment (guest-image/layer.py)
 TEMPLATE_FILE = "/etc/kernelhost/template.json"
@@ -44,6 +44,9 @@ class AgentConfig:
     #: The kernelspec the agent starts, and where it is looked up (None: Jupyter's own path,
     #: where the image build writes ``/usr/local/share/jupyter/kernels/kernelhost``).
     kernel_name: str = "kernelhost"
+    #: Start that kernel at all: off in a template's build VM (kernel command line ``kh.build``),
+    #: which only runs bash commands, files and the network, so it answers ``hello`` at once.
+    start_kernel: bool = True
     kernelspec_dirs: tuple[str, ...] | None = None
     #: The kernel's language: what the agent's own cells (preloads, reseeding, the network's
     #: variables) are written in (``languages.py``).
@@ -91,10 +94,21 @@ class AgentConfig:
     drop_caches: bool = True
 
 
+def build_vm(cmdline: str = "/proc/cmdline") -> bool:
+    """Whether this guest is a template's build VM (``kh.build`` on its kernel command line)."""
+    try:
+        with open(cmdline, encoding="utf-8") as f:
+            return "kh.build" in f.read().split()
+    except OSError:
+        return False
+
+
 def guest_config(template_file: str = TEMPLATE_FILE) -> AgentConfig:
     """The guest's configuration: the defaults, with a template's kernel, its language and its
     environment variables (set in the agent's own environment, which the kernel and bash
-    commands start from) when the image has a template layer."""
+    commands start from) when the image has a template layer; no kernel in a build VM."""
+    if build_vm():
+        return AgentConfig(start_kernel=False)
     try:
         with open(template_file, encoding="utf-8") as f:
             info = json.load(f)

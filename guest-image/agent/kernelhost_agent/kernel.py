@@ -299,7 +299,8 @@ class Kernel:
             sock.close(linger=0)
         self.sockets.clear()
         try:
-            await asyncio.wait_for(self.km.shutdown_kernel(now=True), self.config.ready_timeout)
+            if self.km.has_kernel:  # none in a build VM (``start_kernel`` off)
+                await asyncio.wait_for(self.km.shutdown_kernel(now=True), self.config.ready_timeout)
         except Exception:  # stopping anyway: the rest must still be released
             log_exception("kernel shutdown failed:")
         self.context.destroy(linger=0)

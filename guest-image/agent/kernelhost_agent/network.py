@@ -71,7 +71,7 @@ class Network:
             write_pip_conf(self.config.pip_conf, config, self.config.proxy_port)
             self._set_env(env)
             code = self._kernel_code(env)
-            if code is not None:
+            if code is not None and self.config.start_kernel:
                 await self.kernel.until_ready()
                 await self.kernel.run_silent(code, timeout=_APPLY_TIMEOUT)
             self.applied = wanted
