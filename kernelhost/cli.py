@@ -308,11 +308,11 @@ def _doctor(args: argparse.Namespace) -> int:
 
 
 def _prune(args: argparse.Namespace) -> int:
-    """Remove stale template snapshots and guest image builds (see kernelhost/sandboxes/prune.py)."""
+    """Remove stale template snapshots and guest image builds (see kernelhost/sandboxes/vm/prune.py)."""
     from hypervisor import Hypervisor, ImageStore, LibvirtUnavailable
 
     from .progress import format_bytes
-    from .sandboxes.prune import (
+    from .sandboxes.vm.prune import (
         apply,
         referenced_builds,
         scan_in_use,

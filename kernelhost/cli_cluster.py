@@ -43,8 +43,8 @@ def _settings() -> Settings:
 
 
 def _nodes(args: argparse.Namespace) -> int:
-    from .sandboxes.cluster.nodes import NodeTable
-    from .sandboxes.db import open_database
+    from .sandboxes.cluster.node_table import NodeTable
+    from .sandboxes.store.db import open_database
 
     try:
         settings = _settings()

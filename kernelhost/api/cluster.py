@@ -32,9 +32,9 @@ from ..sandboxes import (
     NodeUnreachable,
     Remedy,
     SandboxManager,
+    sandbox_view,
 )
 from ..sandboxes.cluster import Node
-from ..sandboxes.sandbox import record_view
 from .e2b import common as e2b_common
 from .e2b import snapshots as e2b_snapshots
 from .e2b.common import TEMPLATE_ALIASES
@@ -249,7 +249,7 @@ def remote_views(request: web.Request) -> list[dict[str, Any]]:
     for rec in cluster.store.of_owner(request[KEY_ID]):
         if manager.find(rec.id) is not None:
             continue
-        view = record_view(rec)
+        view = sandbox_view(rec)
         node = nodes.get(rec.node)
         if (node is None or not node.alive) and rec.state != "hibernated":
             view.update(state="dead", detail=HOST_FAILED)

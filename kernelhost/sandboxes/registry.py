@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from .errors import CapacityExceeded, SandboxNotFound
 from .sandbox import Sandbox
 from .states import SandboxState
-from .store import SandboxRecord, Store
+from .store.sandboxes import SandboxRecord, Store
 
 if TYPE_CHECKING:
     from .cluster.quota import ClusterQuota

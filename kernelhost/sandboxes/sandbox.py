@@ -18,7 +18,7 @@ from ..channel import AgentClient
 from .errors import Remedy, SandboxError, SandboxNotRunning
 from .network.policy import NetworkSpec
 from .states import SandboxState
-from .store import SandboxRecord
+from .store.sandboxes import SandboxRecord
 
 if TYPE_CHECKING:
     from .execution import RunningCall
@@ -111,10 +111,10 @@ class Sandbox:
 
     def to_dict(self) -> dict[str, Any]:
         """The sandbox as every interface describes it."""
-        return record_view(self.record)
+        return sandbox_view(self.record)
 
 
-def record_view(r: SandboxRecord) -> dict[str, Any]:
+def sandbox_view(r: SandboxRecord) -> dict[str, Any]:
     """A sandbox's record as every interface describes it (a cluster lists other nodes' too)."""
     return {
         "id": r.id,

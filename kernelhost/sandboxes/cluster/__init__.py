@@ -1,7 +1,7 @@
 """A node of a kernelhost cluster (docs/cluster.md): nodes sharing one PostgreSQL store."""
 
 from .node import HOST_FAILED, ClusterNode, Location
-from .nodes import Figures, Node, NodeTable
+from .node_table import Figures, Node, NodeTable
 from .quota import FORWARDED_RESERVATION, ClusterQuota, Placement
 
 __all__ = [

@@ -31,11 +31,9 @@ import structlog
 
 from hypervisor import GuestImage, ImageNotFound
 
-from ..archive import ArchiveError, local_files, pack_files
-from ..templates import SpecError, TemplateSpec, parse_spec
-from ..templates.builds import GUEST_IMAGE, Build, BuildFailed, BuildQueue, BuildState, clean_work
-from .context import Context
-from .errors import (
+from ...archive import ArchiveError, local_files, pack_files
+from ..context import Context
+from ..errors import (
     CapacityExceeded,
     InvalidRequest,
     Remedy,
@@ -44,10 +42,12 @@ from .errors import (
     TemplateNotFound,
     UnknownTemplate,
 )
-from .network.indexes import BuildIndexes
-from .template_store import TemplateRecord, TemplateStore
-from .template_views import KERNEL_PACKAGES, TemplateView, builtin_view, image_name, record_view
-from .template_vm import SCRIPTS
+from ..network.indexes import BuildIndexes
+from ..store.templates import TemplateRecord, TemplateStore
+from .build_vm import SCRIPTS
+from .builds import GUEST_IMAGE, Build, BuildFailed, BuildQueue, BuildState, clean_work
+from .spec import SpecError, TemplateSpec, parse_spec
+from .views import KERNEL_PACKAGES, TemplateView, builtin_view, image_name, template_view
 
 log = structlog.get_logger("kernelhost.templates")
 
@@ -108,7 +108,7 @@ class TemplateService:
         views = {name: builtin_view(self.ctx.images.get(name)) for name in self.builtins()}
         for rec in self.store.all():
             if rec.owner in ("", owner):
-                views[rec.name] = record_view(rec, self._image(rec), self.queue.builds.get(rec.build_id))
+                views[rec.name] = template_view(rec, self._image(rec), self.queue.builds.get(rec.build_id))
         return [views[n] for n in sorted(views)]
 
     def health(self) -> dict[str, object]:
@@ -274,7 +274,7 @@ class TemplateService:
     async def _build(
         self, build: Build, rec: TemplateRecord, spec: TemplateSpec, base: tuple[str, str], files: Path | None
     ) -> None:
-        from .template_build import run_build  # the stages, in a module of their own
+        from .stages import run_build  # the stages, in a module of their own
 
         bound = log.bind(template=spec.name, build_id=build.id, owner=rec.owner or "operator")
         bound.info("template.build_started", key=build.key)

@@ -17,8 +17,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..errors import InvalidRequest
 from .db import Database
-from .errors import InvalidRequest
 
 MAX_LABEL = 200
 DEFAULT_KEEP = 5  # auto_checkpoint=true: undo reaches the last 5 calls
@@ -122,7 +122,7 @@ class CheckpointRecord:
 
     def to_dict(self) -> dict[str, Any]:
         """The checkpoint as every interface describes it."""
-        from .sandbox import iso_time
+        from ..sandbox import iso_time
 
         return {
             "id": self.id,

@@ -28,13 +28,13 @@ import structlog
 from hypervisor import GuestImage, HypervisorError
 from hypervisor.ownership import give_to_qemu
 
-from ..channel import AgentClient, ChannelError
-from ..channel.protocol import BashFrame, Op
-from ..tasks import to_thread_to_the_end
-from ..templates.builds import GUEST_IMAGE, Build, BuildFailed
-from .context import Context
-from .network import NetworkSpec, Tunnels
-from .network.indexes import BuildIndexes
+from ...channel import AgentClient, ChannelError
+from ...channel.protocol import BashFrame, Op
+from ...tasks import to_thread_to_the_end
+from ..context import Context
+from ..network import NetworkSpec, Tunnels
+from ..network.indexes import BuildIndexes
+from .builds import GUEST_IMAGE, Build, BuildFailed
 
 log = structlog.get_logger("kernelhost.templates")
 
@@ -245,6 +245,6 @@ def _take_layer(disk: Path, info: dict[str, Any], max_mib: int) -> Path:
         if f.read(len(EROFS_MAGIC[1])) != EROFS_MAGIC[1]:
             raise BuildFailed("the build VM wrote no erofs layer", "pack")
         f.truncate(size)
-    layer = disk.with_name("layer.erofs")  # root's again in template_build._install
+    layer = disk.with_name("layer.erofs")  # root's again in stages._install
     disk.rename(layer)
     return layer

@@ -15,15 +15,15 @@ import structlog
 
 from hypervisor import HypervisorError
 
-from ..channel import AgentClient, ChannelError
-from ..channel.protocol import Op
-from .context import Context
-from .errors import BootFailed, InvalidRequest
+from ...channel import AgentClient, ChannelError
+from ...channel.protocol import Op
+from ..context import Context
+from ..errors import BootFailed, InvalidRequest
+from ..registry import VmShape, new_record
+from ..sandbox import Sandbox, ensure_usable
+from ..states import SandboxState
+from .create import Lifecycle
 from .hibernation import Hibernation
-from .lifecycle import Lifecycle
-from .registry import VmShape, new_record
-from .sandbox import Sandbox, ensure_usable
-from .states import SandboxState
 
 log = structlog.get_logger("kernelhost.sandboxes")
 

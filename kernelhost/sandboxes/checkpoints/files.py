@@ -41,11 +41,11 @@ import zstandard
 
 from hypervisor import MEM_ID, GuestImage, HypervisorError, LiveSaveUnavailable, diff_stream
 
-from ..tasks import to_thread_to_the_end
-from .errors import CheckpointUnusable, StoreRowRefused
-from .snapshots import Snapshot
-from .trust import inside
-from .vms import Launched, VmFactory
+from ...tasks import to_thread_to_the_end
+from ..errors import CheckpointUnusable, StoreRowRefused
+from ..trust import inside
+from ..vm.factory import Launched, VmFactory
+from ..vm.snapshots import Snapshot
 
 log = structlog.get_logger("kernelhost.checkpoints")
 

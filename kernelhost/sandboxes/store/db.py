@@ -18,7 +18,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from .errors import BackendUnavailable
+from ..errors import BackendUnavailable
 
 Params = Sequence[Any] | Mapping[str, Any]
 

@@ -20,16 +20,16 @@ import structlog
 
 from hypervisor import GuestImage, HypervisorError, ImageNotFound, LibvirtUnavailable
 
-from ..channel import AgentClient, ChannelError, ChannelListener, Event
-from ..channel.client import CLOSED_BY_HOST
-from ..ratelimit import TokenBucket
-from .context import Context
-from .errors import BackendUnavailable, BootFailed, InvalidRequest, UnknownTemplate
-from .network import parse_network
-from .pool import Clone
-from .registry import new_record
-from .sandbox import Sandbox
-from .states import SandboxState
+from ...channel import AgentClient, ChannelError, ChannelListener, Event
+from ...channel.client import CLOSED_BY_HOST
+from ...ratelimit import TokenBucket
+from ..context import Context
+from ..errors import BackendUnavailable, BootFailed, InvalidRequest, UnknownTemplate
+from ..network import parse_network
+from ..registry import new_record
+from ..sandbox import Sandbox
+from ..states import SandboxState
+from ..vm.pool import Clone
 
 log = structlog.get_logger("kernelhost.sandboxes")
 

@@ -17,14 +17,14 @@ import structlog
 
 from hypervisor import HypervisorError
 
-from ..channel import ChannelError
-from ..ratelimit import TokenBucket
-from .context import Context
-from .errors import CapacityExceeded, Remedy, SandboxNotRunning, StoreRowRefused
-from .lifecycle import Lifecycle
-from .processes import stop_processes
-from .sandbox import Sandbox, wait_replacement
-from .states import SandboxState
+from ...channel import ChannelError
+from ...ratelimit import TokenBucket
+from ..context import Context
+from ..errors import CapacityExceeded, Remedy, SandboxNotRunning, StoreRowRefused
+from ..processes import stop_processes
+from ..sandbox import Sandbox, wait_replacement
+from ..states import SandboxState
+from .create import Lifecycle
 
 log = structlog.get_logger("kernelhost.sandboxes")
 

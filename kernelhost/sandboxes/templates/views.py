@@ -8,8 +8,8 @@ from typing import Any
 
 from hypervisor import GuestImage
 
-from ..templates.builds import Build
-from .template_store import TemplateRecord
+from ..store.templates import TemplateRecord
+from .builds import Build
 
 #: What each named kernel needs in the image, installed before the spec's own packages.
 KERNEL_PACKAGES: dict[str, dict[str, list[str]]] = {
@@ -65,7 +65,7 @@ def builtin_view(image: GuestImage) -> TemplateView:
     )
 
 
-def record_view(rec: TemplateRecord, image: GuestImage | None, build: Build | None) -> TemplateView:
+def template_view(rec: TemplateRecord, image: GuestImage | None, build: Build | None) -> TemplateView:
     spec = rec.spec
     m = image.manifest if image is not None else {}
     if build is not None and not build.state.finished:

@@ -23,8 +23,8 @@ import structlog
 
 from hypervisor import HypervisorError
 
-from ..channel import AgentClient, ChannelError
-from ..tasks import TaskSet
+from ...channel import AgentClient, ChannelError
+from ...tasks import TaskSet
 
 log = structlog.get_logger("kernelhost.pool")
 

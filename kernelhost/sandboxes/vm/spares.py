@@ -1,7 +1,7 @@
 """The fork's spares: a ready copy of each template RAM file a fork started from, with paused QEMUs
 already started on it.
 
-A page fork (``vm_fork.py``) needs a private copy of the template's base RAM file to write the
+A page fork (``fork.py``) needs a private copy of the template's base RAM file to write the
 parent's pages into. The next fork from that base renames the spare copy instead of copying the
 base (a few hundred MiB, ~0.2 s), and its children are the QEMUs started on the copy beforehand
 (paused, waiting for a state: QEMU's start and libvirt's work for it leave the fork's path). As
@@ -32,7 +32,7 @@ from hypervisor import GuestImage, HypervisorError
 from hypervisor.forkram import copy_base, make_ram_file
 from hypervisor.ownership import give_to_qemu
 
-from ..tasks import IdleThread, TaskSet
+from ...tasks import IdleThread, TaskSet
 
 log = structlog.get_logger("kernelhost.vms")
 

@@ -1,5 +1,5 @@
 """Template builds off the request path: a queue with bounded concurrency and a deadline per
-build (``BuildQueue.run``: a tenant's layer is built in a build VM, ``sandboxes/template_vm.py``;
+build (``BuildQueue.run``: a tenant's layer is built in a build VM, ``sandboxes/templates/build_vm.py``;
 ``run_script`` runs the operator's own scripts, ``build.py`` for a distribution base, in their
 own process group), the JSON-lines progress kept as the build's log (bounded), followed live,
 cancellable, and cleaned up whatever ends it (a failure, a cancel, a deadline, the service
@@ -26,7 +26,7 @@ import structlog
 
 log = structlog.get_logger("kernelhost.templates")
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 GUEST_IMAGE = REPO / "guest-image"
 LOG_LINE_MAX = 4000  # characters of one build log line kept
 LOG_BYTES_MAX = 16 << 20  # bytes of one build's log; later log lines are dropped (stages kept)

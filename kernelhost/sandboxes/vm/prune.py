@@ -17,7 +17,7 @@ memory, in tmpfs, so in RAM). What is safe to remove, from how they are used:
   unlinking it would be safe for that VM but would free nothing until it exits, and the bytes
   reported freed would be false; the next prune after those clones end removes it. So is one
   with a file in ``pins/``: a checkpoint's pages were diffed against its RAM, and restoring the
-  checkpoint maps it again (``checkpoint_files.py``).
+  checkpoint maps it again (``checkpoints/files.py``).
 - An image build is needed by every VM started from it (QEMU keeps its root file open), by
   every sandbox record that names it (a wake or a fork of that sandbox starts a VM from exactly
   that build) and by every checkpoint record that names it (a restore or a branch loads the
@@ -226,8 +226,8 @@ def referenced_builds(db_path: Path) -> list[Reference]:
     name (sandboxes first)."""
     if not db_path.is_file():
         return []
-    from .checkpoint_store import CheckpointStore
-    from .store import Store
+    from ..store.checkpoints import CheckpointStore
+    from ..store.sandboxes import Store
 
     store = Store(db_path)
     try:

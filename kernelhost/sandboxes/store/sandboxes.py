@@ -16,8 +16,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..states import SandboxState
 from .db import Database, SQLite
-from .states import SandboxState
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS sandboxes (

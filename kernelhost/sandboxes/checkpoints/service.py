@@ -32,19 +32,9 @@ import structlog
 
 from hypervisor import GuestImage, HypervisorError, ImageNotFound, StreamNotUnderstood
 
-from ..channel import ChannelError
-from .checkpoint_auto import AutoCheckpoints
-from .checkpoint_files import CheckpointFiles, Saving
-from .checkpoint_store import (
-    CheckpointRecord,
-    CheckpointStore,
-    check_label,
-    is_checkpoint_id,
-    keep_of,
-    new_checkpoint_id,
-)
-from .context import Context
-from .errors import (
+from ...channel import ChannelError
+from ..context import Context
+from ..errors import (
     BootFailed,
     CapacityExceeded,
     CheckpointNotFound,
@@ -55,11 +45,21 @@ from .errors import (
     SandboxError,
     SandboxNotFound,
 )
-from .lifecycle import Lifecycle
-from .network import parse_network
-from .registry import new_record
-from .sandbox import Sandbox, ensure_usable, wait_replacement
-from .states import SandboxState
+from ..lifecycle.create import Lifecycle
+from ..network import parse_network
+from ..registry import new_record
+from ..sandbox import Sandbox, ensure_usable, wait_replacement
+from ..states import SandboxState
+from ..store.checkpoints import (
+    CheckpointRecord,
+    CheckpointStore,
+    check_label,
+    is_checkpoint_id,
+    keep_of,
+    new_checkpoint_id,
+)
+from .auto import AutoCheckpoints
+from .files import CheckpointFiles, Saving
 
 log = structlog.get_logger("kernelhost.checkpoints")
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import structlog
 
-from ..db import Database
+from ..store.db import Database
 from ..trust import node_url_mac, registration_problem
 
 log = structlog.get_logger("kernelhost.cluster")

@@ -1,5 +1,5 @@
 """The stages of one template build: a distribution base when the spec names one (the
-operator's bootstrap, on the host), the layer (built in a build VM: ``template_vm.py``), the
+operator's bootstrap, on the host), the layer (built in a build VM: ``build_vm.py``), the
 manifest, the snapshot with the preloads imported, and only then the template's link moved to
 the new build. Whatever ends a build, its scratch directory goes (its files archive with it);
 a build that fails leaves no image of itself.
@@ -19,14 +19,14 @@ from typing import Any
 from hypervisor import GuestImage, HypervisorError
 from hypervisor.ownership import qemu_ids
 
-from ..channel import ChannelError
-from ..templates import TemplateSpec
-from ..templates.builds import GUEST_IMAGE, Build, BuildFailed, BuildQueue, clean_work
-from .context import Context
-from .network.indexes import BuildIndexes
-from .template_store import TemplateRecord
-from .template_views import KERNEL_PACKAGES, image_name
-from .template_vm import build_in_vm
+from ...channel import ChannelError
+from ..context import Context
+from ..network.indexes import BuildIndexes
+from ..store.templates import TemplateRecord
+from .build_vm import build_in_vm
+from .builds import GUEST_IMAGE, Build, BuildFailed, BuildQueue, clean_work
+from .spec import TemplateSpec
+from .views import KERNEL_PACKAGES, image_name
 
 #: modes of what a build leaves: the layer readable by QEMU's group only, the manifest (env
 #: values, setup commands) by root only

@@ -25,14 +25,14 @@ import structlog
 from hypervisor import DomainSpec, GuestImage, Hypervisor, HypervisorError, ImageStore
 from hypervisor.ownership import give_to_qemu, keep_from_qemu
 
-from ..channel import AgentClient
-from ..channel.protocol import Capability, Op, jupyter_message
-from ..config import Settings
-from ..tasks import TaskSet, to_thread_to_the_end
+from ...channel import AgentClient
+from ...channel.protocol import Capability, Op, jupyter_message
+from ...config import Settings
+from ...tasks import TaskSet, to_thread_to_the_end
+from .fork import VmForker
 from .pool import Clone, WarmPool
 from .prune import apply, scan_in_use, stale_snapshots
 from .snapshots import Snapshot, TemplateSnapshots
-from .vm_fork import VmForker
 
 log = structlog.get_logger("kernelhost.vms")
 
@@ -347,6 +347,6 @@ class VmFactory:
         self, parent: str, image: GuestImage, children: list[tuple[str, dict[str, str]]]
     ) -> list[tuple[str, AgentClient]]:
         """Clone the running ``parent`` into ``children`` (domain, metadata); the parent resumes
-        (``vm_fork.py``: page by page where it can, else through an intermediate VM). Each
+        (``vm/fork.py``: page by page where it can, else through an intermediate VM). Each
         child's domain (the first ones may be QEMUs started before the fork) and agent."""
         return await self.forker.fork(parent, image, children)

@@ -35,11 +35,11 @@ import structlog
 from hypervisor import GuestImage, Hypervisor, HypervisorError, device_model
 from hypervisor.ownership import give_to_qemu, keep_from_qemu, private_ram_may_be_read_only
 
-from .. import logs
-from ..channel import AgentClient
-from ..channel.protocol import Op
-from ..progress import Stages, format_bytes
-from ..tasks import to_thread_to_the_end
+from ... import logs
+from ...channel import AgentClient
+from ...channel.protocol import Op
+from ...progress import Stages, format_bytes
+from ...tasks import to_thread_to_the_end
 
 log = structlog.get_logger("kernelhost.snapshots")
 

@@ -5,7 +5,7 @@ fork's child, a restored checkpoint): the children's RAM file is the base file's
 pages the parent wrote (``hypervisor.forkram``), so the parent's pause and the copy grow with
 what it changed, not with its RAM. The children's QEMU processes start (paused) while the copy
 runs: nothing reads their RAM until they run. For a template's base file one copy is kept ready
-with paused QEMUs already started on it (``fork_spares.py``), so a fork copies only the written
+with paused QEMUs already started on it (``spares.py``), so a fork copies only the written
 pages and its children skip QEMU's start; the next spare is made in the background.
 
 Otherwise (a VM woken from disk maps its RAM shared; a host that does not let the service read
@@ -30,13 +30,13 @@ from hypervisor.forkram import RamMapping, make_ram_file
 from hypervisor.host import PageCopy
 from hypervisor.ownership import give_to_qemu
 
-from ..channel import AgentClient
-from ..tasks import to_thread_to_the_end
-from .fork_spares import DROP_DELAY, Spare, Spares
+from ...channel import AgentClient
+from ...tasks import to_thread_to_the_end
 from .snapshots import Snapshot
+from .spares import DROP_DELAY, Spare, Spares
 
 if TYPE_CHECKING:
-    from .vms import Launched, VmFactory
+    from .factory import Launched, VmFactory
 
 log = structlog.get_logger("kernelhost.vms")
 

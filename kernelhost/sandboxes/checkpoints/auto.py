@@ -10,13 +10,13 @@ from typing import TYPE_CHECKING
 
 import structlog
 
-from ..ratelimit import TokenBucket
-from .checkpoint_store import CheckpointRecord
-from .errors import SandboxError
-from .sandbox import Sandbox
+from ...ratelimit import TokenBucket
+from ..errors import SandboxError
+from ..sandbox import Sandbox
+from ..store.checkpoints import CheckpointRecord
 
 if TYPE_CHECKING:
-    from .checkpoints import Checkpoints
+    from .service import Checkpoints
 
 log = structlog.get_logger("kernelhost.checkpoints")
 

@@ -16,14 +16,14 @@ import structlog
 
 from hypervisor import HypervisorError
 
-from ..channel import ChannelError
-from ..channel.protocol import Capability, Op
-from .context import Context
-from .errors import AgentUnresponsive, BootFailed, Remedy, SandboxNotFound
+from ...channel import ChannelError
+from ...channel.protocol import Capability, Op
+from ..context import Context
+from ..errors import AgentUnresponsive, BootFailed, Remedy, SandboxNotFound
+from ..sandbox import Sandbox, ensure_usable, wait_replacement
+from ..states import Recovery, SandboxState
+from .create import Lifecycle
 from .hibernation import Hibernation
-from .lifecycle import Lifecycle
-from .sandbox import Sandbox, ensure_usable, wait_replacement
-from .states import Recovery, SandboxState
 
 log = structlog.get_logger("kernelhost.sandboxes")
 
