@@ -6,23 +6,35 @@ synchronously. ``Checkpoints`` keeps the newest ``auto_checkpoint`` + 1 of them.
 from __future__ import annotations
 
 from collections.abc import Awaitable
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import structlog
 
 from ...ratelimit import TokenBucket
+from ..context import Context
 from ..errors import SandboxError
+from ..registry import Registry
 from ..sandbox import Sandbox
 from ..store.checkpoints import CheckpointRecord
-
-if TYPE_CHECKING:
-    from .service import Checkpoints
 
 log = structlog.get_logger("kernelhost.checkpoints")
 
 
+class Owner(Protocol):
+    """What the automatic checkpoints use of their owner, ``service.Checkpoints``."""
+
+    ctx: Context
+    registry: Registry
+
+    async def freeze(self, sbx: Sandbox) -> Any: ...
+
+    async def write(
+        self, sbx: Sandbox, frozen: Any, *, label: str = "", auto: bool = False, call_index: int = 0
+    ) -> CheckpointRecord: ...
+
+
 class AutoCheckpoints:
-    def __init__(self, checkpoints: Checkpoints) -> None:
+    def __init__(self, checkpoints: Owner) -> None:
         self.cps = checkpoints
         self._warned = TokenBucket(1 / 60, 5.0)  # failed automatic checkpoints logged
 

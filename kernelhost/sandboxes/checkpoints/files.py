@@ -44,7 +44,8 @@ from hypervisor import MEM_ID, GuestImage, HypervisorError, LiveSaveUnavailable,
 from ...tasks import to_thread_to_the_end
 from ..errors import CheckpointUnusable, StoreRowRefused
 from ..trust import inside
-from ..vm.factory import Launched, VmFactory
+from ..vm.factory import VmFactory
+from ..vm.launched import Launched
 from ..vm.snapshots import Snapshot
 
 log = structlog.get_logger("kernelhost.checkpoints")

@@ -5,10 +5,12 @@
 - ``snapshots``: ``TemplateSnapshots``: one warmed-up VM frozen per template and shape;
 - ``fork``: ``VmForker``: a live VM's RAM and devices become n children;
 - ``spares``: ``Spares``: a ready copy of a forked template's RAM file, with paused QEMUs on it;
-- ``prune``: stale template snapshots and guest image builds.
+- ``prune``: stale template snapshots and guest image builds;
+- ``launched``: ``Launched``: what a launch hands back (the fresh agent, the timings).
 """
 
-from .factory import Launched, VmFactory
+from .factory import VmFactory
+from .launched import Launched
 from .pool import Clone, WarmPool
 
 __all__ = ["Clone", "Launched", "VmFactory", "WarmPool"]

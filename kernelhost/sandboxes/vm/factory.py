@@ -17,7 +17,6 @@ import contextlib
 import os
 import shutil
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import structlog
@@ -30,29 +29,12 @@ from ...channel.protocol import Capability, Op, jupyter_message
 from ...config import Settings
 from ...tasks import TaskSet, to_thread_to_the_end
 from .fork import VmForker
+from .launched import Launched, VmTimings
 from .pool import Clone, WarmPool
 from .prune import apply, scan_in_use, stale_snapshots
 from .snapshots import Snapshot, TemplateSnapshots
 
 log = structlog.get_logger("kernelhost.vms")
-
-
-@dataclass(frozen=True)
-class VmTimings:
-    """Where the time of one launch went (seconds), for metrics, logs and benchmarks."""
-
-    how: str = ""  # boot | clone | wake | pool
-    start: float = 0.0
-    attach: float = 0.0
-    hygiene: float = 0.0
-
-
-@dataclass(frozen=True)
-class Launched:
-    """A VM that runs, with its attached, fresh agent."""
-
-    agent: AgentClient
-    timings: VmTimings
 
 
 class VmFactory:

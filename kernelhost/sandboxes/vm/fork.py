@@ -21,26 +21,64 @@ import time
 import uuid
 from collections.abc import Awaitable, Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import structlog
 
-from hypervisor import DomainSpec, GuestImage, HypervisorError, PageForkUnavailable
+from hypervisor import DomainSpec, GuestImage, Hypervisor, HypervisorError, PageForkUnavailable
 from hypervisor.forkram import RamMapping, make_ram_file
 from hypervisor.host import PageCopy
 from hypervisor.ownership import give_to_qemu
 
 from ...channel import AgentClient
-from ...tasks import to_thread_to_the_end
-from .snapshots import Snapshot
+from ...tasks import TaskSet, to_thread_to_the_end
+from .launched import Launched
+from .snapshots import Snapshot, TemplateSnapshots
 from .spares import DROP_DELAY, Spare, Spares
-
-if TYPE_CHECKING:
-    from .factory import Launched, VmFactory
 
 log = structlog.get_logger("kernelhost.vms")
 
 Children = list[tuple[str, dict[str, str]]]
+
+
+class VmFactory(Protocol):
+    """What a fork uses of the factory that owns it (``factory.VmFactory``)."""
+
+    hv: Hypervisor
+    snapshots: TemplateSnapshots
+    background: TaskSet
+
+    @property
+    def forks_dir(self) -> Path: ...
+
+    def spec(
+        self,
+        domain: str,
+        image: GuestImage,
+        meta: dict[str, str],
+        *,
+        mem_path: Path | None = None,
+        mem_share: bool = False,
+        incoming: bool = False,
+    ) -> DomainSpec: ...
+
+    async def clone(
+        self,
+        domain: str,
+        image: GuestImage,
+        snap: Snapshot,
+        meta: dict[str, str],
+        *,
+        ignore_shared: bool = True,
+    ) -> Launched: ...
+
+    async def load_attached(
+        self, spec: DomainSpec, state: Path, *, ignore_shared: bool, how: str, t0: float
+    ) -> Launched: ...
+
+    async def destroy_tracked(self, domain: str) -> None: ...
+
+    def destroy_later(self, domain: str) -> asyncio.Task[None]: ...
 
 
 class VmForker:
