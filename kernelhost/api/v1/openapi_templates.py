@@ -1,4 +1,4 @@
-"""The OpenAPI paths of ``/v1/templates`` (``api/templates.py``), for ``openapi.py``."""
+"""The OpenAPI paths of ``/v1/templates`` (``api/v1/templates.py``), for ``openapi.py``."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The OpenAPI paths of checkpoints (``api/checkpoints.py``), for ``openapi.py``."""
+"""The OpenAPI paths of checkpoints (``api/v1/checkpoints.py``), for ``openapi.py``."""
 
 from __future__ import annotations
 

@@ -10,21 +10,21 @@ import sys
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any
 
-from .cli_cluster import add_cluster_commands
-from .cli_templates import add_template_commands
-from .config import ConfigError, Settings
+from ..config import ConfigError, Settings
+from .cluster import add_cluster_commands
+from .templates import add_template_commands
 
 if TYPE_CHECKING:
-    from .client import AsyncSandbox, Execution
+    from ..client import AsyncSandbox, Execution
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from . import logs
-    from .api import init_app
-    from .api.auth import KeyRing
-    from .api.server import serve
-    from .sandboxes import BackendUnavailable
-    from .servicelock import ServiceLocked
+    from .. import logs
+    from ..api import init_app
+    from ..api.auth import KeyRing
+    from ..api.server import serve
+    from ..sandboxes import BackendUnavailable
+    from ..servicelock import ServiceLocked
 
     overrides = {k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
     try:
@@ -70,8 +70,8 @@ def _mcp(args: argparse.Namespace) -> int:
     import logging
 
     try:
-        from .integrations.mcp_server import create_server, fixed_credentials
-        from .integrations.output import OutputBudget
+        from ..integrations.mcp_server import create_server, fixed_credentials
+        from ..integrations.output import OutputBudget
     except ImportError as exc:
         print(f"kernelhost mcp: {exc}", file=sys.stderr)
         return 2
@@ -107,7 +107,7 @@ def _mcp(args: argparse.Namespace) -> int:
 def _kernelspec_install(args: argparse.Namespace) -> int:
     """Install a kernelspec whose kernel runs in a kernelhost sandbox (the Jupyter provisioner)."""
     try:
-        from .jupyter.kernelspec import install
+        from ..jupyter.kernelspec import install
     except ImportError as exc:
         print(f"kernelhost kernelspec: {exc}; install jupyter_client", file=sys.stderr)
         return 2
@@ -142,7 +142,7 @@ def _kernelspec_install(args: argparse.Namespace) -> int:
 
 def _client_call(command: str, work: Callable[[], Coroutine[Any, Any, int]]) -> int:
     """Run ``work``; an SDK error becomes one line on stderr and exit status 1 (2: bad setup)."""
-    from .client import AuthenticationError, KernelHostError
+    from ..client import AuthenticationError, KernelHostError
 
     try:
         return asyncio.run(work())
@@ -157,7 +157,7 @@ def _client_call(command: str, work: Callable[[], Coroutine[Any, Any, int]]) -> 
 
 
 def _ls(args: argparse.Namespace) -> int:
-    from .client import AsyncSandbox
+    from ..client import AsyncSandbox
 
     async def work() -> int:
         sandboxes = await AsyncSandbox.list(url=args.url, api_key=args.api_key)
@@ -193,7 +193,7 @@ def _read_code(source: str) -> str:
 
 async def _run_streamed(sbx: AsyncSandbox, code: str, language: str, timeout: float | None) -> int:
     """Run ``code``, printing output as it arrives; exit status 0 only if it ended ``ok``."""
-    from .client import ExecutionError, Result
+    from ..client import ExecutionError, Result
 
     def out(text: str) -> None:
         sys.stdout.write(text)
@@ -233,7 +233,7 @@ async def _run_streamed(sbx: AsyncSandbox, code: str, language: str, timeout: fl
 
 
 def _run(args: argparse.Namespace) -> int:
-    from .client import AsyncSandbox
+    from ..client import AsyncSandbox
 
     try:
         code = _read_code(args.file)
@@ -251,7 +251,7 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _exec(args: argparse.Namespace) -> int:
-    from .client import AsyncSandbox
+    from ..client import AsyncSandbox
 
     code = sys.stdin.read() if args.code == "-" else args.code
 
@@ -266,7 +266,7 @@ def _exec(args: argparse.Namespace) -> int:
 
 
 def _rm(args: argparse.Namespace) -> int:
-    from .client import AsyncSandbox, NotFoundError
+    from ..client import AsyncSandbox, NotFoundError
 
     async def work() -> int:
         status = 0
@@ -311,8 +311,8 @@ def _prune(args: argparse.Namespace) -> int:
     """Remove stale template snapshots and guest image builds (see kernelhost/sandboxes/vm/prune.py)."""
     from hypervisor import Hypervisor, ImageStore, LibvirtUnavailable
 
-    from .progress import format_bytes
-    from .sandboxes.vm.prune import (
+    from ..progress import format_bytes
+    from ..sandboxes.vm.prune import (
         apply,
         referenced_builds,
         scan_in_use,

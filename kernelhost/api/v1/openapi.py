@@ -11,7 +11,7 @@ from typing import Any
 
 from aiohttp import web
 
-from ..sandboxes import Remedy, SandboxState
+from ...sandboxes import Remedy, SandboxState
 from .openapi_checkpoints import CREATE_FIELDS, checkpoint_paths
 from .openapi_templates import template_paths
 

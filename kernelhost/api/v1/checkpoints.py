@@ -7,9 +7,9 @@ import asyncio
 
 from aiohttp import web
 
-from ..sandboxes import CheckpointNotFound
+from ...sandboxes import CheckpointNotFound
+from ..state import KEY_ID, json_object
 from .routes import _field, _runtime, _sandbox
-from .state import KEY_ID, json_object
 
 checkpoint_routes = web.RouteTableDef()
 

@@ -10,12 +10,12 @@ from typing import Any
 
 from aiohttp import web
 
-from ..metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
-from ..sandboxes import End, Event, InvalidRequest, Sandbox, SandboxError
+from ...metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from ...sandboxes import End, Event, InvalidRequest, Sandbox, SandboxError
+from ..cluster import remote_views
+from ..errors import error_body, status_for
+from ..state import KEY_ID, RUNTIME, Runtime, json_object
 from . import ndjson
-from .cluster import remote_views
-from .errors import error_body, status_for
-from .state import KEY_ID, RUNTIME, Runtime, json_object
 
 routes = web.RouteTableDef()
 

@@ -13,7 +13,7 @@ import urllib.parse
 import urllib.request
 from typing import Any
 
-from .config import ConfigError, Settings
+from ..config import ConfigError, Settings
 
 
 def add_cluster_commands(sub: Any) -> None:
@@ -43,8 +43,8 @@ def _settings() -> Settings:
 
 
 def _nodes(args: argparse.Namespace) -> int:
-    from .sandboxes.cluster.node_table import NodeTable
-    from .sandboxes.store.db import open_database
+    from ..sandboxes.cluster.node_table import NodeTable
+    from ..sandboxes.store.db import open_database
 
     try:
         settings = _settings()
@@ -73,7 +73,7 @@ def _drain(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"kernelhost node drain: {exc}", file=sys.stderr)
         return 2
-    from .api.signing import sign
+    from ..api.cluster.signing import sign
 
     node = args.node or settings.node_id
     path = f"/v1/cluster/nodes/{urllib.parse.quote(node, safe='')}/drain"

@@ -9,7 +9,7 @@ import sys
 from collections.abc import Callable, Coroutine
 from typing import Any
 
-from .progress import Stages
+from ..progress import Stages
 
 #: every stage a build may pass through, in order (for the bar's count)
 BUILD_STAGES = [
@@ -59,7 +59,7 @@ def add_template_commands(
 
 
 def _build(args: argparse.Namespace, call: ClientCall) -> int:
-    from .client import AsyncTemplate, TemplateBuildError
+    from ..client import AsyncTemplate, TemplateBuildError
 
     async def work() -> int:
         bar = Stages("template", BUILD_STAGES)
@@ -86,7 +86,7 @@ def _build(args: argparse.Namespace, call: ClientCall) -> int:
 
 
 def _ls(args: argparse.Namespace, call: ClientCall) -> int:
-    from .client import AsyncTemplate
+    from ..client import AsyncTemplate
 
     async def work() -> int:
         rows = [("NAME", "KIND", "STATE", "KERNEL", "DESCRIPTION")] + [
@@ -102,7 +102,7 @@ def _ls(args: argparse.Namespace, call: ClientCall) -> int:
 
 
 def _rm(args: argparse.Namespace, call: ClientCall) -> int:
-    from .client import AsyncTemplate
+    from ..client import AsyncTemplate
 
     async def work() -> int:
         await AsyncTemplate.delete(args.name, url=args.url, api_key=args.api_key)
@@ -113,7 +113,7 @@ def _rm(args: argparse.Namespace, call: ClientCall) -> int:
 
 
 def _logs(args: argparse.Namespace, call: ClientCall) -> int:
-    from .client import AsyncTemplate
+    from ..client import AsyncTemplate
 
     async def work() -> int:
         async for event in AsyncTemplate.logs(
@@ -131,7 +131,7 @@ def _logs(args: argparse.Namespace, call: ClientCall) -> int:
 
 
 def _cancel(args: argparse.Namespace, call: ClientCall) -> int:
-    from .client import AsyncTemplate
+    from ..client import AsyncTemplate
 
     async def work() -> int:
         build = await AsyncTemplate.cancel(args.name, url=args.url, api_key=args.api_key)

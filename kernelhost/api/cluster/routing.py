@@ -23,7 +23,7 @@ import aiohttp
 import structlog
 from aiohttp import web
 
-from ..sandboxes import (
+from ...sandboxes import (
     FORWARDED_RESERVATION,
     HOST_FAILED,
     HostFailed,
@@ -34,16 +34,16 @@ from ..sandboxes import (
     SandboxManager,
     sandbox_view,
 )
-from ..sandboxes.cluster import Node
-from .e2b import common as e2b_common
-from .e2b import snapshots as e2b_snapshots
-from .e2b.common import TEMPLATE_ALIASES
-from .errors import Handler
+from ...sandboxes.cluster import Node
+from ..e2b import common as e2b_common
+from ..e2b import snapshots as e2b_snapshots
+from ..e2b.common import TEMPLATE_ALIASES
+from ..errors import Handler
+from ..gateway.kernels import kernel_id
+from ..state import KEY_ID, KEYS, RUNTIME
 from .forward import PeerUnreachable, forward, new_session
-from .gateway.kernels import kernel_id
 from .peers import OPERATOR, PEER, setup_peers, signer
 from .signing import RESERVATION
-from .state import KEY_ID, KEYS, RUNTIME
 
 log = structlog.get_logger("kernelhost.cluster")
 

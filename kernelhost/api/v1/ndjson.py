@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 
-from ..sandboxes import Event, Stream
+from ...sandboxes import Event, Stream
 
 __all__ = ["line"]
 

@@ -10,8 +10,8 @@ from typing import Any
 
 from aiohttp import BodyPartReader, web
 
-from ..sandboxes import InvalidRequest
-from .state import KEY_ID, RUNTIME, json_object
+from ...sandboxes import InvalidRequest
+from ..state import KEY_ID, RUNTIME, json_object
 
 routes = web.RouteTableDef()
 

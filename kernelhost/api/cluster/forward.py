@@ -18,8 +18,8 @@ import aiohttp
 from aiohttp import web
 from yarl import URL
 
+from ..state import SETTINGS
 from .signing import body_binding
-from .state import SETTINGS
 
 CHUNK = 256 * 1024
 # headers of one hop, never passed on (RFC 9110 7.6.1), and what the forwarder sets itself

@@ -17,9 +17,9 @@ from typing import Any
 import structlog
 from aiohttp import web
 
-from .errors import error_response
+from ..errors import error_response
+from ..state import KEY_ID, KEYS, SETTINGS
 from .signing import BODY, FROM, OWNER, SIGNATURE, Refused, Verifier, sign
-from .state import KEY_ID, KEYS, SETTINGS
 
 log = structlog.get_logger("kernelhost.cluster")
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .config import Settings
+from ..config import Settings
 
 MIN_SHM_FREE_MIB = 1024  # a template's RAM file plus a few clones' private pages
 
@@ -111,8 +111,8 @@ def run_checks(settings: Settings, probe_timeout: float = 20.0) -> list[Check]:
 
 def _templates(settings: Settings) -> Check:
     """The operator's and the keys' templates, by state, as the service's records have them."""
-    from .sandboxes.store.db import SQLite
-    from .sandboxes.store.templates import TemplateStore
+    from ..sandboxes.store.db import SQLite
+    from ..sandboxes.store.templates import TemplateStore
 
     if not settings.db_path.is_file():
         return Check("templates", True, "no template built yet (docs/templates.md)")
@@ -167,8 +167,8 @@ def _snapshots(settings: Settings, images: Any, templates: list[str]) -> Check:
 
 def _stale(settings: Settings, images: Any, versions: dict[str, str] | None) -> Check:
     """Old image builds and template snapshots that 'kernelhost prune' would remove."""
-    from .progress import format_bytes
-    from .sandboxes.vm.prune import referenced_builds, scan_in_use, stale_images, stale_snapshots
+    from ..progress import format_bytes
+    from ..sandboxes.vm.prune import referenced_builds, scan_in_use, stale_images, stale_snapshots
 
     referenced = referenced_builds(settings.db_path)
     in_use = scan_in_use()
