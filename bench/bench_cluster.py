@@ -34,10 +34,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import RESULTS, machine_facts, now_utc, report
 
 from kernelhost.sandboxes.cluster import ClusterQuota, Figures, NodeTable
-from kernelhost.sandboxes.db import PostgreSQL
 from kernelhost.sandboxes.errors import NodeFull
 from kernelhost.sandboxes.registry import Quota, VmShape, new_record
-from kernelhost.sandboxes.store import Store
+from kernelhost.sandboxes.store.db import PostgreSQL
+from kernelhost.sandboxes.store.sandboxes import Store
 from tests.pg import running_postgres
 
 NODE_MIB = 4096

@@ -17,7 +17,6 @@ from ..metrics import StateCollector
 from ..sandboxes import BackendUnavailable, SandboxManager, Store, open_database
 from ..servicelock import ServiceLock
 from .auth import KeyRing
-from .checkpoints import checkpoint_routes
 from .cluster import cluster_middleware, setup_cluster
 from .console import setup_console
 from .e2b import read_bodies_in_time, setup_e2b
@@ -25,11 +24,12 @@ from .errors import error_middleware
 from .gateway import setup_gateway
 from .mcp_http import setup_mcp
 from .middleware import add_security_headers, auth_middleware, request_limits
-from .openapi import setup_openapi
 from .pip_index import serving as serving_pip_index
-from .routes import routes
 from .state import KEYS, RUNTIME, SETTINGS, Runtime
-from .templates import routes as template_routes
+from .v1.checkpoints import checkpoint_routes
+from .v1.openapi import setup_openapi
+from .v1.routes import routes
+from .v1.templates import routes as template_routes
 
 log = structlog.get_logger("kernelhost.api")
 

@@ -10,7 +10,8 @@ from aiohttp import web
 from aiohttp.typedefs import Middleware
 
 from ..config import Settings
-from . import cluster, e2b, peers
+from . import cluster, e2b
+from .cluster import peers
 from .console import PATHS as CONSOLE_PATHS
 from .errors import Handler, error_response
 from .state import KEY_ID, KEYS, SETTINGS

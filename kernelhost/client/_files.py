@@ -14,14 +14,23 @@ import builtins
 import io
 import os
 from collections.abc import AsyncIterable
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, Any, Protocol
 
 from kernelhost.client._exceptions import TransportError
-from kernelhost.client._http import REQUEST_TIMEOUT
+from kernelhost.client._http import REQUEST_TIMEOUT, HTTPClient, sandbox_path
 from kernelhost.client._models import FileInfo
 
-if TYPE_CHECKING:
-    from kernelhost.client._sandbox import AsyncSandbox
+
+class _FilesOwner(Protocol):
+    """What ``AsyncFiles`` uses of its ``AsyncSandbox``."""
+
+    _http: HTTPClient
+
+    @property
+    def id(self) -> str: ...
+
+    def _ensure_open(self) -> None: ...
+
 
 __all__ = ["FILE_TIMEOUT", "AsyncFiles", "FileData"]
 
@@ -45,14 +54,12 @@ def _check_path(path: Any) -> str:
 class AsyncFiles:
     """Read, write, list and remove files in a sandbox; ``sandbox.files``."""
 
-    def __init__(self, sandbox: AsyncSandbox) -> None:
+    def __init__(self, sandbox: _FilesOwner) -> None:
         self._sandbox = sandbox
 
     def _path(self, action: str = "") -> str:
         self._sandbox._ensure_open()
-        from kernelhost.client._sandbox import _sandbox_path
-
-        return _sandbox_path(self._sandbox.id, "files" + (f"/{action}" if action else ""))
+        return sandbox_path(self._sandbox.id, "files" + (f"/{action}" if action else ""))
 
     async def write(self, path: str, data: FileData, timeout: float = FILE_TIMEOUT) -> FileInfo:
         """Write ``data`` to ``path`` in the sandbox, replacing any file there (atomically:

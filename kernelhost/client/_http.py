@@ -1,7 +1,8 @@
 """The SDK's HTTP layer: configuration, one aiohttp session, error mapping, NDJSON streams.
 
-Nothing here knows what a sandbox is; ``_sandbox.py`` builds on it. Every request runs under
-``_translate_errors``, so callers only ever see the SDK's exception tree.
+Nothing here knows what a sandbox is beyond its REST path (``sandbox_path``); ``_sandbox.py``
+builds on it. Every request runs under ``_translate_errors``, so callers only ever see the SDK's
+exception tree.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
 from importlib import metadata as importlib_metadata
 from typing import Any
+from urllib.parse import quote
 
 import aiohttp
 
@@ -41,6 +43,12 @@ MAX_EVENT_BYTES = 256 * 1024 * 1024
 # after a stream's last event: what is read on so the connection can be reused
 DRAIN_BYTES = 64 * 1024
 DRAIN_SECONDS = 0.25
+
+
+def sandbox_path(sandbox_id: str, action: str = "") -> str:
+    """The REST path of a sandbox, or of one of its actions."""
+    path = f"/v1/sandboxes/{quote(sandbox_id, safe='')}"
+    return f"{path}/{action}" if action else path
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,6 @@ import inspect
 from collections.abc import Callable, Mapping
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
-from urllib.parse import quote
 
 from kernelhost.client._checkpoints import Checkpoint, CheckpointMethods, checkpoint_id
 from kernelhost.client._exceptions import (
@@ -23,7 +22,7 @@ from kernelhost.client._exceptions import (
     error_for_status,
 )
 from kernelhost.client._files import AsyncFiles
-from kernelhost.client._http import HTTPClient, resolve_config
+from kernelhost.client._http import HTTPClient, resolve_config, sandbox_path
 from kernelhost.client._models import Execution, ExecutionError, Recovery, Result, SandboxInfo
 
 if TYPE_CHECKING:
@@ -66,11 +65,6 @@ def _not_created() -> KernelHostError:
         "this sandbox has not been created yet; use `async with AsyncSandbox(...)` "
         "or `await AsyncSandbox.create(...)`"
     )
-
-
-def _sandbox_path(sandbox_id: str, action: str = "") -> str:
-    path = f"/v1/sandboxes/{quote(sandbox_id, safe='')}"
-    return f"{path}/{action}" if action else path
 
 
 class AsyncSandbox(CheckpointMethods):
@@ -180,7 +174,7 @@ class AsyncSandbox(CheckpointMethods):
             raise ValueError(f"sandbox_id must be a sandbox's id such as 'sbx_...', got {sandbox_id!r}")
         sbx = cls(url=url, api_key=api_key)
         try:
-            sbx._info = SandboxInfo.from_wire(await sbx._http.request("GET", _sandbox_path(sandbox_id)))
+            sbx._info = SandboxInfo.from_wire(await sbx._http.request("GET", sandbox_path(sandbox_id)))
         except BaseException:
             await sbx._discard()
             raise
@@ -250,7 +244,7 @@ class AsyncSandbox(CheckpointMethods):
 
     async def _delete(self) -> None:
         try:
-            await self._http.request("DELETE", _sandbox_path(self.id))
+            await self._http.request("DELETE", sandbox_path(self.id))
         except NotFoundError:
             pass  # already gone (idle reaper, another client): the goal of close() is met
 
@@ -304,7 +298,7 @@ class AsyncSandbox(CheckpointMethods):
     async def info(self) -> SandboxInfo:
         """Fetch the sandbox's current record from the server."""
         self._ensure_open()
-        self._info = SandboxInfo.from_wire(await self._http.request("GET", _sandbox_path(self.id)))
+        self._info = SandboxInfo.from_wire(await self._http.request("GET", sandbox_path(self.id)))
         return self._info
 
     async def run_code(
@@ -347,7 +341,7 @@ class AsyncSandbox(CheckpointMethods):
         stderr: list[str] = []
         execution = Execution()
         async with self._http.stream(
-            "POST", _sandbox_path(self.id, "execute"), json_body=body, timeout=deadline
+            "POST", sandbox_path(self.id, "execute"), json_body=body, timeout=deadline
         ) as events:
             async for event in events:
                 kind = event.get("type")
@@ -372,7 +366,7 @@ class AsyncSandbox(CheckpointMethods):
                     raise error_for_status(
                         status if isinstance(status, int) else 500,
                         {"error": event.get("error")},
-                        request=f"POST {_sandbox_path(self.id, 'execute')}",
+                        request=f"POST {sandbox_path(self.id, 'execute')}",
                     )
                 elif kind == "end":
                     execution.stdout = "".join(stdout)
@@ -393,7 +387,7 @@ class AsyncSandbox(CheckpointMethods):
         ``"interrupted"``. Does not wait behind the running call. Returns False if nothing ran.
         """
         self._ensure_open()
-        reply = await self._http.request("POST", _sandbox_path(self.id, "interrupt"))
+        reply = await self._http.request("POST", sandbox_path(self.id, "interrupt"))
         return bool(reply.get("interrupted")) if isinstance(reply, dict) else False
 
     async def restart(self) -> Recovery:
@@ -404,7 +398,7 @@ class AsyncSandbox(CheckpointMethods):
         ``"vm_replaced"``.
         """
         self._ensure_open()
-        reply = await self._http.request("POST", _sandbox_path(self.id, "restart"), timeout=RESTART_TIMEOUT)
+        reply = await self._http.request("POST", sandbox_path(self.id, "restart"), timeout=RESTART_TIMEOUT)
         recovery = reply.get("recovery") if isinstance(reply, dict) else None
         try:
             return Recovery(str(recovery or Recovery.KERNEL_RESTARTED))
@@ -423,7 +417,7 @@ class AsyncSandbox(CheckpointMethods):
         if isinstance(n, bool) or not isinstance(n, int) or n < 1:
             raise ValueError(f"n must be a positive int (how many children), got {n!r}")
         payload = await self._http.request(
-            "POST", _sandbox_path(self.id, "fork"), json_body={"n": n}, timeout=timeout
+            "POST", sandbox_path(self.id, "fork"), json_body={"n": n}, timeout=timeout
         )
         items = payload.get("sandboxes") if isinstance(payload, dict) else None
         if not isinstance(items, builtins.list):

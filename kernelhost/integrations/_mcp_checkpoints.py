@@ -7,13 +7,13 @@ structured result. Imported by ``mcp_server`` once ``mcp`` is known to be instal
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import Annotated, Any, Protocol
 
 from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
 from mcp_types import CallToolResult, TextContent, ToolAnnotations
 
-from kernelhost.client import KernelHostError
+from kernelhost.client import AsyncSandbox, KernelHostError
 
 from ._checkpoint_tools import (
     CHECKPOINT_DESCRIPTION,
@@ -25,10 +25,17 @@ from ._checkpoint_tools import (
     no_undo_text,
     rewound_text,
 )
+from ._mcp_handles import Credentials
 from ._mcp_models import CheckpointOut, RewoundOut, checkpoint_out
 
-if TYPE_CHECKING:
-    from .mcp_server import _Calls
+
+class _Calls(Protocol):
+    """What the checkpoint tools use of the server's shared state (``mcp_server._Calls``)."""
+
+    async def failure(self, exc: Exception, creds: Credentials, sandbox_id: str | None) -> ToolError: ...
+
+    async def sandbox_for(self, ctx: Context, sandbox_id: str) -> tuple[Credentials, AsyncSandbox]: ...
+
 
 _SAVES = ToolAnnotations(read_only_hint=False, destructive_hint=False, open_world_hint=False)
 _REWINDS = ToolAnnotations(read_only_hint=False, destructive_hint=True, open_world_hint=False)

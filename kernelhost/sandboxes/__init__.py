@@ -1,9 +1,13 @@
 """The sandbox layer: sandboxes, their VMs, channels and executions. Knows Jupyter and the
 channel, not HTTP. ``SandboxManager`` is its public API; docs/architecture.md maps its modules.
+
+This face exports what the callers outside the layer use (the API, the CLI, the integrations),
+and the vocabulary every interface renders: the error tree, the events, the states, the views.
+The families are packages with a face of their own: ``lifecycle/``, ``vm/``, ``checkpoints/``,
+``templates/``, ``store/``, ``execution/``, ``network/``, ``cluster/``.
 """
 
-from .cluster import FORWARDED_RESERVATION, HOST_FAILED, ClusterNode, Location, Node, Placement
-from .db import Database, StoreUnavailable, open_database
+from .cluster import FORWARDED_RESERVATION, HOST_FAILED
 from .errors import (
     AgentUnresponsive,
     BackendUnavailable,
@@ -34,18 +38,17 @@ from .errors import (
 )
 from .execution import ClearOutput, End, Error, Event, Result, Stream
 from .manager import SandboxManager
-from .network import INDEX_HOST, HostNetwork
 from .processes import Process
-from .sandbox import Sandbox
+from .sandbox import Sandbox, sandbox_view
 from .session import KernelSession, SessionClient, SessionEnd
 from .states import ExecutionStatus, Recovery, SandboxState
-from .store import SandboxRecord, Store, key_id, new_api_key
-from .template_views import TemplateView
+from .store.db import open_database
+from .store.sandboxes import SandboxRecord, Store, key_id, new_api_key
+from .templates.views import TemplateView
 
 __all__ = [
     "FORWARDED_RESERVATION",
     "HOST_FAILED",
-    "INDEX_HOST",
     "AgentUnresponsive",
     "BackendUnavailable",
     "BootFailed",
@@ -53,8 +56,6 @@ __all__ = [
     "CheckpointNotFound",
     "CheckpointUnusable",
     "ClearOutput",
-    "ClusterNode",
-    "Database",
     "End",
     "Error",
     "Event",
@@ -62,17 +63,13 @@ __all__ = [
     "FileOperationFailed",
     "FileTooLarge",
     "HostFailed",
-    "HostNetwork",
     "InvalidRequest",
     "KernelSession",
-    "Location",
-    "Node",
     "NodeFull",
     "NodeRefused",
     "NodeUnreachable",
     "NotSupportedByImage",
     "PathNotFound",
-    "Placement",
     "Process",
     "ProcessNotFound",
     "Recovery",
@@ -91,7 +88,6 @@ __all__ = [
     "SessionEnd",
     "Store",
     "StoreRowRefused",
-    "StoreUnavailable",
     "Stream",
     "TemplateConflict",
     "TemplateNotFound",
@@ -100,4 +96,5 @@ __all__ = [
     "key_id",
     "new_api_key",
     "open_database",
+    "sandbox_view",
 ]

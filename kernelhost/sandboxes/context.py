@@ -19,8 +19,8 @@ from ..tasks import TaskSet
 from .errors import StoreRowRefused
 from .network import SandboxNetwork
 from .registry import Registry, VmShape
-from .store import SandboxRecord
-from .vms import VmFactory
+from .store.sandboxes import SandboxRecord
+from .vm.factory import VmFactory
 
 log = structlog.get_logger("kernelhost.sandboxes")
 

@@ -16,6 +16,11 @@ its tool). ``kernelhost/api/errors.py`` maps each error to an HTTP status in one
     ├── SandboxBusy             a call runs that the operation must not cut short
     ├── SandboxNotRunning       dead or being deleted
     ├── CapacityExceeded        a limit was reached, names the setting
+    │   └── NodeFull            no live node of the cluster has room for what is asked
+    ├── HostFailed              the cluster node that held the sandbox's VM died: state lost
+    ├── NodeUnreachable         the node that holds the sandbox did not answer
+    │   └── NodeRefused         that node's row is not to be believed: nothing is sent there
+    ├── StoreRowRefused         a store row names a file outside this node's directories
     ├── BootFailed              the VM did not reach a ready kernel
     ├── BackendUnavailable      libvirt cannot be reached
     ├── AgentUnresponsive       the guest agent did not answer in time

@@ -27,32 +27,32 @@ from ..channel import ChannelError
 from ..config import Settings
 from ..metrics import Metrics
 from ..tasks import TaskSet
-from ..templates.builds import Build
 from .access import kept_hashes, new_access_token, token_matches
-from .checkpoint_store import CheckpointRecord, CheckpointStore
-from .checkpoints import Checkpoints
+from .checkpoints.service import Checkpoints
 from .cluster import ClusterNode, Location, Node, Placement
 from .context import Context
 from .errors import InvalidRequest
 from .execution import LANGUAGES, Cell, CellPolicy, End, Event, OutputLimits, RunningCall, run_cell
 from .files import FileService
-from .fork import Forker
-from .hibernation import Hibernation, Reaper
-from .lifecycle import Lifecycle
+from .lifecycle.create import Lifecycle
+from .lifecycle.fork import Forker
+from .lifecycle.hibernation import Hibernation, Reaper
+from .lifecycle.recovery import Recoverer
 from .network import HostNetwork, SandboxNetwork
-from .pool import WarmPool
 from .processes import Processes
-from .recovery import Recoverer
 from .registry import Quota, Registry
 from .sandbox import Sandbox, ensure_usable, wait_replacement
 from .session import Sessions
 from .states import Recovery
-from .store import SandboxRecord, Store
-from .template_store import TemplateStore
-from .template_views import TemplateView
-from .templates import OperatorTemplates, TemplateService
+from .store.checkpoints import CheckpointRecord, CheckpointStore
+from .store.sandboxes import SandboxRecord, Store
+from .store.templates import TemplateStore
+from .templates.builds import Build
+from .templates.service import OperatorTemplates, TemplateService
+from .templates.views import TemplateView
 from .usage import UsageMeter
-from .vms import VmFactory
+from .vm.factory import VmFactory
+from .vm.pool import WarmPool
 
 log = structlog.get_logger("kernelhost.sandboxes")
 

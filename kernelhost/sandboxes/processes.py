@@ -31,7 +31,7 @@ import itertools
 import json
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import structlog
 
@@ -254,10 +254,10 @@ class Processes:
         proc = sbx.processes.get(pid) if isinstance(pid, int) else None
         if proc is None:
             raise ProcessNotFound(sbx.id, pid)
-        return proc
+        return cast(Process, proc)  # the only kind of BackgroundProcess
 
     def of(self, sbx: Sandbox) -> list[Process]:
-        return sorted(sbx.processes.values(), key=lambda p: p.pid)
+        return cast("list[Process]", sorted(sbx.processes.values(), key=lambda p: p.pid))
 
 
 def _counted(sbx: Sandbox) -> int:

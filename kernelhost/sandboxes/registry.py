@@ -13,15 +13,20 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from .errors import CapacityExceeded, SandboxNotFound
 from .sandbox import Sandbox
 from .states import SandboxState
-from .store import SandboxRecord, Store
+from .store.sandboxes import SandboxRecord, Store
 
-if TYPE_CHECKING:
-    from .cluster.quota import ClusterQuota
+
+class SharedQuota(Protocol):
+    """The limits a cluster node takes in the shared store (``cluster.quota.ClusterQuota``)."""
+
+    def reserve(self, owner: str, count: int, memory_mib: int) -> contextlib.AbstractContextManager[None]: ...
+
+    def record(self, store: Store, rec: SandboxRecord) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -77,7 +82,7 @@ class Registry:
         self._live: dict[str, Sandbox] = {}
         self._reserved: Counter[str] = Counter()  # sandboxes being created, per key
         self._reserved_mib: Counter[str] = Counter()
-        self.cluster: ClusterQuota | None = None  # a cluster node: limits in the shared store
+        self.cluster: SharedQuota | None = None  # a cluster node: limits in the shared store
 
     # -- lookups ---------------------------------------------------------------------------------
 

@@ -10,21 +10,61 @@ import asyncio
 import contextlib
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Set
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..channel import AgentClient
 from .errors import Remedy, SandboxError, SandboxNotRunning
 from .network.policy import NetworkSpec
 from .states import SandboxState
-from .store import SandboxRecord
+from .store.sandboxes import SandboxRecord
 
 if TYPE_CHECKING:
     from .execution import RunningCall
     from .network.tunnels import Tunnels
-    from .processes import Process
-    from .session import KernelSession
+
+
+class AttachedKernel(Protocol):
+    """What the layer asks of a sandbox's co-attached Jupyter clients (``session.KernelSession``,
+    which owns them)."""
+
+    quiet_restart: bool  # a restart whose clients reconnect by themselves: no status sent
+
+    @property
+    def clients(self) -> Set[Any]: ...
+
+    @property
+    def execution_state(self) -> str: ...
+
+    @property
+    def last_activity(self) -> float: ...
+
+    @property
+    def running(self) -> bool: ...
+
+    def bind(self, agent: AgentClient) -> None: ...
+
+    def settle(self) -> None: ...
+
+
+class BackgroundProcess(Protocol):
+    """What the layer asks of a sandbox's background process (``processes.Process``, which owns
+    them)."""
+
+    @property
+    def pid(self) -> int: ...
+
+    @property
+    def own(self) -> bool: ...
+
+    @property
+    def running(self) -> RunningCall: ...
+
+    @property
+    def task(self) -> asyncio.Task[None] | None: ...
+
+    async def signal(self, name: str) -> None: ...
 
 
 def iso_time(ts: float) -> str:
@@ -83,8 +123,8 @@ class Sandbox:
     call: RunningCall | None = None  # the native execution running now
     replacement: asyncio.Task[bool] | None = None  # a VM replacement in progress
     net: Tunnels | None = None  # the host side of the guest's network tunnels
-    kernel: KernelSession | None = None  # the Jupyter clients attached to it (co-attach)
-    processes: dict[int, Process] = field(default_factory=dict)  # background processes, by pid
+    kernel: AttachedKernel | None = None  # the Jupyter clients attached to it (co-attach)
+    processes: dict[int, BackgroundProcess] = field(default_factory=dict)  # background processes, by pid
     #: auto_checkpoint: the state changed since the last automatic checkpoint
     checkpoint_stale: bool = True
 
@@ -111,10 +151,10 @@ class Sandbox:
 
     def to_dict(self) -> dict[str, Any]:
         """The sandbox as every interface describes it."""
-        return record_view(self.record)
+        return sandbox_view(self.record)
 
 
-def record_view(r: SandboxRecord) -> dict[str, Any]:
+def sandbox_view(r: SandboxRecord) -> dict[str, Any]:
     """A sandbox's record as every interface describes it (a cluster lists other nodes' too)."""
     return {
         "id": r.id,

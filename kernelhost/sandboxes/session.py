@@ -31,7 +31,7 @@ import uuid
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import structlog
 
@@ -295,7 +295,7 @@ class Sessions:
             sbx.kernel = KernelSession(self, sbx)
             if sbx.agent is not None:
                 sbx.agent.add_listener(sbx.kernel)
-        return sbx.kernel
+        return cast(KernelSession, sbx.kernel)  # the only kind of AttachedKernel
 
     def drop(self, session: KernelSession) -> None:
         sbx = session.sbx

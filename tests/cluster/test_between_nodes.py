@@ -33,7 +33,7 @@ from aiohttp import web
 from yarl import URL
 
 from kernelhost.sandboxes import key_id
-from kernelhost.sandboxes.db import PostgreSQL
+from kernelhost.sandboxes.store.db import PostgreSQL
 
 from .conftest import Cluster
 from .relay import Captured

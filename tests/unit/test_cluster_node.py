@@ -15,10 +15,10 @@ import pytest
 from kernelhost.config import Settings
 from kernelhost.sandboxes.cluster import ClusterNode, Figures
 from kernelhost.sandboxes.context import Context
-from kernelhost.sandboxes.db import SQLite
 from kernelhost.sandboxes.registry import Quota, Registry, VmShape, new_record
 from kernelhost.sandboxes.states import SandboxState
-from kernelhost.sandboxes.store import Store
+from kernelhost.sandboxes.store.db import SQLite
+from kernelhost.sandboxes.store.sandboxes import Store
 
 pytestmark = pytest.mark.unit
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from kernelhost.cli.doctor import _accel, _shm, run_checks
 from kernelhost.config import Settings
-from kernelhost.doctor import _accel, _shm, run_checks
 
 pytestmark = pytest.mark.unit
 
@@ -64,7 +64,7 @@ def test_tmpfs_space(tmp_path: Path) -> None:
 
 
 def test_live_checkpoints_warn_while_qemu_may_not_use_userfaultfd(tmp_path: Path) -> None:
-    from kernelhost.doctor import _live_checkpoints
+    from kernelhost.cli.doctor import _live_checkpoints
 
     sysctl = tmp_path / "unprivileged_userfaultfd"
     sysctl.write_text("0\n")

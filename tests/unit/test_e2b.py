@@ -34,11 +34,11 @@ from kernelhost.sandboxes.access import (
     token_hash,
     token_matches,
 )
-from kernelhost.sandboxes.checkpoint_store import CheckpointRecord, CheckpointStore, new_checkpoint_id
-from kernelhost.sandboxes.checkpoints import Checkpoints
-from kernelhost.sandboxes.db import SQLite
-from kernelhost.sandboxes.prune import BY_CHECKPOINT, InUse, Reference, referenced_builds, stale_images
-from kernelhost.sandboxes.store import Store, key_id
+from kernelhost.sandboxes.checkpoints.service import Checkpoints
+from kernelhost.sandboxes.store.checkpoints import CheckpointRecord, CheckpointStore, new_checkpoint_id
+from kernelhost.sandboxes.store.db import SQLite
+from kernelhost.sandboxes.store.sandboxes import Store, key_id
+from kernelhost.sandboxes.vm.prune import BY_CHECKPOINT, InUse, Reference, referenced_builds, stale_images
 
 from .offline import fake_image_dir, offline_settings
 

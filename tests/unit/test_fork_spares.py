@@ -16,7 +16,7 @@ import pytest
 
 from hypervisor import HypervisorError
 from hypervisor.forkram import copy_base
-from kernelhost.sandboxes import fork_spares
+from kernelhost.sandboxes.vm import spares as fork_spares
 from kernelhost.tasks import TaskSet
 
 pytestmark = pytest.mark.unit
@@ -47,8 +47,8 @@ def gate(monkeypatch: pytest.MonkeyPatch) -> threading.Event:
 
     POLICIES.clear()
 
-    monkeypatch.setattr("kernelhost.sandboxes.fork_spares.copy_base", held)
-    monkeypatch.setattr("kernelhost.sandboxes.fork_spares.give_to_qemu", lambda *args: None)
+    monkeypatch.setattr("kernelhost.sandboxes.vm.spares.copy_base", held)
+    monkeypatch.setattr("kernelhost.sandboxes.vm.spares.give_to_qemu", lambda *args: None)
     return opened
 
 

@@ -1,4 +1,4 @@
-"""The cluster's WebSocket bridge (kernelhost/api/forward.py) on a real pair of aiohttp apps: a
+"""The cluster's WebSocket bridge (kernelhost/api/cluster/forward.py) on a real pair of aiohttp apps: a
 "peer" that records what reaches it, and a "node" whose route forwards to it, as a node
 forwards a Kernel Gateway WebSocket of a sandbox on another node (issue 35, finding 13: the
 bridge took messages of any size, both ways, and buffered each whole)."""
@@ -13,7 +13,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 
-from kernelhost.api.forward import forward, new_session
+from kernelhost.api.cluster.forward import forward, new_session
 from kernelhost.api.state import SETTINGS
 
 from .offline import offline_settings, serving

@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from kernelhost.api import ndjson
+from kernelhost.api.v1 import ndjson
 from kernelhost.sandboxes import End, Error, ExecutionStatus, Result, Stream
 
 pytestmark = pytest.mark.unit

@@ -28,7 +28,7 @@ from kernelhost.sandboxes.network import (
     parse_entry,
     parse_network,
 )
-from kernelhost.sandboxes.store import Store
+from kernelhost.sandboxes.store.sandboxes import Store
 
 from .fake_agent import WAIT, FakeAgent
 

@@ -8,7 +8,7 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from kernelhost.api import init_app
-from kernelhost.api.openapi import document
+from kernelhost.api.v1.openapi import document
 from kernelhost.config import Settings
 
 from .offline import offline_settings

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from kernelhost.api.signing import (
+from kernelhost.api.cluster.signing import (
     BODY,
     DATE,
     NONCE,

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from kernelhost.sandboxes.pool import Clone, WarmPool
+from kernelhost.sandboxes.vm.pool import Clone, WarmPool
 
 pytestmark = pytest.mark.unit
 

@@ -1,4 +1,4 @@
-"""Pruning of stale template snapshots and image builds (kernelhost/sandboxes/prune.py) and
+"""Pruning of stale template snapshots and image builds (kernelhost/sandboxes/vm/prune.py) and
 ``kernelhost prune``, on temporary directories."""
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import pytest
 from hypervisor import ImageStore
 from kernelhost import cli
 from kernelhost.sandboxes import SandboxRecord, SandboxState, Store
-from kernelhost.sandboxes.prune import InUse, apply, scan_in_use, stale_images, stale_snapshots
-from kernelhost.sandboxes.snapshots import snapshot_key
+from kernelhost.sandboxes.vm.prune import InUse, apply, scan_in_use, stale_images, stale_snapshots
+from kernelhost.sandboxes.vm.snapshots import snapshot_key
 
 pytestmark = pytest.mark.unit
 

@@ -19,14 +19,14 @@ from typing import Any, TypeVar
 
 import pytest
 
-from kernelhost.sandboxes.checkpoint_store import CheckpointRecord, CheckpointStore, new_checkpoint_id
 from kernelhost.sandboxes.cluster import ClusterQuota, Figures, NodeTable
-from kernelhost.sandboxes.db import Database, Params, PostgreSQL, SQLite, to_pyformat
 from kernelhost.sandboxes.errors import CapacityExceeded, NodeFull
 from kernelhost.sandboxes.registry import Quota, VmShape, new_record
 from kernelhost.sandboxes.states import SandboxState
-from kernelhost.sandboxes.store import SandboxRecord, Store
-from kernelhost.sandboxes.template_store import TemplateRecord, TemplateStore
+from kernelhost.sandboxes.store.checkpoints import CheckpointRecord, CheckpointStore, new_checkpoint_id
+from kernelhost.sandboxes.store.db import Database, Params, PostgreSQL, SQLite, to_pyformat
+from kernelhost.sandboxes.store.sandboxes import SandboxRecord, Store
+from kernelhost.sandboxes.store.templates import TemplateRecord, TemplateStore
 from tests.pg import PostgresServer, running_postgres
 
 pytestmark = pytest.mark.unit

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from kernelhost.sandboxes import StoreRowRefused
-from kernelhost.sandboxes.checkpoint_files import CheckpointFiles
+from kernelhost.sandboxes.checkpoints.files import CheckpointFiles
 from kernelhost.sandboxes.context import Context
 
 pytestmark = pytest.mark.unit

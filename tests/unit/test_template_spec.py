@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from kernelhost.templates import SpecError, parse_spec, spec_from_wire
+from kernelhost.sandboxes.templates import SpecError, parse_spec, spec_from_wire
 
 pytestmark = pytest.mark.unit
 

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from kernelhost.sandboxes.network.indexes import apt_source_urls
-from kernelhost.sandboxes.template_vm import (
+from kernelhost.sandboxes.templates.build_vm import (
     EROFS_MAGIC,
     INFO_MAX,
     LINE_MAX,
@@ -18,7 +18,7 @@ from kernelhost.sandboxes.template_vm import (
     _take_layer,
     checked_info,
 )
-from kernelhost.templates.builds import BuildFailed
+from kernelhost.sandboxes.templates.builds import BuildFailed
 
 pytestmark = pytest.mark.unit
 

@@ -240,7 +240,7 @@ async def test_a_live_checkpoint_holds_the_moment_it_was_taken(tmp_path: Path) -
 async def test_a_kept_checkpoint_outlives_its_sandbox_and_a_restart_and_branches(service: Service) -> None:
     """E2B's snapshots are kept checkpoints (the E2B surface takes them): deleting the sandbox
     and the clean-up at start leave them, prune keeps their build, a branch gets their network."""
-    from kernelhost.sandboxes.prune import BY_CHECKPOINT, referenced_builds
+    from kernelhost.sandboxes.vm.prune import BY_CHECKPOINT, referenced_builds
 
     sbx = await AsyncSandbox.create(url=service.url, api_key=service.api_key, network="outbound")
     async with aiohttp.ClientSession(headers={"X-API-KEY": service.api_key}) as http:

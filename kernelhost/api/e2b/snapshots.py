@@ -25,7 +25,7 @@ from typing import Any
 from aiohttp import web
 
 from ...sandboxes import CheckpointNotFound, Sandbox, SandboxManager
-from ...sandboxes.checkpoint_store import CheckpointRecord
+from ...sandboxes.store.checkpoints import CheckpointRecord
 from ..state import KEY_ID
 from .common import TEMPLATE_ALIASES, E2BError, lifecycle_view, paginate, read_body, runtime
 

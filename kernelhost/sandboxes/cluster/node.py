@@ -23,12 +23,12 @@ from typing import Any, TypeVar
 import structlog
 
 from ..context import Context
-from ..db import open_database
 from ..registry import Quota
 from ..sandbox import Sandbox
 from ..states import SandboxState
-from ..store import SandboxRecord, Store
-from .nodes import Figures, Node, NodeTable
+from ..store.db import open_database
+from ..store.sandboxes import SandboxRecord, Store
+from .node_table import Figures, Node, NodeTable
 from .quota import ClusterQuota, Placement
 
 log = structlog.get_logger("kernelhost.cluster")

@@ -22,11 +22,11 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
-from ..db import Database
 from ..errors import CapacityExceeded, NodeFull
 from ..registry import Quota
-from ..store import SandboxRecord, Store
-from .nodes import Node, NodeTable
+from ..store.db import Database
+from ..store.sandboxes import SandboxRecord, Store
+from .node_table import Node, NodeTable
 
 # Set by the API for a create forwarded from the node that placed it: the reservation it took.
 FORWARDED_RESERVATION: ContextVar[str | None] = ContextVar("kernelhost_forwarded_reservation", default=None)

@@ -5,6 +5,7 @@ checks and opens.
 - ``policy``: modes, allowlist entries, the checks made after name resolution;
 - ``host``: what the host contributes (pip indexes, its own addresses, the API endpoint);
 - ``tunnels``: the host side of one agent's tunnels;
+- ``indexes``: what a template's build VM may reach (the host's apt and pip indexes);
 - ``SandboxNetwork`` (here): serve a sandbox's tunnels on its agent and tell the guest its mode.
 """
 

@@ -13,13 +13,10 @@ import ipaddress
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from ...channel.protocol import NetRefusal
 from ..errors import InvalidRequest
-
-if TYPE_CHECKING:
-    from .host import HostNetwork
 
 MODES = ("none", "allowlist", "outbound")
 MAX_ALLOW = 64  # entries a create request may add
@@ -159,10 +156,22 @@ def plain_address(addr: IPAddress) -> IPAddress:
     return addr
 
 
+class HostInfo(Protocol):
+    """What a policy asks of the host (``host.HostNetwork``, which builds the policies)."""
+
+    async def lookup(self, name: str, port: int) -> list[IPAddress]: ...
+
+    def local_endpoint(self, name: str, port: int) -> Path | None: ...
+
+    def protected(self, addr: IPAddress) -> str | None: ...
+
+    def api_endpoint(self, addr: IPAddress, port: int) -> bool: ...
+
+
 class Policy:
     """One sandbox's rules: which (host, port) it may open, checked after name resolution."""
 
-    def __init__(self, host: HostNetwork, mode: str, entries: list[AllowEntry]) -> None:
+    def __init__(self, host: HostInfo, mode: str, entries: list[AllowEntry]) -> None:
         self.host = host
         self.mode = mode
         self.entries = entries

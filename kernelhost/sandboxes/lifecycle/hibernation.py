@@ -1,0 +1,215 @@
+"""Idle sandboxes: hibernated to disk (the whole VM saved, the VM stopped) and woken on their next
+call with their state intact; expired ones deleted. The reaper looks at every sandbox every
+``reaper_interval`` seconds and acts on each in a task of its own, so one sandbox whose guest or
+disk is slow never holds up the others; at most ``REAP_CONCURRENCY`` act at once, because each
+hibernation writes a whole VM's memory to disk (a fork's 32 children expiring together must not
+thrash the host).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from pathlib import Path
+
+import structlog
+
+from hypervisor import HypervisorError
+
+from ...channel import ChannelError
+from ...ratelimit import TokenBucket
+from ..context import Context
+from ..errors import CapacityExceeded, Remedy, SandboxNotRunning, StoreRowRefused
+from ..processes import stop_processes
+from ..sandbox import Sandbox, wait_replacement
+from ..states import SandboxState
+from .create import Lifecycle
+
+log = structlog.get_logger("kernelhost.sandboxes")
+
+REAP_CONCURRENCY = 2
+
+
+class Hibernation:
+    def __init__(self, ctx: Context, lifecycle: Lifecycle) -> None:
+        self.ctx = ctx
+        self.lifecycle = lifecycle
+        self.registry = ctx.registry
+
+    async def hibernate(self, sbx: Sandbox) -> None:
+        """Save the idle sandbox to disk and stop its VM; its next call wakes it.
+        ``CapacityExceeded`` when its key's hibernated sandboxes have no disk left for it."""
+        async with sbx.lock.hold("hibernate"), sbx.vm_lock:
+            if sbx.live_agent is None or not self.registry.holds(sbx):
+                return
+            self._check_disk(sbx)
+            await self._hibernate_locked(sbx)
+
+    def _check_disk(self, sbx: Sandbox) -> None:
+        """A saved VM takes at most its memory on disk; the key's budget must hold that more."""
+        owner = sbx.record.owner
+        used = 0
+        for other in self.registry.owned(owner):
+            if other.record.state == SandboxState.HIBERNATED:
+                with contextlib.suppress(OSError, StoreRowRefused):
+                    used += self.ctx.hibernation_file(other.record).stat().st_size
+        limit = self.ctx.settings.max_hibernated_mib_per_key << 20
+        if used + (sbx.record.memory_mib << 20) > limit:
+            raise CapacityExceeded(
+                f"this API key's hibernated sandboxes take {used >> 20} MiB of disk; sandbox "
+                f"{sbx.id} may need {sbx.record.memory_mib} MiB more, over the limit of "
+                f"{limit >> 20} MiB (max_hibernated_mib_per_key); delete hibernated sandboxes, "
+                "or raise the setting",
+                limit="max_hibernated_mib_per_key",
+                value=limit >> 20,
+            )
+
+    async def _hibernate_locked(self, sbx: Sandbox) -> None:
+        t0 = time.monotonic()
+        await stop_processes(sbx, timeout=self.ctx.settings.agent_timeout)
+        path = self.ctx.hibernation_file(sbx.record)
+        agent, sbx.agent = sbx.agent, None
+        if agent is not None:
+            await agent.close()
+        try:
+            size = await self.ctx.vms.hibernate(sbx.record.domain, path)
+        except HypervisorError as exc:
+            path.unlink(missing_ok=True)
+            log.error("sandbox.hibernate_failed", sandbox_id=sbx.id, error=str(exc))
+            await self.lifecycle.remove(sbx, reason=f"hibernation failed: {exc}")
+            return
+        if not self.registry.holds(sbx):  # deleted while it was being saved
+            path.unlink(missing_ok=True)
+            return
+        self.registry.set_state(sbx, SandboxState.HIBERNATED)
+        self.ctx.metrics.count_hibernation(sbx.record.template)
+        log.info(
+            "sandbox.hibernated", sandbox_id=sbx.id, bytes=size, ms=round((time.monotonic() - t0) * 1000)
+        )
+
+    async def settle(self, sbx: Sandbox) -> None:
+        """Wait for a replacement, hibernation or wake of ``sbx`` in flight, then wake it."""
+        await wait_replacement(sbx)
+        if sbx.vm_lock.locked():
+            async with sbx.vm_lock:
+                pass
+        await self.ensure_awake(sbx)
+
+    async def ensure_awake(self, sbx: Sandbox) -> None:
+        """Wake a hibernated sandbox; state intact, clock fresh. One wake at a time."""
+        if sbx.record.state != SandboxState.HIBERNATED:
+            return
+        async with sbx.vm_lock:
+            await self.wake(sbx)
+
+    async def wake(self, sbx: Sandbox) -> None:
+        """Wake ``sbx`` if it is hibernated; the caller holds ``sbx.vm_lock``."""
+        rec = sbx.record
+        if rec.state != SandboxState.HIBERNATED or not self.registry.holds(sbx):
+            return
+        t0 = time.monotonic()
+        path = self.ctx.hibernation_file(rec)
+        # a woken sandbox counts against its key's memory again: checked before it runs
+        with self.registry.reserve(rec.owner, 0, rec.memory_mib):
+            await self._wake_vm(sbx, path, t0)
+
+    async def _wake_vm(self, sbx: Sandbox, path: Path, t0: float) -> None:
+        rec = sbx.record
+        try:
+            launched = await self.ctx.vms.wake(
+                rec.domain, self.ctx.image_of(rec), path, {"sandbox": rec.id, "template": rec.template}
+            )
+        except (HypervisorError, ChannelError) as exc:
+            raise SandboxNotRunning(
+                f"sandbox {rec.id} was hibernated and could not be woken: {exc}",
+                remedy=Remedy.RECREATE,
+                state=rec.state.value,
+                sandbox_id=rec.id,
+            ) from exc
+        self.lifecycle.bind(sbx, launched.agent)
+        await self.ctx.network.configure(sbx, strict=False)  # drops the saved guest's tunnels
+        self.registry.set_state(sbx, SandboxState.RUNNING)
+        path.unlink(missing_ok=True)
+        self.ctx.metrics.observe_wake(rec.template, time.monotonic() - t0)
+        log.info("sandbox.woken", sandbox_id=rec.id, ms=round((time.monotonic() - t0) * 1000))
+
+
+class Reaper:
+    """Hibernates or deletes sandboxes idle for too long; retries destroys libvirt refused."""
+
+    def __init__(self, ctx: Context, lifecycle: Lifecycle, hibernation: Hibernation) -> None:
+        self.ctx = ctx
+        self.lifecycle = lifecycle
+        self.hibernation = hibernation
+        self._working: dict[str, asyncio.Task[None]] = {}
+        self._slots = asyncio.Semaphore(REAP_CONCURRENCY)
+        self._full = TokenBucket(1 / 60, 5.0)  # refused hibernations logged, per second
+
+    async def run(self) -> None:
+        while True:
+            await asyncio.sleep(self.ctx.settings.reaper_interval)
+            await self.sweep(time.time())
+
+    async def sweep(self, now: float) -> None:
+        hv = self.ctx.hv
+        if hv.pending_destroys:  # destroys that failed while libvirt was away
+            done = await asyncio.to_thread(hv.retry_destroys)
+            if done:
+                log.info("reaper.destroyed_late", domains=done)
+        for sbx in self.ctx.registry:
+            task = self._working.get(sbx.id)
+            if task is not None and not task.done():
+                continue  # still at work on it from an earlier sweep
+            if self._due(sbx, now):
+                self._working[sbx.id] = self.ctx.tasks.spawn(self._reap(sbx, now), name=f"reap:{sbx.id}")
+        for sandbox_id, task in list(self._working.items()):
+            if task.done():
+                del self._working[sandbox_id]
+
+    def _due(self, sbx: Sandbox, now: float) -> bool:
+        rec = sbx.record
+        if (
+            sbx.busy
+            or sbx.processes  # a background process runs: not idle
+            or sbx.vm_lock.locked()
+            or not self.ctx.registry.holds(sbx)
+            or (sbx.replacement is not None and not sbx.replacement.done())
+        ):
+            return False
+        idle_for = now - rec.last_active_at
+        if rec.state == SandboxState.HIBERNATED:
+            return idle_for > self.ctx.settings.hibernate_retention_seconds
+        return idle_for > rec.idle_timeout_seconds
+
+    async def _reap(self, sbx: Sandbox, now: float) -> None:
+        """Hibernate or delete one sandbox that has been idle for long enough."""
+        async with self._slots:
+            if self._due(sbx, time.time()):  # still, after waiting for a slot
+                await self._act(sbx, now)
+
+    async def _act(self, sbx: Sandbox, now: float) -> None:
+        rec = sbx.record
+        try:
+            if rec.state == SandboxState.HIBERNATED:
+                log.info("sandbox.retention_expired", sandbox_id=sbx.id)
+                await self.lifecycle.remove(sbx, reason="hibernation retention expired")
+                return
+            action = self.ctx.settings.idle_action
+            log.info(
+                "sandbox.idle_expired",
+                sandbox_id=sbx.id,
+                idle_seconds=round(now - rec.last_active_at),
+                action=action,
+            )
+            if action == "hibernate" and rec.state == SandboxState.RUNNING:
+                try:
+                    await self.hibernation.hibernate(sbx)
+                except CapacityExceeded as exc:  # no disk left for the key: it stays running
+                    if self._full.take():
+                        log.warning("sandbox.hibernation_refused", sandbox_id=sbx.id, reason=exc.message)
+            else:
+                await self.lifecycle.remove(sbx, reason="idle timeout")
+        except (HypervisorError, ChannelError, OSError) as exc:
+            # the reaper must outlive any one sandbox's trouble
+            log.error("reaper.failed", sandbox_id=sbx.id, error=str(exc))

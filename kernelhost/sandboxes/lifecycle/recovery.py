@@ -1,0 +1,173 @@
+"""Bringing a sandbox back: interrupt what runs, restart the kernel, or give the sandbox a fresh
+VM from its template (the timeout ladder's last rung, and the restart of a dead VM).
+
+None of these queue behind a running execution: they act on it. A replacement reuses
+``Lifecycle.launch`` with a new domain name, so a destroy still in flight for the old name
+cannot hit the new VM, and runs as an owned task, so a caller that goes away (a client
+disconnect) does not leave it half done.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import structlog
+
+from hypervisor import HypervisorError
+
+from ...channel import ChannelError
+from ...channel.protocol import Capability, Op
+from ..context import Context
+from ..errors import AgentUnresponsive, BootFailed, Remedy, SandboxNotFound
+from ..sandbox import Sandbox, ensure_usable, wait_replacement
+from ..states import Recovery, SandboxState
+from .create import Lifecycle
+from .hibernation import Hibernation
+
+log = structlog.get_logger("kernelhost.sandboxes")
+
+
+class Recoverer:
+    def __init__(self, ctx: Context, lifecycle: Lifecycle, hibernation: Hibernation) -> None:
+        self.ctx = ctx
+        self.lifecycle = lifecycle
+        self.hibernation = hibernation
+        self.registry = ctx.registry
+
+    async def interrupt(self, sbx: Sandbox) -> bool:
+        """Interrupt what runs now (Python: KeyboardInterrupt; bash: SIGINT); state is kept.
+        False if nothing ran: no native call, and no attached Jupyter client's cell."""
+        await wait_replacement(sbx)
+        ensure_usable(sbx)
+        agent = sbx.live_agent
+        call = sbx.call
+        kernel_busy = sbx.kernel is not None and sbx.kernel.running
+        if agent is None or (call is None and not kernel_busy):
+            log.info("sandbox.interrupt_skipped", sandbox_id=sbx.id, why="nothing runs")
+            return False  # nothing runs (a hibernated sandbox runs nothing)
+        timeout = self.ctx.settings.agent_timeout
+        try:
+            if call is not None:
+                call.interrupt_requested = True
+                if call.language == "bash":
+                    await agent.request(Op.BASH_SIGNAL, timeout=timeout, run_id=call.run_id, signal="INT")
+                    return True
+            await agent.request(Op.INTERRUPT, timeout=timeout)
+        except ChannelError as exc:
+            raise AgentUnresponsive(
+                f"the agent of sandbox {sbx.id} did not carry out the interrupt within "
+                f"{timeout:g}s ({exc or type(exc).__name__})",
+                sandbox_id=sbx.id,
+            ) from exc
+        return True
+
+    async def restart(self, sbx: Sandbox) -> Recovery:
+        """Restart the kernel and reset the shell (state lost); a dead or silent VM is replaced.
+
+        Does not wait for a running execution: that one ends at once with status ``restarted``.
+        """
+        await wait_replacement(sbx)
+        # vm_lock: no hibernation, wake or fork's freeze can take the VM away while it restarts
+        async with sbx.vm_lock:
+            if not self.registry.holds(sbx):
+                raise SandboxNotFound(sbx.id)  # deleted meanwhile
+            await self.hibernation.wake(sbx)
+            if sbx.call is not None:
+                sbx.call.notify("restarted")
+            agent = sbx.live_agent
+            if agent is not None:
+                try:
+                    # The restart frame goes out before the woken execution's successor can send
+                    # anything; the agent holds shell messages until the new kernel is ready.
+                    await agent.request(Op.RESTART, timeout=self.ctx.settings.restart_timeout)
+                    if agent.supports(Capability.BASH):
+                        await agent.request(Op.BASH_RESET, timeout=self.ctx.settings.agent_timeout)
+                    self.registry.touch(sbx)
+                    return Recovery.KERNEL_RESTARTED
+                except ChannelError as exc:
+                    reason = f"the kernel restart failed ({exc or type(exc).__name__})"
+            else:
+                reason = f"restart of a {sbx.record.state} sandbox"
+        if not await self.replace_vm(sbx, reason):
+            raise SandboxNotFound(sbx.id)  # deleted meanwhile
+        return Recovery.VM_REPLACED
+
+    async def replace_vm(self, sbx: Sandbox, reason: str) -> bool:
+        """Give the sandbox a fresh VM from its template (every variable and file is lost).
+
+        One replacement at a time per sandbox. False if the sandbox is going away.
+        """
+        task = sbx.replacement
+        if task is None or task.done():
+            task = self.ctx.tasks.spawn(
+                self._replace(sbx, reason), name=f"replace-vm:{sbx.id}", expected=(BootFailed,)
+            )
+            sbx.replacement = task
+        return await asyncio.shield(task)
+
+    async def _replace(self, sbx: Sandbox, reason: str) -> bool:
+        async with sbx.vm_lock:
+            if not self.registry.holds(sbx):
+                return False
+            log.warning("sandbox.replacing_vm", sandbox_id=sbx.id, domain=sbx.record.domain, reason=reason)
+            t0 = time.monotonic()
+            await self.drop_vm(sbx)
+            if not self.registry.holds(sbx):
+                return False
+            await self._launch_new_vm(sbx, reason)
+            if not self.registry.holds(sbx):  # deleted while the new VM came up
+                if sbx.agent is not None:
+                    await sbx.agent.close()
+                await self.lifecycle.destroy_vm(sbx)
+                return False
+            self.registry.update(sbx, state=SandboxState.RUNNING, detail="")
+            log.info(
+                "sandbox.vm_replaced",
+                sandbox_id=sbx.id,
+                domain=sbx.record.domain,
+                ms=round((time.monotonic() - t0) * 1000),
+            )
+            return True
+
+    async def drop_vm(self, sbx: Sandbox, wait: bool = True) -> None:
+        """Close the sandbox's channel and destroy its VM (or its hibernated state); the
+        caller holds ``sbx.vm_lock`` and gives it another VM (of another domain name).
+        ``wait=False``: the destroy runs in the background while the new VM comes up (the VM
+        factory waits for it at shutdown)."""
+        old_agent, sbx.agent = sbx.agent, None
+        if old_agent is not None:
+            await old_agent.close()
+        # Tasks the close spawned (destroy the old domain, or remove the sandbox after a
+        # protocol violation) take their first step now, binding the old names.
+        await asyncio.sleep(0)
+        if not self.registry.holds(sbx):
+            return
+        self.ctx.drop_hibernation_file(sbx.record)  # a hibernated one too
+        if wait:
+            await self._destroy_old(sbx.id, sbx.record.domain)
+        else:
+            self.ctx.vms.destroy_later(sbx.record.domain)
+
+    async def _destroy_old(self, sandbox_id: str, domain: str) -> None:
+        try:
+            await asyncio.to_thread(self.ctx.hv.destroy, domain)
+        except HypervisorError as exc:  # remembered by the hypervisor and retried by the reaper
+            log.warning("sandbox.old_vm_destroy_failed", sandbox_id=sandbox_id, error=str(exc))
+
+    async def _launch_new_vm(self, sbx: Sandbox, reason: str) -> None:
+        rec = sbx.record
+        self.registry.update(sbx, domain=self.ctx.hv.new_name(), state=SandboxState.REPLACING, detail="")
+        try:
+            image = self.ctx.images.get(rec.template)
+            # the new VM runs the template's current image: later forks and wakes must use it
+            self.registry.update(sbx, image_key=image.key)
+            await self.lifecycle.launch(sbx, image)
+        except Exception as exc:
+            detail = f"replacing its VM ({reason}) failed: {exc or type(exc).__name__}"
+            log.error("sandbox.replace_failed", sandbox_id=sbx.id, error=detail)
+            if self.registry.holds(sbx):
+                self.registry.set_state(sbx, SandboxState.DEAD, detail=detail)
+            raise BootFailed(
+                f"sandbox {sbx.id}: {detail}", remedy=Remedy.RECREATE, sandbox_id=sbx.id
+            ) from exc

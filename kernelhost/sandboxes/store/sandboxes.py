@@ -1,0 +1,158 @@
+"""Sandbox records, in the service's database (``db.py``: SQLite by default, PostgreSQL for a
+cluster), and API key ids.
+
+Calls are short single-row statements; they run inline on the event loop (sub-millisecond on
+SQLite, a round trip on PostgreSQL). In a shared (PostgreSQL) database every record names the
+``node`` whose VM it is, and a node's ``all()`` is its own records.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import secrets
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..states import SandboxState
+from .db import Database, SQLite
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS sandboxes (
+    id TEXT PRIMARY KEY,
+    owner TEXT NOT NULL,
+    template TEXT NOT NULL,
+    domain TEXT NOT NULL UNIQUE,
+    state TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    last_active_at REAL NOT NULL,
+    idle_timeout_seconds INTEGER NOT NULL,
+    memory_mib INTEGER NOT NULL,
+    vcpus INTEGER NOT NULL,
+    accel TEXT NOT NULL,
+    image_key TEXT NOT NULL,
+    metadata TEXT NOT NULL DEFAULT '{}',
+    detail TEXT NOT NULL DEFAULT '',
+    network TEXT NOT NULL DEFAULT '{"mode": "none", "allow": []}',
+    auto_checkpoint INTEGER NOT NULL DEFAULT 0,
+    calls INTEGER NOT NULL DEFAULT 0,
+    node TEXT NOT NULL DEFAULT '',
+    access_tokens TEXT NOT NULL DEFAULT '[]'
+);
+CREATE INDEX IF NOT EXISTS sandboxes_owner ON sandboxes(owner);
+CREATE INDEX IF NOT EXISTS sandboxes_node ON sandboxes(node)
+"""
+# Columns added after the first release, with their definitions: an older database gains them
+# at start (its sandboxes get the default: network mode "none", what they had).
+MIGRATIONS = {
+    "network": """TEXT NOT NULL DEFAULT '{"mode": "none", "allow": []}'""",
+    "auto_checkpoint": "INTEGER NOT NULL DEFAULT 0",
+    "calls": "INTEGER NOT NULL DEFAULT 0",
+    "node": "TEXT NOT NULL DEFAULT ''",
+    # hashes of the sandbox's access tokens (access.py); an older sandbox has none, and gets
+    # one from its next connect
+    "access_tokens": "TEXT NOT NULL DEFAULT '[]'",
+}
+JSON_FIELDS = ("metadata", "network", "access_tokens")
+
+
+def key_id(api_key: str) -> str:
+    """Stable, non-secret identifier of an API key (what logs and records carry)."""
+    return "key_" + hashlib.sha256(api_key.encode()).hexdigest()[:12]
+
+
+def new_api_key() -> str:
+    return "kh_" + secrets.token_urlsafe(32)
+
+
+@dataclass
+class SandboxRecord:
+    id: str
+    owner: str
+    template: str
+    domain: str
+    state: SandboxState
+    created_at: float
+    last_active_at: float
+    idle_timeout_seconds: int
+    memory_mib: int
+    vcpus: int
+    accel: str
+    image_key: str
+    metadata: dict[str, str] = field(default_factory=dict)
+    detail: str = ""
+    network: dict[str, Any] = field(default_factory=lambda: {"mode": "none", "allow": []})
+    auto_checkpoint: int = 0  # checkpoints kept before calls (undo); 0: none are taken
+    calls: int = 0  # executions started (what undo counts back from)
+    node: str = ""  # the node whose VM it is (docs/cluster.md); the store sets it
+    access_tokens: list[str] = field(default_factory=list)  # SHA-256 hashes, never tokens (access.py)
+
+
+class Store:
+    def __init__(self, db: Database | Path, node: str = "") -> None:
+        self.db = SQLite(db) if isinstance(db, Path) else db
+        self.node = node
+        self.shared = self.db.dialect == "postgresql"  # other nodes' records live here too
+        # the sandboxes table is created before the node index on its (possibly migrated) column
+        first, _, rest = SCHEMA.partition("CREATE INDEX IF NOT EXISTS sandboxes_node")
+        self.db.script(first)
+        self.db.migrate("sandboxes", MIGRATIONS)
+        self.db.script("CREATE INDEX IF NOT EXISTS sandboxes_node" + rest)
+
+    def close(self) -> None:
+        self.db.close()
+
+    def insert(self, rec: SandboxRecord) -> None:
+        rec.node = self.node
+        row = asdict(rec)
+        for name in JSON_FIELDS:
+            row[name] = json.dumps(row[name])
+        cols = ", ".join(row)
+        marks = ", ".join(f":{k}" for k in row)
+        self.db.execute(f"INSERT INTO sandboxes ({cols}) VALUES ({marks})", row)
+
+    def update(self, sandbox_id: str, **fields: Any) -> None:
+        for name in JSON_FIELDS:
+            if name in fields:
+                fields[name] = json.dumps(fields[name])
+        sets = ", ".join(f"{k} = :{k}" for k in fields)
+        self.db.execute(f"UPDATE sandboxes SET {sets} WHERE id = :id", {**fields, "id": sandbox_id})
+
+    def touch(self, sandbox_id: str, when: float | None = None) -> None:
+        self.update(sandbox_id, last_active_at=time.time() if when is None else when)
+
+    def delete(self, sandbox_id: str) -> None:
+        self.db.execute("DELETE FROM sandboxes WHERE id = ?", (sandbox_id,))
+
+    def get(self, sandbox_id: str) -> SandboxRecord | None:
+        row = self.db.one("SELECT * FROM sandboxes WHERE id = ?", (sandbox_id,))
+        return _record(row) if row else None
+
+    def all(self) -> list[SandboxRecord]:
+        """This node's records (every record, in a database of its own)."""
+        if self.shared:
+            rows = self.db.execute("SELECT * FROM sandboxes WHERE node = ? ORDER BY created_at", (self.node,))
+        else:
+            rows = self.db.execute("SELECT * FROM sandboxes ORDER BY created_at")
+        return [_record(r) for r in rows]
+
+    def ids(self) -> set[str]:
+        """The ids of every record, on any node."""
+        return {r["id"] for r in self.db.execute("SELECT id FROM sandboxes")}
+
+    def of_owner(self, owner: str) -> list[SandboxRecord]:
+        """Every record of ``owner``, on any node."""
+        rows = self.db.execute("SELECT * FROM sandboxes WHERE owner = ? ORDER BY created_at", (owner,))
+        return [_record(r) for r in rows]
+
+
+def _record(row: dict[str, Any]) -> SandboxRecord:
+    data = dict(row)
+    data["metadata"] = json.loads(data["metadata"] or "{}")
+    data["network"] = json.loads(data.get("network") or '{"mode": "none", "allow": []}')
+    tokens = json.loads(data.get("access_tokens") or "[]")
+    data["access_tokens"] = [t for t in tokens if isinstance(t, str)] if isinstance(tokens, list) else []
+    data["state"] = SandboxState(data["state"])
+    return SandboxRecord(**data)

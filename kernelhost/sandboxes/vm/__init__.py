@@ -1,0 +1,16 @@
+"""How a VM comes and goes: knows the channel and ``hypervisor/``, never a sandbox's record.
+
+- ``factory``: ``VmFactory``: clone, cold boot, pool hand-over, hibernate and wake, fork, destroy;
+- ``pool``: ``WarmPool``: ready clones per template;
+- ``snapshots``: ``TemplateSnapshots``: one warmed-up VM frozen per template and shape;
+- ``fork``: ``VmForker``: a live VM's RAM and devices become n children;
+- ``spares``: ``Spares``: a ready copy of a forked template's RAM file, with paused QEMUs on it;
+- ``prune``: stale template snapshots and guest image builds;
+- ``launched``: ``Launched``: what a launch hands back (the fresh agent, the timings).
+"""
+
+from .factory import VmFactory
+from .launched import Launched
+from .pool import Clone, WarmPool
+
+__all__ = ["Clone", "Launched", "VmFactory", "WarmPool"]

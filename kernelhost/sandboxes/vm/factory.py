@@ -1,0 +1,334 @@
+"""How a sandbox gets its VM: clone from a template snapshot (or cold boot when there is none),
+hand-over from the warm pool, hibernate to disk and wake, and fork a live VM into n children.
+
+Every VM here has its RAM as a file-backed block (``memory-backend-file``, id ``khram``): a
+template's file mapped shared, a clone's mapped privately, any other VM's an unnamed file in
+``ram_dir/anon``. One RAM shape per template (its own size, or the service's) is what lets any
+of its VMs' saved state load into another.
+This module knows the channel (it attaches agents) but not HTTP, and nothing of sandbox records.
+Every launch returns its timings with its agent (``Launched``), so concurrent launches, wakes and
+pool refills never share a "last launch" value.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+import time
+from pathlib import Path
+
+import structlog
+
+from hypervisor import DomainSpec, GuestImage, Hypervisor, HypervisorError, ImageStore
+from hypervisor.ownership import give_to_qemu, keep_from_qemu
+
+from ...channel import AgentClient
+from ...channel.protocol import Capability, Op, jupyter_message
+from ...config import Settings
+from ...tasks import TaskSet, to_thread_to_the_end
+from .fork import VmForker
+from .launched import Launched, VmTimings
+from .pool import Clone, WarmPool
+from .prune import apply, scan_in_use, stale_snapshots
+from .snapshots import Snapshot, TemplateSnapshots
+
+log = structlog.get_logger("kernelhost.vms")
+
+
+class VmFactory:
+    def __init__(self, settings: Settings, hv: Hypervisor, images: ImageStore, accel: str) -> None:
+        self.settings = settings
+        self.timeouts = settings.timeouts
+        self.hv = hv
+        self.images = images
+        self.accel = accel
+        self.ram_dir = settings.ram_dir
+        self.anon_dir = settings.ram_dir / "anon"
+        self._boot_slots = asyncio.Semaphore(settings.max_concurrent_boots)
+        self.snapshots = TemplateSnapshots(
+            hv,
+            settings.ram_dir,
+            accel=accel,
+            memory_mib=settings.vm_memory_mib,
+            vcpus=settings.vm_vcpus,
+            boot_timeout=settings.boot_timeout,
+            warmup_timeout=settings.timeouts.snapshot_warmup,
+            attach=self.connect_agent,
+        )
+        self.pool = WarmPool(settings.pool_size, self._pool_clone, self.discard)
+        self.background = TaskSet("vms")
+        self.forker = VmForker(self)
+
+    async def prepare(self) -> None:
+        """Create the RAM directories and remove what a killed predecessor left in them."""
+        self.ram_dir.mkdir(parents=True, exist_ok=True)
+        keep_from_qemu(self.ram_dir, 0o755)  # QEMU passes through; it must not rename templates/
+        for path in (self.anon_dir, self.forks_dir.parent):  # QEMU creates RAM files here
+            path.mkdir(parents=True, exist_ok=True)
+            give_to_qemu(path)
+        await asyncio.to_thread(self.snapshots.prepare)
+        # this service's unfinished forks (a crash mid-fork); children that run keep their
+        # mappings of these files, so removing the names frees nothing still in use
+        shutil.rmtree(self.forks_dir, ignore_errors=True)
+        # snapshot builds abandoned by any service on this host (an hour is far past a build)
+        for path in self.snapshots.dir.glob(".build-*"):
+            with contextlib.suppress(OSError):
+                if time.time() - path.stat().st_mtime > 3600:
+                    shutil.rmtree(path, ignore_errors=True)
+        await asyncio.to_thread(self.prune_snapshots)
+
+    def prune_snapshots(self) -> int:
+        """Remove template snapshots no clone will start from again (an older image build,
+        another QEMU), unless a running VM still maps them (``prune.py``); returns bytes freed."""
+        try:
+            versions: dict[str, str] | None = self.hv.versions()
+        except HypervisorError:
+            versions = None
+        plan = stale_snapshots(self.ram_dir, self.images, scan_in_use(), versions)
+        for art, why in plan.keep:
+            log.info("prune.snapshot_kept", path=str(art.path), reason=art.reason, kept=why)
+        freed = apply(
+            plan,
+            lambda art: log.info(
+                "prune.snapshot_removed", path=str(art.path), reason=art.reason, bytes=art.bytes
+            ),
+        )
+        if plan.remove:
+            log.info("prune.done", removed=len(plan.remove), bytes_freed=freed)
+        return freed
+
+    @property
+    def forks_dir(self) -> Path:
+        return self.ram_dir / "forks" / self.hv.prefix.rstrip("-")
+
+    async def close(self) -> None:
+        await self.pool.close()
+        self.forker.spares.stop()
+        # let cleanups finish: they remove domains and files
+        await self.background.wait(self.timeouts.cleanup)
+        self.forker.spares.clear()
+        with contextlib.suppress(OSError):  # this service's fork directory, once empty
+            self.forks_dir.rmdir()
+
+    @property
+    def use_snapshots(self) -> bool:
+        return self.settings.snapshots == "on"
+
+    # -- agents --------------------------------------------------------------------------------
+
+    async def connect_agent(self, socket: Path, timeout: float) -> AgentClient:
+        """Connect to a VM's channel and wait until its agent has a ready kernel."""
+        agent = AgentClient(socket, max_frame_bytes=self.settings.max_frame_bytes)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        await agent.connect(timeout=timeout)
+        try:
+            await agent.hello(timeout=max(1.0, deadline - loop.time()))
+        except BaseException:
+            await agent.close()
+            raise
+        return agent
+
+    async def hygiene(self, agent: AgentClient) -> None:
+        """After a clone, resume or fork: fresh clock, entropy and RNG seeds in the guest."""
+        await agent.request(
+            Op.RESUMED, timeout=self.timeouts.hygiene, time_ns=time.time_ns(), entropy=os.urandom(64)
+        )
+
+    # -- launching -----------------------------------------------------------------------------
+
+    def spec(
+        self,
+        domain: str,
+        image: GuestImage,
+        meta: dict[str, str],
+        *,
+        mem_path: Path | None = None,
+        mem_share: bool = False,
+        incoming: bool = False,
+    ) -> DomainSpec:
+        if mem_path is None:
+            # An unnamed file that QEMU creates in anon_dir and unlinks at once, mapped shared:
+            # a shared tmpfs mapping fills about 4x faster than a private one when a state is
+            # loaded (one page fault per page instead of a read fault plus a copy-on-write).
+            mem_path, mem_share = self.anon_dir, True
+        memory, vcpus, writable = self.snapshots.shape_of(image)
+        return self.hv.spec_for(
+            domain,
+            image,
+            accel=self.accel,
+            memory_mib=memory,
+            vcpus=vcpus,
+            writable_size=writable,
+            metadata=meta,
+            mem_path=mem_path,
+            mem_share=mem_share,
+            incoming=incoming,
+            cpu_quota_percent=self.settings.vm_cpu_quota_percent,
+        )  # sandboxes only: not templates
+
+    async def snapshot_for(self, image: GuestImage) -> Snapshot | None:
+        if not self.use_snapshots:
+            return None
+        return await self.snapshots.ensure(image)
+
+    async def launch(self, domain: str, image: GuestImage, meta: dict[str, str]) -> Launched:
+        """Start a VM named ``domain`` for ``image``; it comes with its attached, fresh agent.
+
+        Clones the template snapshot (building it first if there is none); cold-boots when
+        snapshots are off. On failure nothing of the domain is left.
+        """
+        try:
+            snap = await self.snapshot_for(image)
+            if snap is not None:
+                return await self.clone(domain, image, snap, meta)
+            return await self._boot(domain, image, meta)
+        except BaseException:
+            await self.destroy_tracked(domain)
+            raise
+
+    async def _boot(self, domain: str, image: GuestImage, meta: dict[str, str]) -> Launched:
+        t0 = time.monotonic()
+        async with self._boot_slots:
+            spec = self.spec(domain, image, meta)
+            await to_thread_to_the_end(self.hv.start, spec)
+            t1 = time.monotonic()
+            agent = await self.connect_agent(spec.channel_socket, self.timeouts.boot)
+        return Launched(agent, VmTimings("boot", t1 - t0, time.monotonic() - t1, 0.0))
+
+    async def clone(
+        self,
+        domain: str,
+        image: GuestImage,
+        snap: Snapshot,
+        meta: dict[str, str],
+        *,
+        ignore_shared: bool = True,
+    ) -> Launched:
+        t0 = time.monotonic()
+        spec = self.spec(domain, image, meta, mem_path=snap.ram, incoming=True)
+        await to_thread_to_the_end(self.hv.start_incoming, spec)
+        return await self.load_attached(spec, snap.state, ignore_shared=ignore_shared, how="clone", t0=t0)
+
+    async def load_attached(
+        self, spec: DomainSpec, state: Path, *, ignore_shared: bool, how: str, t0: float
+    ) -> Launched:
+        """Load ``state`` into the paused domain ``hv.start_incoming`` started (at ``t0``) and
+        resume it, with the channel connected first: the guest's agent, which was connected
+        when the state was saved, then never sees its host go away and answers at once (else
+        it notices the new connection only on its next look, up to 0.1 s later). Then the clone
+        hygiene: fresh clock, entropy and seeds. The agent is closed on failure; the caller
+        destroys the domain."""
+        agent = AgentClient(spec.channel_socket, max_frame_bytes=self.settings.max_frame_bytes)
+        try:
+            await agent.connect(timeout=self.timeouts.attach)
+            await asyncio.to_thread(self.hv.load_into, spec.name, state, ignore_shared=ignore_shared)
+            t1 = time.monotonic()
+            await agent.hello(timeout=self.timeouts.attach)
+            t2 = time.monotonic()
+            await self.hygiene(agent)
+        except BaseException:
+            await agent.close()
+            raise
+        return Launched(agent, VmTimings(how, t1 - t0, t2 - t1, time.monotonic() - t2))
+
+    async def destroy_tracked(self, domain: str) -> None:
+        """Destroy ``domain`` even if the caller is cancelled meanwhile: the destroy runs as a
+        task that ``close`` waits for, so a shutdown mid-launch leaves no domain behind."""
+        await asyncio.shield(self.destroy_later(domain))
+
+    def destroy_later(self, domain: str) -> asyncio.Task[None]:
+        """Destroy ``domain`` in the background; ``close`` waits for it (a shutdown right after
+        does not leave the domain running, as a cancelled task would)."""
+        return self.background.spawn(self.destroy(domain), name=f"destroy:{domain}")
+
+    async def destroy(self, domain: str) -> None:
+        try:
+            await asyncio.to_thread(self.hv.destroy, domain)
+        except HypervisorError as exc:
+            log.error("vm.destroy_failed", domain=domain, error=str(exc))
+
+    # -- pool ----------------------------------------------------------------------------------
+
+    async def _pool_clone(self, template: str) -> Clone:
+        image = self.images.get(template)
+        domain = self.hv.new_name()
+        launched = await self.launch(domain, image, {"role": "pool", "template": template})
+        try:
+            await self.warm_up(launched.agent)
+        except BaseException:
+            await launched.agent.close()
+            await self.destroy_tracked(domain)
+            raise
+        return Clone(domain, launched.agent, image.key)
+
+    async def warm_up(self, agent: AgentClient) -> None:
+        """A pooled clone's first cells, run before anyone has it: its first call is then as
+        fast as its second (pages faulted in, code translated under emulation), and the agent
+        leaves no trace of them (no execution count, no ``_``)."""
+        t0 = time.monotonic()
+        if agent.supports(Capability.WARM_UP):
+            await agent.request(Op.WARM_UP, timeout=self.timeouts.attach)
+        await self._warm_relay(agent)
+        log.debug("vm.warmed_up", seconds=round(time.monotonic() - t0, 3))
+
+    async def _warm_relay(self, agent: AgentClient) -> None:
+        """A silent cell sent as a user's cell is (a jupyter frame into the agent's relay, its
+        output and reply back through it), so the guest's relay code is run, and under
+        emulation translated, before a user's first call. Silent: no history, no execution
+        count, no ``_``; ``print`` is valid Python and R."""
+        content = {"code": "print('warm')", "silent": True, "store_history": False}
+        content.update(user_expressions={}, allow_stdin=False, stop_on_error=False)
+        metadata = {"kernelhost": {"max_output_bytes": 1 << 20}}  # the cap's path too
+        msg = jupyter_message("execute_request", content, "kernelhost-warm-up", metadata=metadata)
+        sub = agent.subscribe(msg["header"]["msg_id"])
+        deadline = time.monotonic() + self.timeouts.attach
+        try:
+            await agent.send_jupyter("shell", msg, timeout=self.timeouts.attach)
+            while True:
+                reply = await sub.get(timeout=max(0.0, deadline - time.monotonic()))
+                if reply.channel == "shell" and reply.msg_type == "execute_reply":
+                    return
+        finally:
+            sub.close()
+
+    async def discard(self, clone: Clone) -> None:
+        """Close and destroy a pooled clone (one made from an image that was rebuilt since)."""
+        await clone.agent.close()
+        await self.destroy(clone.domain)
+
+    # -- hibernate and wake --------------------------------------------------------------------
+
+    async def hibernate(self, domain: str, path: Path) -> int:
+        """Save the whole VM (RAM included) to ``path`` on disk and destroy it."""
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            size = await asyncio.to_thread(self.hv.freeze, domain, path, ignore_shared=False)
+        except BaseException:
+            path.unlink(missing_ok=True)
+            raise
+        await self.destroy(domain)
+        return size
+
+    async def wake(self, domain: str, image: GuestImage, path: Path, meta: dict[str, str]) -> Launched:
+        """Start ``domain`` from a hibernated state; the caller removes ``path`` afterwards."""
+        t0 = time.monotonic()
+        spec = self.spec(domain, image, meta, incoming=True)
+        try:
+            await to_thread_to_the_end(self.hv.start_incoming, spec)
+            return await self.load_attached(spec, path, ignore_shared=False, how="wake", t0=t0)
+        except BaseException:
+            await self.destroy_tracked(domain)
+            raise
+
+    # -- fork ----------------------------------------------------------------------------------
+
+    async def fork(
+        self, parent: str, image: GuestImage, children: list[tuple[str, dict[str, str]]]
+    ) -> list[tuple[str, AgentClient]]:
+        """Clone the running ``parent`` into ``children`` (domain, metadata); the parent resumes
+        (``vm/fork.py``: page by page where it can, else through an intermediate VM). Each
+        child's domain (the first ones may be QEMUs started before the fork) and agent."""
+        return await self.forker.fork(parent, image, children)
