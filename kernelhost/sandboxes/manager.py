@@ -306,13 +306,24 @@ class SandboxManager:
     async def wake(self, sbx: Sandbox) -> None:
         """Wake a hibernated sandbox now (any call would; this one does nothing else)."""
         ensure_usable(sbx)
-        await self._hibernation.ensure_awake(sbx)
+        await self._hibernation.ensure_awake(sbx, asked=True)
 
     def set_idle_timeout(self, sbx: Sandbox, seconds: int) -> None:
         """A new idle timeout, counted from now."""
         idle = self._lifecycle.idle_timeout(seconds)
         self._ctx.registry.update(sbx, idle_timeout_seconds=idle)
         self._ctx.registry.touch(sbx)
+
+    def set_idle_action(self, sbx: Sandbox, action: str | None, wake_on_call: bool = True) -> None:
+        """What ``sbx``'s idle timeout does: ``hibernate`` or ``delete`` (None: the service's
+        ``idle_action``); and whether a call wakes it once hibernated (False: only ``wake``)."""
+        if action not in (None, "hibernate", "delete"):
+            raise InvalidRequest(f"idle action {action!r}: use hibernate or delete", field="idle_action")
+        self._ctx.registry.update(sbx, idle_action=action or "", wake_on_call=int(wake_on_call))
+
+    async def expire(self, sbx: Sandbox) -> None:
+        """``sbx``'s idle timeout reached now: hibernated or deleted as its idle action says."""
+        await asyncio.shield(self._reaper.expire(sbx))
 
     async def fork(self, owner: str, sandbox_id: str, n: int = 1) -> list[Sandbox]:
         return await self._forker.fork(owner, sandbox_id, n)

@@ -8,8 +8,9 @@ errors in the two shapes E2B's SDKs parse.
   minted at create, fork and connect, kept only as hashes), returned as ``envdAccessToken``
   (sent back as ``X-Access-Token``) and as ``trafficAccessToken`` (sent back as
   ``E2B-Traffic-Access-Token``: E2B's SDKs send only that one with the code interpreter's
-  context calls). Every in-sandbox call but ``/health`` (which names no sandbox) must carry
-  one, and is checked before it is counted against the owner's key or run.
+  context calls). Every in-sandbox call must carry one, and is checked before it is counted
+  against the owner's key or run; ``/health`` answers 502 (E2B's proxy's "not found") for a
+  call that does not, as for a sandbox that does not run.
 - An unknown sandbox, a wrong or missing token, and a sandbox whose owner key is no longer
   configured get the same 404, byte for byte: the answer says nothing of which it was.
 """
@@ -33,6 +34,7 @@ log = structlog.get_logger("kernelhost.api.e2b")
 
 PREFIX = "/e2b"
 SANDBOX_PREFIX = "/e2b/sandbox"
+HEALTH_PATH = SANDBOX_PREFIX + "/health"
 #: the envd version the SDKs are told: every feature gate of theirs that we serve is open
 ENVD_VERSION = "0.6.4"
 ENVD_PORT, INTERPRETER_PORT = "49983", "49999"
@@ -184,12 +186,12 @@ def identify_forwarded(request: web.Request, owner: str) -> web.Response | None:
     """An in-sandbox call another node forwarded, acting for ``owner`` (signed): the node the
     client called checked its access token (``may_use``) and passed it on without it; the
     sandbox must be that key's, else the one 404."""
-    if not request.path.startswith(SANDBOX_PREFIX + "/") or request.path == SANDBOX_PREFIX + "/health":
+    if not request.path.startswith(SANDBOX_PREFIX + "/"):
         return None
     sandbox_id = request.headers.get("E2b-Sandbox-Id", "")
     sbx = runtime(request).manager.find(sandbox_id) if sandbox_id else None
     if sbx is None or sbx.record.owner != owner:
-        return not_found(request)
+        return not_running(request) if request.path == HEALTH_PATH else not_found(request)
     _bind(request, sbx)
     return None
 
@@ -211,13 +213,25 @@ def identify(request: web.Request) -> web.Response | None:
         request[KEY_ID] = kid
         structlog.contextvars.bind_contextvars(key_id=kid)
         return None
-    if request.path == SANDBOX_PREFIX + "/health":  # names no sandbox, reads nothing
-        return None
     try:
         _check_sandbox(request)
     except _Refused as exc:
+        if request.path == HEALTH_PATH:  # E2B's proxy: 502, the SDK's is_running() False
+            return not_running(request)
         return not_found(request, exc.message)
     return None
+
+
+def not_running(request: web.Request) -> web.Response:
+    """What E2B's proxy answers for a sandbox that does not run (killed, timed out, paused, or
+    never there; here also a call without one of its tokens: the same bytes, whatever the
+    reason): 502 with a message the SDKs read as "the sandbox was killed or reached its
+    timeout" (``SandboxNotRunningException``, ``is_running()`` false)."""
+    sandbox_id = request.headers.get("E2b-Sandbox-Id", "")[:64]
+    return web.json_response(
+        {"code": 502, "message": f"The sandbox {sandbox_id} was not found", "sandboxId": sandbox_id},
+        status=502,
+    )
 
 
 def not_found(request: web.Request, message: str = NO_SUCH_SANDBOX) -> web.Response:

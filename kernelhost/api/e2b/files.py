@@ -26,9 +26,10 @@ from ...sandboxes import (
     Sandbox,
     SandboxDiskFull,
     SandboxError,
+    SandboxState,
 )
 from ..errors import status_for
-from .common import body_too_slow, runtime, sandbox_of
+from .common import body_too_slow, not_running, runtime, sandbox_of
 from .connect import UNARY_CONTENT_TYPE, ConnectError, parse_message
 
 log = structlog.get_logger("kernelhost.api.e2b")
@@ -39,6 +40,12 @@ KIND = {"file": "FILE_TYPE_FILE", "dir": "FILE_TYPE_DIRECTORY", "symlink": "FILE
 
 
 async def health(request: web.Request) -> web.Response:
+    """204 while the sandbox runs; 502 once it does not (paused, killed, timed out), as E2B's
+    proxy answers: the SDKs' ``is_running()``. ``identify`` answered already for a sandbox
+    the call may not use."""
+    sbx = sandbox_of(request)
+    if sbx.record.state not in (SandboxState.RUNNING, SandboxState.REPLACING):
+        return not_running(request)
     return web.Response(status=204)
 
 

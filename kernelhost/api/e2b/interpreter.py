@@ -63,6 +63,8 @@ def result_line(event: Result) -> dict[str, Any]:
     extra: dict[str, Any] = {}
     for mime, value in event.data.items():
         field = MIME_FIELDS.get(mime)
+        if field == "text" and isinstance(value, str):
+            value = strip_quotes(value)
         if field is None:
             extra[mime] = value
         elif field == "json":
@@ -72,6 +74,14 @@ def result_line(event: Result) -> dict[str, Any]:
     if extra:
         line["extra"] = extra
     return line
+
+
+def strip_quotes(text: str) -> str:
+    """A result's ``text/plain`` as E2B's interpreter gives it: one pair of surrounding single
+    quotes taken off (a ``str`` result's repr), so ``os.getenv('X')`` is ``value``."""
+    if text.startswith("'") and text.endswith("'"):
+        return text[1:-1]
+    return text
 
 
 def lines_of(event: Any, errored: bool) -> list[dict[str, Any]]:
