@@ -35,8 +35,11 @@ log = structlog.get_logger("kernelhost.api.e2b")
 PREFIX = "/e2b"
 SANDBOX_PREFIX = "/e2b/sandbox"
 HEALTH_PATH = SANDBOX_PREFIX + "/health"
-#: the envd version the SDKs are told: every feature gate of theirs that we serve is open
-ENVD_VERSION = "0.6.4"
+#: the envd version the SDKs are told: every feature gate of theirs that we serve is open, and
+#: those we do not serve stay shut, so the SDK itself refuses them naming the feature: file
+#: metadata (0.6.2: "File metadata requires envd 0.6.2 or later"), a watch event's entry
+#: (0.6.3) and watching network mounts (0.6.4)
+ENVD_VERSION = "0.6.1"
 ENVD_PORT, INTERPRETER_PORT = "49983", "49999"
 #: E2B's default templates (the code interpreter's and the bare SDK's) are our python built-in
 TEMPLATE_ALIASES = {"code-interpreter-v1": "python", "code-interpreter": "python", "base": "python"}
@@ -220,6 +223,26 @@ def identify(request: web.Request) -> web.Response | None:
             return not_running(request)
         return not_found(request, exc.message)
     return None
+
+
+class SandboxGone(Exception):
+    """The sandbox of a streaming call was killed (or timed out) while the call ran."""
+
+
+def check_not_gone(request: web.Request) -> None:
+    """Raise ``SandboxGone`` if the call's sandbox is no longer the service's."""
+    sbx: Sandbox | None = request.get(SANDBOX)
+    if sbx is not None and runtime(request).manager.find(sbx.id) is not sbx:
+        raise SandboxGone
+
+
+def break_transport(request: web.Request) -> None:
+    """Cut a streaming answer off without its end, as E2B's transport breaks when the sandbox
+    is killed mid-call: the SDKs then ask ``/health`` (502) and raise their "the sandbox was
+    killed" error, where a clean end would have read as the call's own result."""
+    log.info("e2b.sandbox_gone_mid_call", path=request.path)
+    if request.transport is not None:
+        request.transport.abort()
 
 
 def not_running(request: web.Request) -> web.Response:

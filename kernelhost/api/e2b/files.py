@@ -236,7 +236,10 @@ async def _move(request: web.Request, sbx: Sandbox, message: dict[str, Any]) -> 
 
 
 async def _remove(request: web.Request, sbx: Sandbox, message: dict[str, Any]) -> dict[str, Any]:
-    await runtime(request).manager.files.remove_file(sbx, _path_field(message), recursive=True)
+    """Remove a file or a directory and all it holds; a path that is not there is already
+    removed (envd answers success, as ``os.RemoveAll`` does)."""
+    with contextlib.suppress(PathNotFound):
+        await runtime(request).manager.files.remove_file(sbx, _path_field(message), recursive=True)
     return {}
 
 
