@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import Any
 
 import structlog
@@ -28,7 +28,7 @@ from ..config import Settings
 from ..metrics import Metrics
 from ..tasks import TaskSet
 from ..templates.builds import Build
-from .access import kept_hashes, new_access_token, token_matches
+from .access import kept_hashes, load_token_key, new_access_token, token_matches, tokens_of
 from .checkpoint_store import CheckpointRecord, CheckpointStore
 from .checkpoints import Checkpoints
 from .cluster import ClusterNode, Location, Node, Placement
@@ -71,6 +71,8 @@ class SandboxManager:
         self.accel = accel
         self.metrics = Metrics()  # scraped at GET /metrics
         self.host_network = host_network or HostNetwork(settings)
+        settings.state_dir.mkdir(parents=True, exist_ok=True)
+        self._token_key = load_token_key(settings.state_dir, settings.cluster_secret)
         registry = Registry(store, Quota(settings.max_sandboxes_per_key, settings.max_memory_mib_per_key))
         self._ctx = ctx = Context(
             settings=settings,
@@ -333,9 +335,20 @@ class SandboxManager:
     def mint_access_token(self, sbx: Sandbox) -> str:
         """A new access token of ``sbx``, stored as its hash; the earlier ones stay valid (but
         the oldest past ``MAX_ACCESS_TOKENS``)."""
-        token, digest = new_access_token()
-        self._ctx.registry.update(sbx, access_tokens=kept_hashes(sbx.record.access_tokens, digest))
+        token, kept = new_access_token(self._token_key, sbx.id)
+        self._ctx.registry.update(sbx, access_tokens=kept_hashes(sbx.record.access_tokens, kept))
         return token
+
+    def find_by_token(self, matches: Callable[[str], bool]) -> Sandbox | None:
+        """The sandbox of this node one of whose access tokens ``matches`` accepts (E2B's signed
+        URLs name no sandbox: one of its tokens made the signature). Every token is tried, so
+        the time taken does not say which matched."""
+        found = None
+        for sbx in self._ctx.registry:
+            for token in tokens_of(self._token_key, sbx.id, sbx.record.access_tokens):
+                if matches(token) and found is None:
+                    found = sbx
+        return found
 
     @staticmethod
     def access_token_valid(rec: SandboxRecord | None, presented: str) -> bool:

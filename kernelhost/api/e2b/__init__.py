@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from . import files, interpreter, lifecycle, process, watch, watchers
+from . import files, interpreter, lifecycle, process, signed, watch, watchers
 from .common import (
     PREFIX,
     SANDBOX_PREFIX,
@@ -27,8 +27,18 @@ from .common import (
     read_bodies_in_time,
     sandbox_error,
 )
+from .signed import SIGNED_PATH, identify_signed
 
-__all__ = ["PREFIX", "SANDBOX_PREFIX", "identify", "identify_forwarded", "read_bodies_in_time", "setup_e2b"]
+__all__ = [
+    "PREFIX",
+    "SANDBOX_PREFIX",
+    "SIGNED_PATH",
+    "identify",
+    "identify_forwarded",
+    "identify_signed",
+    "read_bodies_in_time",
+    "setup_e2b",
+]
 
 
 async def _no_route(request: web.Request) -> web.Response:
@@ -48,4 +58,5 @@ def setup_e2b(app: web.Application) -> None:
     watchers.add_routes(app, SANDBOX_PREFIX)
     files.add_routes(app, SANDBOX_PREFIX)
     process.add_routes(app, SANDBOX_PREFIX)
+    signed.add_routes(app)  # /files at the root: E2B's signed URLs
     app.router.add_route("*", PREFIX + "/{tail:.*}", _no_route)

@@ -26,7 +26,7 @@ from typing import Any, TypeVar
 import structlog
 from aiohttp import web
 
-from ...sandboxes import Sandbox, SandboxError, SandboxNotFound, SandboxRecord
+from ...sandboxes import Sandbox, SandboxError, SandboxNotFound, SandboxRecord, SandboxState
 from ..errors import Handler, status_for
 from ..state import KEY_ID, KEYS, RUNTIME, SETTINGS, Runtime
 
@@ -166,6 +166,10 @@ class _Refused(Exception):
         self.message = message
 
 
+class _Paused(Exception):
+    """An in-sandbox call for a paused sandbox that does not wake on a call (E2B's proxy: 502)."""
+
+
 def _check_sandbox(request: web.Request) -> Sandbox:
     """The sandbox an in-sandbox call names, if the call carries one of its access tokens."""
     sandbox_id = request.headers.get("E2b-Sandbox-Id", "")
@@ -175,10 +179,13 @@ def _check_sandbox(request: web.Request) -> Sandbox:
     # one check, the same work whether the sandbox exists or not
     if not may_use(request, sbx.record if sbx is not None else None) or sbx is None:
         raise _Refused(NO_SUCH_SANDBOX)
-    return _bind(request, sbx)
+    if sbx.record.state == SandboxState.HIBERNATED and not sbx.record.wake_on_call:
+        raise _Paused  # auto_resume off: it runs again only when connected to
+    return bind(request, sbx)
 
 
-def _bind(request: web.Request, sbx: Sandbox) -> Sandbox:
+def bind(request: web.Request, sbx: Sandbox) -> Sandbox:
+    """The sandbox a checked in-sandbox call is for, bound to the request and its logs."""
     request[KEY_ID] = sbx.record.owner
     request[SANDBOX] = sbx
     structlog.contextvars.bind_contextvars(sandbox_id=sbx.id, key_id=sbx.record.owner)
@@ -195,7 +202,7 @@ def identify_forwarded(request: web.Request, owner: str) -> web.Response | None:
     sbx = runtime(request).manager.find(sandbox_id) if sandbox_id else None
     if sbx is None or sbx.record.owner != owner:
         return not_running(request) if request.path == HEALTH_PATH else not_found(request)
-    _bind(request, sbx)
+    bind(request, sbx)
     return None
 
 
@@ -218,6 +225,8 @@ def identify(request: web.Request) -> web.Response | None:
         return None
     try:
         _check_sandbox(request)
+    except _Paused:
+        return not_running(request)
     except _Refused as exc:
         if request.path == HEALTH_PATH:  # E2B's proxy: 502, the SDK's is_running() False
             return not_running(request)
@@ -245,12 +254,13 @@ def break_transport(request: web.Request) -> None:
         request.transport.abort()
 
 
-def not_running(request: web.Request) -> web.Response:
+def not_running(request: web.Request, sandbox_id: str | None = None) -> web.Response:
     """What E2B's proxy answers for a sandbox that does not run (killed, timed out, paused, or
     never there; here also a call without one of its tokens: the same bytes, whatever the
     reason): 502 with a message the SDKs read as "the sandbox was killed or reached its
     timeout" (``SandboxNotRunningException``, ``is_running()`` false)."""
-    sandbox_id = request.headers.get("E2b-Sandbox-Id", "")[:64]
+    if sandbox_id is None:
+        sandbox_id = request.headers.get("E2b-Sandbox-Id", "")[:64]
     return web.json_response(
         {"code": 502, "message": f"The sandbox {sandbox_id} was not found", "sandboxId": sandbox_id},
         status=502,
