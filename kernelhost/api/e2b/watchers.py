@@ -11,6 +11,7 @@ the directory. A watcher lives until it is removed, the sandbox is paused, or it
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import re
@@ -28,6 +29,7 @@ from .watch import TYPES, command, lines_of, started
 
 STORE = "/tmp/.kernelhost-watchers"
 ID = re.compile(r"w[0-9a-f]{16}")
+REMOVE_TIMEOUT = 10.0  # seconds a removed watcher's process may take to end
 MAX_EVENTS_BYTES = 16 << 20  # of events read in one poll (a watcher never polled holds more)
 
 
@@ -111,6 +113,8 @@ async def _remove(request: web.Request, sbx: Sandbox, message: dict[str, Any]) -
     proc = _process(request, sbx, watcher_id)
     with contextlib.suppress(SandboxError, TimeoutError):
         await proc.signal("KILL")
+        if proc.task is not None:  # gone from the sandbox's processes once this answers
+            await asyncio.wait_for(asyncio.shield(proc.task), REMOVE_TIMEOUT)
     with contextlib.suppress(PathNotFound):
         await runtime(request).manager.files.remove_file(sbx, f"{STORE}/{watcher_id}", recursive=True)
     return {}
@@ -120,7 +124,7 @@ METHODS = {"CreateWatcher": _create, "GetWatcherEvents": _events, "RemoveWatcher
 
 
 async def watcher_call(request: web.Request) -> web.Response:
-    method = METHODS[request.match_info["method"]]
+    method = METHODS[request.path.rsplit("/", 1)[-1]]
     try:
         message = parse_message(await request.read())
         reply = await method(request, sandbox_of(request), message)
