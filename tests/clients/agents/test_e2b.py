@@ -190,7 +190,7 @@ async def test_background_commands_run_beside_code_take_input_and_are_followed(s
         "body.decode().strip()",
         request_timeout=120,
     )
-    assert fetched.error is None and fetched.text == "'served'", (fetched.error, fetched.text)
+    assert fetched.error is None and fetched.text == "served", (fetched.error, fetched.text)
     # get_metrics: a reading of now (the service's probe does not show as a command)
     (reading,) = await sandbox.get_metrics()
     assert reading.cpu_count >= 1 and 0 <= reading.cpu_used_pct <= 100, reading
