@@ -164,24 +164,31 @@ def test_5_a_timeout_fires_on_time_and_does_what_on_timeout_says(e2b: Service) -
         Sandbox.kill(sbx.sandbox_id)
 
 
-def test_5_pause_without_memory_keeps_files_only_and_auto_resume_off_waits_for_connect(
-    e2b: Service,
-) -> None:
+def test_5_pause_without_memory_keeps_the_files_only(sandbox: Any) -> None:
+    """pause(mode="filesystem"): resumed, the files are there and the memory is not."""
+    from e2b_code_interpreter import Sandbox
+
+    sandbox.run_code("kept = 41")
+    sandbox.files.write("/home/user/kept.txt", "on disk")
+    sandbox.pause(mode="filesystem")
+    again = Sandbox.connect(sandbox.sandbox_id)
+    assert again.files.read("/home/user/kept.txt") == "on disk"
+    gone = again.run_code("kept")
+    assert gone.error is not None and gone.error.name == "NameError", "the memory was kept"
+
+
+def test_5_auto_resume_off_waits_for_a_connect(e2b: Service) -> None:
     from e2b import TimeoutException
     from e2b_code_interpreter import Sandbox
 
     sbx = Sandbox.create(lifecycle={"on_timeout": "pause", "auto_resume": False})
     try:
         sbx.run_code("kept = 41")
-        sbx.files.write("/home/user/kept.txt", "on disk")
-        sbx.pause(mode="filesystem")
+        sbx.pause()
         with pytest.raises(TimeoutException):  # auto_resume off: a call does not wake it
             sbx.run_code("1 + 1")
         assert sbx.get_info().state.value == "paused"
-        again = Sandbox.connect(sbx.sandbox_id)
-        assert again.files.read("/home/user/kept.txt") == "on disk"
-        gone = again.run_code("kept")
-        assert gone.error is not None and gone.error.name == "NameError", "the memory was kept"
+        assert Sandbox.connect(sbx.sandbox_id).run_code("kept").text == "41"
     finally:
         sbx.kill()
 
