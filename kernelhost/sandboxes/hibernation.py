@@ -211,7 +211,7 @@ class Reaper:
     def _blocked(self, sbx: Sandbox) -> bool:
         return bool(
             sbx.busy
-            or sbx.processes  # a background process runs: not idle
+            or any(not p.own for p in sbx.processes.values())  # a tenant's process runs: not idle
             or sbx.vm_lock.locked()
             or not self.ctx.registry.holds(sbx)
             or (sbx.replacement is not None and not sbx.replacement.done())

@@ -3,12 +3,15 @@
 symlink, its target.
 
 The guest agent's file ops do not say who owns a file or where a link points, so a small
-script (``LISTER``) reads them in the sandbox, as a process of the service's beside the
-sandbox's calls (``kernelhost/sandboxes/processes.py``), and prints one JSON line per entry.
-The host only parses those lines (capped in number and length) into envd's shape: a listing
-walks depth first, each directory's entries by name (Go's ``filepath.WalkDir``, which envd
-uses); a symlink is not followed into, and carries ``isSymlink``, its resolved target, the
-target's type and mode and the link's own permissions string (envd's ``GetEntryInfo``).
+script (``LISTER``) reads them in the sandbox: one process of the service's per sandbox
+(``kernelhost/sandboxes/processes.py``: beside the sandbox's calls, not counted against its
+limits, not keeping it from idling), started at the first listing and then asked over its
+stdin, one JSON request a line, answering with one JSON line per entry tagged with the
+request's id (so a listing costs a round trip, not a process start). The host only parses
+those lines (capped in number and length) into envd's shape: a listing walks depth first,
+each directory's entries by name (Go's ``filepath.WalkDir``, which envd uses); a symlink is
+not followed into, and carries ``isSymlink``, its resolved target, the target's type and mode
+and the link's own permissions string (envd's ``GetEntryInfo``).
 """
 
 from __future__ import annotations
@@ -17,11 +20,12 @@ import asyncio
 import contextlib
 import datetime
 import json
+import secrets
 import shlex
 import stat
 from typing import Any
 
-from ...sandboxes import End, InvalidRequest, PathNotFound, Sandbox, Stream
+from ...sandboxes import End, InvalidRequest, PathNotFound, Process, Sandbox, Stream
 from .common import runtime
 from .connect import ConnectError
 
@@ -29,18 +33,18 @@ HOME = "/home/user"
 MAX_LINE = 16384  # characters of one entry's line (a path is at most 4096 bytes)
 LISTER_TIMEOUT = 60.0  # seconds the script may take
 KIND = {"file": "FILE_TYPE_FILE", "dir": "FILE_TYPE_DIRECTORY", "symlink": "FILE_TYPE_SYMLINK"}
-# argv: stat|list, the path, the depth, the most entries; one JSON line per entry, then
-# {"end": true, "truncated": bool}, or {"error", "code"} alone
+# stdin: one request a line, {"id", "what": "stat" | "list", "path", "depth", "cap"}; for each,
+# one JSON line per entry, then {"id", "end": true, "truncated": bool}, or {"id", "error", "code"}
 LISTER = r"""
 import grp, json, os, pwd, stat, sys
-what, path, depth, cap = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
-def say(**o):
-    sys.stdout.write(json.dumps(o) + "\n")
+names = {}
 def owner(table, num):
-    try:
-        return table(num)[0]
-    except (KeyError, OverflowError):
-        return str(num)
+    if (table, num) not in names:
+        try:
+            names[table, num] = table(num)[0]
+        except (KeyError, OverflowError):
+            names[table, num] = str(num)
+    return names[table, num]
 def kind(mode):
     return "dir" if stat.S_ISDIR(mode) else "file" if stat.S_ISREG(mode) else "other"
 def entry(full):
@@ -60,7 +64,7 @@ def entry(full):
         except OSError:
             pass
     return out
-def walk(root, level, left):
+def walk(say, root, level, depth, left):
     try:
         names = sorted(e.name for e in os.scandir(root))
     except OSError:
@@ -76,25 +80,39 @@ def walk(root, level, left):
         say(**e)
         left -= 1
         if level < depth and stat.S_ISDIR(e["st_mode"]):
-            left = walk(full, level + 1, left)
+            left = walk(say, full, level + 1, depth, left)
     return left
-try:
-    if what == "stat":
-        say(**entry(path))
-        say(end=True, truncated=False)
-        sys.exit(0)
-    root = os.path.realpath(path, strict=True)
-    if not os.path.isdir(root):
-        say(error=f"path is not a directory: {path}", code="invalid_argument")
-        sys.exit(0)
-except FileNotFoundError:
-    say(error=f"path not found: {path}", code="not_found")
-    sys.exit(0)
-except OSError as exc:
-    say(error=f"{path}: {exc.strerror}", code="invalid_argument")
-    sys.exit(0)
-left = walk(root, 1, cap)
-say(end=True, truncated=left <= 0)
+def answer(req, say):
+    path = req["path"]
+    try:
+        if req["what"] == "stat":
+            say(**entry(path))
+            return say(end=True, truncated=False)
+        root = os.path.realpath(path, strict=True)
+        if not os.path.isdir(root):
+            return say(error=f"path is not a directory: {path}", code="invalid_argument")
+    except FileNotFoundError:
+        return say(error=f"path not found: {path}", code="not_found")
+    except OSError as exc:
+        return say(error=f"{path}: {exc.strerror}", code="invalid_argument")
+    left = walk(say, root, 1, int(req["depth"]), int(req["cap"]))
+    say(end=True, truncated=left <= 0)
+for raw in sys.stdin:
+    names.clear()  # the user and group names as they are now, cached for one request
+    try:
+        req = json.loads(raw)
+        rid = req["id"]
+    except (ValueError, KeyError, TypeError):
+        continue
+    out = []
+    def say(**o):
+        out.append(json.dumps({"id": rid, **o}) + "\n")
+    try:
+        answer(req, say)
+    except Exception as exc:
+        say(error=f"{type(exc).__name__}: {exc}", code="internal")
+    sys.stdout.write("".join(out))  # one write: the answer crosses the channel in few frames
+    sys.stdout.flush()
 """
 
 
@@ -150,60 +168,73 @@ def wire_entry(line: dict[str, Any]) -> dict[str, Any]:
     return entry
 
 
+async def _lister(request: Any, sbx: Sandbox) -> Process:
+    """The sandbox's lister, started if it has none (a second one started meanwhile by a
+    concurrent call ends with its first request's answer: the lowest pid is the one used)."""
+    processes = runtime(request).manager.processes
+    running = [p for p in processes.of(sbx) if p.info.get("lister") and p.end is None]
+    if running:
+        return running[0]
+    argv = ["python3", "-c", LISTER]
+    line = f"cd {HOME} && exec {shlex.join(argv)}"
+    return await processes.start(sbx, line, None, stdin=True, info={"lister": True}, own=True)
+
+
 async def read_entries(
     request: Any, sbx: Sandbox, what: str, path: str, depth: int = 1
 ) -> tuple[list[dict[str, Any]], bool]:
     """The entries of ``path`` (``stat``: the path itself; ``list``: the tree under it,
     ``depth`` levels), at most ``max_list_entries``, and whether the listing stopped there.
-    ``ConnectError`` for a path that is missing or not a directory."""
-    manager = runtime(request).manager
-    cap = manager.settings.max_list_entries
-    argv = ["python3", "-c", LISTER, what, path, str(depth), str(cap)]
-    proc = await manager.processes.start(
-        sbx, f"cd {HOME} && exec {shlex.join(argv)}", LISTER_TIMEOUT, info={"entries": what}, own=True
-    )
+    ``PathNotFound``/``InvalidRequest`` for a path that is missing or not a directory."""
+    cap = runtime(request).manager.settings.max_list_entries
+    proc = await _lister(request, sbx)
+    rid = secrets.token_hex(8)
     entries: list[dict[str, Any]] = []
+    events = proc.listen()  # its output from now: this request's answer comes after
     try:
-        async with asyncio.timeout(LISTER_TIMEOUT + 5):
-            ended = await _collect(proc.listen(), entries, cap)
+        async with asyncio.timeout(LISTER_TIMEOUT):
+            ask = {"id": rid, "what": what, "path": path, "depth": depth, "cap": cap}
+            await proc.send_input((json.dumps(ask) + "\n").encode())
+            ended = await _collect(events, rid, entries, cap)
     except TimeoutError:
+        with contextlib.suppress(Exception):
+            await proc.signal("KILL")  # a lister stuck on a path: the next call starts another
         raise ConnectError("deadline_exceeded", f"listing {path!r} took over {LISTER_TIMEOUT:g}s") from None
     finally:
-        if proc.end is None:
-            with contextlib.suppress(Exception):
-                await proc.signal("KILL")
+        await events.aclose()
     if "error" in ended:
-        code = str(ended.get("code"))
-        if code == "not_found":
+        if ended.get("code") == "not_found":
             raise PathNotFound(str(ended["error"]))
         raise InvalidRequest(str(ended["error"]))
     if not ended.get("end"):
-        raise ConnectError("internal", f"the sandbox did not list {path!r}")
+        raise ConnectError("unavailable", f"the sandbox's lister ended before it listed {path!r}; retry")
     return entries, ended.get("truncated") is True
 
 
-async def _collect(events: Any, entries: list[dict[str, Any]], cap: int) -> dict[str, Any]:
-    """The script's entries into ``entries``; its last line (``end`` or ``error``)."""
+async def _collect(events: Any, rid: str, entries: list[dict[str, Any]], cap: int) -> dict[str, Any]:
+    """Request ``rid``'s entries into ``entries``; its last line (``end`` or ``error``), or {}
+    if the lister ended first. Other requests' lines are skipped."""
     pending = ""
-    async with contextlib.aclosing(events):
-        async for event in events:
-            if isinstance(event, End):
-                break
-            if not isinstance(event, Stream) or event.name != "stdout":
-                continue
-            pending += event.text
-            *lines, pending = pending.split("\n")
-            if len(pending) > MAX_LINE:
-                raise ConnectError("internal", "the sandbox's listing has a line over its limit")
-            for text in lines:
-                try:
-                    line = json.loads(text)
-                    if not isinstance(line, dict):
-                        raise ValueError("not an object")
-                    if "end" in line or "error" in line:
-                        return line
-                    if len(entries) < cap:
-                        entries.append(wire_entry(line))
-                except ValueError:
-                    raise ConnectError("internal", "the sandbox's listing is not readable") from None
+    async for event in events:
+        if isinstance(event, End):
+            break
+        if not isinstance(event, Stream) or event.name != "stdout":
+            continue
+        pending += event.text
+        *lines, pending = pending.split("\n")
+        if len(pending) > MAX_LINE:
+            raise ConnectError("internal", "the sandbox's listing has a line over its limit")
+        for text in lines:
+            try:
+                line = json.loads(text)
+                if not isinstance(line, dict):
+                    raise ValueError("not an object")
+                if line.get("id") != rid:
+                    continue
+                if "end" in line or "error" in line:
+                    return line
+                if len(entries) < cap:
+                    entries.append(wire_entry(line))
+            except ValueError:
+                raise ConnectError("internal", "the sandbox's listing is not readable") from None
     return {}
