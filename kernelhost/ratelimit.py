@@ -15,6 +15,13 @@ class TokenBucket:
         self._tokens = burst
         self._at = time.monotonic()
 
+    def has(self, n: float = 1.0) -> bool:
+        """Whether ``take(n)`` would succeed now (nothing is taken)."""
+        now = time.monotonic()
+        self._tokens = min(self.burst, self._tokens + (now - self._at) * self.rate)
+        self._at = now
+        return self._tokens >= n
+
     def take(self, n: float = 1.0) -> bool:
         now = time.monotonic()
         self._tokens = min(self.burst, self._tokens + (now - self._at) * self.rate)

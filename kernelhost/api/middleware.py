@@ -40,6 +40,9 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
         request.path in HEALTH_PATHS and not request.app[SETTINGS].metrics_require_key
     ):
         return await handler(request)
+    if request.path == e2b.SIGNED_PATH:  # E2B's signed file URLs: the signature is the credential
+        refused = e2b.identify_signed(request)
+        return refused if refused is not None else await handler(request)
     if request.path == e2b.PREFIX or request.path.startswith(e2b.PREFIX + "/"):
         if request.path.startswith(e2b.SANDBOX_PREFIX + "/"):  # a sandbox on another node?
             elsewhere = await cluster.forward_e2b_sandbox(request)

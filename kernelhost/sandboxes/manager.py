@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import Any
 
 import structlog
@@ -27,7 +27,7 @@ from ..channel import ChannelError
 from ..config import Settings
 from ..metrics import Metrics
 from ..tasks import TaskSet
-from .access import kept_hashes, new_access_token, token_matches
+from .access import kept_hashes, load_token_key, new_access_token, token_matches, tokens_of
 from .checkpoints.service import Checkpoints
 from .cluster import ClusterNode, Location, Node, Placement
 from .context import Context
@@ -71,6 +71,8 @@ class SandboxManager:
         self.accel = accel
         self.metrics = Metrics()  # scraped at GET /metrics
         self.host_network = host_network or HostNetwork(settings)
+        settings.state_dir.mkdir(parents=True, exist_ok=True)
+        self._token_key = load_token_key(settings.state_dir, settings.cluster_secret)
         registry = Registry(store, Quota(settings.max_sandboxes_per_key, settings.max_memory_mib_per_key))
         self._ctx = ctx = Context(
             settings=settings,
@@ -306,13 +308,24 @@ class SandboxManager:
     async def wake(self, sbx: Sandbox) -> None:
         """Wake a hibernated sandbox now (any call would; this one does nothing else)."""
         ensure_usable(sbx)
-        await self._hibernation.ensure_awake(sbx)
+        await self._hibernation.ensure_awake(sbx, asked=True)
 
     def set_idle_timeout(self, sbx: Sandbox, seconds: int) -> None:
         """A new idle timeout, counted from now."""
         idle = self._lifecycle.idle_timeout(seconds)
         self._ctx.registry.update(sbx, idle_timeout_seconds=idle)
         self._ctx.registry.touch(sbx)
+
+    def set_idle_action(self, sbx: Sandbox, action: str | None, wake_on_call: bool = True) -> None:
+        """What ``sbx``'s idle timeout does: ``hibernate`` or ``delete`` (None: the service's
+        ``idle_action``); and whether a call wakes it once hibernated (False: only ``wake``)."""
+        if action not in (None, "hibernate", "delete"):
+            raise InvalidRequest(f"idle action {action!r}: use hibernate or delete", field="idle_action")
+        self._ctx.registry.update(sbx, idle_action=action or "", wake_on_call=int(wake_on_call))
+
+    async def expire(self, sbx: Sandbox) -> None:
+        """``sbx``'s idle timeout reached now: hibernated or deleted as its idle action says."""
+        await asyncio.shield(self._reaper.expire(sbx))
 
     async def fork(self, owner: str, sandbox_id: str, n: int = 1) -> list[Sandbox]:
         return await self._forker.fork(owner, sandbox_id, n)
@@ -322,9 +335,20 @@ class SandboxManager:
     def mint_access_token(self, sbx: Sandbox) -> str:
         """A new access token of ``sbx``, stored as its hash; the earlier ones stay valid (but
         the oldest past ``MAX_ACCESS_TOKENS``)."""
-        token, digest = new_access_token()
-        self._ctx.registry.update(sbx, access_tokens=kept_hashes(sbx.record.access_tokens, digest))
+        token, kept = new_access_token(self._token_key, sbx.id)
+        self._ctx.registry.update(sbx, access_tokens=kept_hashes(sbx.record.access_tokens, kept))
         return token
+
+    def find_by_token(self, matches: Callable[[str], bool]) -> Sandbox | None:
+        """The sandbox of this node one of whose access tokens ``matches`` accepts (E2B's signed
+        URLs name no sandbox: one of its tokens made the signature). Every token is tried, so
+        the time taken does not say which matched."""
+        found = None
+        for sbx in self._ctx.registry:
+            for token in tokens_of(self._token_key, sbx.id, sbx.record.access_tokens):
+                if matches(token) and found is None:
+                    found = sbx
+        return found
 
     @staticmethod
     def access_token_valid(rec: SandboxRecord | None, presented: str) -> bool:

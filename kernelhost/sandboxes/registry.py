@@ -7,6 +7,7 @@ of creating (``reserve``): two concurrent creates cannot both pass a limit that 
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import secrets
 import time
@@ -83,6 +84,9 @@ class Registry:
         self._reserved: Counter[str] = Counter()  # sandboxes being created, per key
         self._reserved_mib: Counter[str] = Counter()
         self.cluster: SharedQuota | None = None  # a cluster node: limits in the shared store
+        #: set when a sandbox comes, is touched, or its idle timeout changes: the reaper then
+        #: looks again at when the next one is due
+        self.changed = asyncio.Event()
 
     # -- lookups ---------------------------------------------------------------------------------
 
@@ -167,6 +171,7 @@ class Registry:
     def add(self, sbx: Sandbox) -> None:
         """Make ``sbx`` live: found by lookups, reaped, counted."""
         self._live[sbx.id] = sbx
+        self.changed.set()
 
     def pop(self, sbx: Sandbox) -> bool:
         """Take ``sbx`` out of the table (its record stays until ``forget``); False if it was
@@ -181,6 +186,7 @@ class Registry:
         for name, value in fields.items():
             setattr(sbx.record, name, value)
         self.store.update(sbx.id, **fields)
+        self.changed.set()
 
     def set_state(self, sbx: Sandbox, state: SandboxState, detail: str | None = None) -> None:
         fields: dict[str, Any] = {"state": state}
@@ -192,5 +198,6 @@ class Registry:
         """Record activity (what the idle reaper measures from)."""
         now = time.time() if when is None else when
         sbx.record.last_active_at = now
+        self.changed.set()
         if self.holds(sbx):
             self.store.touch(sbx.id, now)

@@ -20,6 +20,7 @@ pytestmark = pytest.mark.unit
 # /console.*) and the document itself.
 UNDOCUMENTED_PREFIXES = (
     "/api/", "/kernelspecs/", "/mcp", "/metrics", "/openapi.json", "/static", "/console", "/e2b/",
+    "/files",  # E2B's signed file URLs (docs/e2b.md), which the SDKs put at the root
 )  # fmt: skip
 
 

@@ -215,18 +215,14 @@ async def forward_e2b_sandbox(request: web.Request) -> web.StreamResponse | None
     here."""
     manager = _manager(request)
     sandbox_id = request.headers.get("E2b-Sandbox-Id", "")
-    if (
-        manager is None
-        or manager.cluster is None
-        or not sandbox_id
-        or manager.find(sandbox_id)
-        or request.path == e2b_common.SANDBOX_PREFIX + "/health"
-    ):
+    if manager is None or manager.cluster is None or not sandbox_id or manager.find(sandbox_id):
         return None
     loc = await asyncio.to_thread(manager.locate, sandbox_id)
     if loc is None or loc.node is None or loc.node.id == manager.cluster.id:
         return None
     if not e2b_common.may_use(request, loc.record):
+        if request.path == e2b_common.HEALTH_PATH:
+            return e2b_common.not_running(request)
         return e2b_common.not_found(request)
     if loc.movable and await asyncio.to_thread(manager.take_over, loc) is not None:
         return None

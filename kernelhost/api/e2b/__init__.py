@@ -6,8 +6,8 @@
 
 ``lifecycle.py`` is the lifecycle API and ``snapshots.py`` its snapshots; under
 ``/e2b/sandbox`` (every in-sandbox call, told apart by E2B's ``E2b-Sandbox-Id`` header)
-``interpreter.py`` is the code interpreter, ``files.py``, ``watch.py`` and ``process.py`` are
-envd. Each
+``interpreter.py`` is the code interpreter, ``files.py`` (with ``entries.py``), ``watch.py``,
+``watchers.py`` and ``process.py`` are envd. Each
 translates to the sandbox manager's public API and holds no sandbox state. docs/e2b.md says
 what maps to what.
 """
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from . import files, interpreter, lifecycle, process, watch
+from . import files, interpreter, lifecycle, process, signed, watch, watchers
 from .common import (
     PREFIX,
     SANDBOX_PREFIX,
@@ -27,8 +27,18 @@ from .common import (
     read_bodies_in_time,
     sandbox_error,
 )
+from .signed import SIGNED_PATH, identify_signed
 
-__all__ = ["PREFIX", "SANDBOX_PREFIX", "identify", "identify_forwarded", "read_bodies_in_time", "setup_e2b"]
+__all__ = [
+    "PREFIX",
+    "SANDBOX_PREFIX",
+    "SIGNED_PATH",
+    "identify",
+    "identify_forwarded",
+    "identify_signed",
+    "read_bodies_in_time",
+    "setup_e2b",
+]
 
 
 async def _no_route(request: web.Request) -> web.Response:
@@ -45,6 +55,8 @@ def setup_e2b(app: web.Application) -> None:
     lifecycle.add_routes(app, PREFIX)
     interpreter.add_routes(app, SANDBOX_PREFIX)
     watch.add_routes(app, SANDBOX_PREFIX)  # before the filesystem service's other methods
+    watchers.add_routes(app, SANDBOX_PREFIX)
     files.add_routes(app, SANDBOX_PREFIX)
     process.add_routes(app, SANDBOX_PREFIX)
+    signed.add_routes(app)  # /files at the root: E2B's signed URLs
     app.router.add_route("*", PREFIX + "/{tail:.*}", _no_route)

@@ -8,8 +8,9 @@ errors in the two shapes E2B's SDKs parse.
   minted at create, fork and connect, kept only as hashes), returned as ``envdAccessToken``
   (sent back as ``X-Access-Token``) and as ``trafficAccessToken`` (sent back as
   ``E2B-Traffic-Access-Token``: E2B's SDKs send only that one with the code interpreter's
-  context calls). Every in-sandbox call but ``/health`` (which names no sandbox) must carry
-  one, and is checked before it is counted against the owner's key or run.
+  context calls). Every in-sandbox call must carry one, and is checked before it is counted
+  against the owner's key or run; ``/health`` answers 502 (E2B's proxy's "not found") for a
+  call that does not, as for a sandbox that does not run.
 - An unknown sandbox, a wrong or missing token, and a sandbox whose owner key is no longer
   configured get the same 404, byte for byte: the answer says nothing of which it was.
 """
@@ -25,7 +26,7 @@ from typing import Any, TypeVar
 import structlog
 from aiohttp import web
 
-from ...sandboxes import Sandbox, SandboxError, SandboxNotFound, SandboxRecord
+from ...sandboxes import Sandbox, SandboxError, SandboxNotFound, SandboxRecord, SandboxState
 from ..errors import Handler, status_for
 from ..state import KEY_ID, KEYS, RUNTIME, SETTINGS, Runtime
 
@@ -33,8 +34,12 @@ log = structlog.get_logger("kernelhost.api.e2b")
 
 PREFIX = "/e2b"
 SANDBOX_PREFIX = "/e2b/sandbox"
-#: the envd version the SDKs are told: every feature gate of theirs that we serve is open
-ENVD_VERSION = "0.6.4"
+HEALTH_PATH = SANDBOX_PREFIX + "/health"
+#: the envd version the SDKs are told: every feature gate of theirs that we serve is open, and
+#: those we do not serve stay shut, so the SDK itself refuses them naming the feature: file
+#: metadata (0.6.2: "File metadata requires envd 0.6.2 or later"), a watch event's entry
+#: (0.6.3) and watching network mounts (0.6.4)
+ENVD_VERSION = "0.6.1"
 ENVD_PORT, INTERPRETER_PORT = "49983", "49999"
 #: E2B's default templates (the code interpreter's and the bare SDK's) are our python built-in
 TEMPLATE_ALIASES = {"code-interpreter-v1": "python", "code-interpreter": "python", "base": "python"}
@@ -161,6 +166,10 @@ class _Refused(Exception):
         self.message = message
 
 
+class _Paused(Exception):
+    """An in-sandbox call for a paused sandbox that does not wake on a call (E2B's proxy: 502)."""
+
+
 def _check_sandbox(request: web.Request) -> Sandbox:
     """The sandbox an in-sandbox call names, if the call carries one of its access tokens."""
     sandbox_id = request.headers.get("E2b-Sandbox-Id", "")
@@ -170,10 +179,13 @@ def _check_sandbox(request: web.Request) -> Sandbox:
     # one check, the same work whether the sandbox exists or not
     if not may_use(request, sbx.record if sbx is not None else None) or sbx is None:
         raise _Refused(NO_SUCH_SANDBOX)
-    return _bind(request, sbx)
+    if sbx.record.state == SandboxState.HIBERNATED and not sbx.record.wake_on_call:
+        raise _Paused  # auto_resume off: it runs again only when connected to
+    return bind(request, sbx)
 
 
-def _bind(request: web.Request, sbx: Sandbox) -> Sandbox:
+def bind(request: web.Request, sbx: Sandbox) -> Sandbox:
+    """The sandbox a checked in-sandbox call is for, bound to the request and its logs."""
     request[KEY_ID] = sbx.record.owner
     request[SANDBOX] = sbx
     structlog.contextvars.bind_contextvars(sandbox_id=sbx.id, key_id=sbx.record.owner)
@@ -184,13 +196,13 @@ def identify_forwarded(request: web.Request, owner: str) -> web.Response | None:
     """An in-sandbox call another node forwarded, acting for ``owner`` (signed): the node the
     client called checked its access token (``may_use``) and passed it on without it; the
     sandbox must be that key's, else the one 404."""
-    if not request.path.startswith(SANDBOX_PREFIX + "/") or request.path == SANDBOX_PREFIX + "/health":
+    if not request.path.startswith(SANDBOX_PREFIX + "/"):
         return None
     sandbox_id = request.headers.get("E2b-Sandbox-Id", "")
     sbx = runtime(request).manager.find(sandbox_id) if sandbox_id else None
     if sbx is None or sbx.record.owner != owner:
-        return not_found(request)
-    _bind(request, sbx)
+        return not_running(request) if request.path == HEALTH_PATH else not_found(request)
+    bind(request, sbx)
     return None
 
 
@@ -211,13 +223,48 @@ def identify(request: web.Request) -> web.Response | None:
         request[KEY_ID] = kid
         structlog.contextvars.bind_contextvars(key_id=kid)
         return None
-    if request.path == SANDBOX_PREFIX + "/health":  # names no sandbox, reads nothing
-        return None
     try:
         _check_sandbox(request)
+    except _Paused:
+        return not_running(request)
     except _Refused as exc:
+        if request.path == HEALTH_PATH:  # E2B's proxy: 502, the SDK's is_running() False
+            return not_running(request)
         return not_found(request, exc.message)
     return None
+
+
+class SandboxGone(Exception):
+    """The sandbox of a streaming call was killed (or timed out) while the call ran."""
+
+
+def check_not_gone(request: web.Request) -> None:
+    """Raise ``SandboxGone`` if the call's sandbox is no longer the service's."""
+    sbx: Sandbox | None = request.get(SANDBOX)
+    if sbx is not None and runtime(request).manager.find(sbx.id) is not sbx:
+        raise SandboxGone
+
+
+def break_transport(request: web.Request) -> None:
+    """Cut a streaming answer off without its end, as E2B's transport breaks when the sandbox
+    is killed mid-call: the SDKs then ask ``/health`` (502) and raise their "the sandbox was
+    killed" error, where a clean end would have read as the call's own result."""
+    log.info("e2b.sandbox_gone_mid_call", path=request.path)
+    if request.transport is not None:
+        request.transport.abort()
+
+
+def not_running(request: web.Request, sandbox_id: str | None = None) -> web.Response:
+    """What E2B's proxy answers for a sandbox that does not run (killed, timed out, paused, or
+    never there; here also a call without one of its tokens: the same bytes, whatever the
+    reason): 502 with a message the SDKs read as "the sandbox was killed or reached its
+    timeout" (``SandboxNotRunningException``, ``is_running()`` false)."""
+    if sandbox_id is None:
+        sandbox_id = request.headers.get("E2b-Sandbox-Id", "")[:64]
+    return web.json_response(
+        {"code": 502, "message": f"The sandbox {sandbox_id} was not found", "sandboxId": sandbox_id},
+        status=502,
+    )
 
 
 def not_found(request: web.Request, message: str = NO_SUCH_SANDBOX) -> web.Response:

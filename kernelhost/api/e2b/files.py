@@ -9,7 +9,6 @@ ignored: a kernelhost sandbox runs its code as one user.
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import shlex
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -26,19 +25,26 @@ from ...sandboxes import (
     Sandbox,
     SandboxDiskFull,
     SandboxError,
+    SandboxState,
 )
 from ..errors import status_for
-from .common import body_too_slow, runtime, sandbox_of
+from .common import body_too_slow, not_running, runtime, sandbox_of
 from .connect import UNARY_CONTENT_TYPE, ConnectError, parse_message
+from .entries import read_entries
 
 log = structlog.get_logger("kernelhost.api.e2b")
 
 CHUNK = 1 << 16
 T = TypeVar("T")
-KIND = {"file": "FILE_TYPE_FILE", "dir": "FILE_TYPE_DIRECTORY", "symlink": "FILE_TYPE_SYMLINK"}
 
 
 async def health(request: web.Request) -> web.Response:
+    """204 while the sandbox runs; 502 once it does not (paused, killed, timed out), as E2B's
+    proxy answers: the SDKs' ``is_running()``. ``identify`` answered already for a sandbox
+    the call may not use."""
+    sbx = sandbox_of(request)
+    if sbx.record.state not in (SandboxState.RUNNING, SandboxState.REPLACING):
+        return not_running(request)
     return web.Response(status=204)
 
 
@@ -128,20 +134,6 @@ async def upload(request: web.Request) -> web.Response:
 # -- the filesystem.Filesystem Connect service --------------------------------------------------
 
 
-def _entry(item: dict[str, Any]) -> dict[str, Any]:
-    entry: dict[str, Any] = {
-        "name": item["path"].rstrip("/").rsplit("/", 1)[-1] or "/",
-        "type": KIND.get(item.get("type", ""), "FILE_TYPE_UNSPECIFIED"),
-        "path": item["path"],
-        "size": str(item.get("size", 0)),
-    }
-    if item.get("mode"):
-        entry["mode"] = item["mode"]
-    if item.get("modified_at"):
-        entry["modifiedTime"] = item["modified_at"]
-    return entry
-
-
 def _path_field(message: dict[str, Any], field: str = "path") -> str:
     value = message.get(field)
     if not isinstance(value, str) or not value:
@@ -165,40 +157,22 @@ def _connect_error(exc: SandboxError) -> ConnectError:
 
 
 async def _list_dir(request: web.Request, sbx: Sandbox, message: dict[str, Any]) -> dict[str, Any]:
-    """The tree under a path, breadth first, ``depth`` levels deep, stopped at
-    ``max_list_entries`` entries: then (or when the guest cut a directory's listing short) the
-    answer carries ``"truncated": true``, a field E2B's SDKs ignore (they parse envd's JSON
-    leniently) and the service log notes."""
-    manager = runtime(request).manager
-    cap = manager.settings.max_list_entries
-    depth = message.get("depth", 1)
+    """The tree under a path, depth first, ``depth`` levels deep (``entries.py``), stopped at
+    ``max_list_entries`` entries: then the answer carries ``"truncated": true``, a field E2B's
+    SDKs ignore (they parse envd's JSON leniently) and the service log notes."""
+    depth = message.get("depth") or 1
     if not isinstance(depth, int) or isinstance(depth, bool) or not 1 <= depth <= 16:
         raise ConnectError("invalid_argument", f"depth={depth!r} must be 1 to 16")
-    entries: list[dict[str, Any]] = []
-    todo = collections.deque([(_path_field(message), 1)])
-    truncated = False
-    while todo:
-        if len(entries) >= cap:  # directories left unlisted
-            truncated = True
-            break
-        where, level = todo.popleft()
-        listing = await manager.files.list_files(sbx, where)
-        truncated = truncated or listing["truncated"]
-        for item in listing["entries"]:
-            if len(entries) >= cap:
-                truncated = True
-                break
-            entries.append(_entry(item))
-            if item["type"] == "dir" and level < depth:
-                todo.append((item["path"], level + 1))
+    found, truncated = await read_entries(request, sbx, "list", _path_field(message), depth)
     if not truncated:
-        return {"entries": entries}
-    log.info("e2b.list_truncated", sandbox_id=sbx.id, entries=len(entries), limit=cap)
-    return {"entries": entries, "truncated": True}
+        return {"entries": found}
+    log.info("e2b.list_truncated", sandbox_id=sbx.id, entries=len(found))
+    return {"entries": found, "truncated": True}
 
 
 async def _stat(request: web.Request, sbx: Sandbox, message: dict[str, Any]) -> dict[str, Any]:
-    return {"entry": _entry(await runtime(request).manager.files.stat_file(sbx, _path_field(message)))}
+    found, _ = await read_entries(request, sbx, "stat", _path_field(message))
+    return {"entry": found[0]}
 
 
 async def _make_dir(request: web.Request, sbx: Sandbox, message: dict[str, Any]) -> dict[str, Any]:
@@ -225,11 +199,14 @@ async def _make_dir(request: web.Request, sbx: Sandbox, message: dict[str, Any])
 async def _move(request: web.Request, sbx: Sandbox, message: dict[str, Any]) -> dict[str, Any]:
     files = runtime(request).manager.files
     dst = await files.move_file(sbx, _path_field(message, "source"), _path_field(message, "destination"))
-    return {"entry": _entry(await files.stat_file(sbx, dst))}
+    return await _stat(request, sbx, {"path": dst})
 
 
 async def _remove(request: web.Request, sbx: Sandbox, message: dict[str, Any]) -> dict[str, Any]:
-    await runtime(request).manager.files.remove_file(sbx, _path_field(message), recursive=True)
+    """Remove a file or a directory and all it holds; a path that is not there is already
+    removed (envd answers success, as ``os.RemoveAll`` does)."""
+    with contextlib.suppress(PathNotFound):
+        await runtime(request).manager.files.remove_file(sbx, _path_field(message), recursive=True)
     return {}
 
 
@@ -250,8 +227,8 @@ async def filesystem(request: web.Request) -> web.Response:
         if handler is None:
             raise ConnectError(
                 "unimplemented",
-                f"filesystem.{method} is not supported by kernelhost (watchers polled by id are not: use "
-                f"WatchDir); supported: {', '.join(METHODS)}, WatchDir",
+                f"filesystem.{method} is not supported by kernelhost; supported: {', '.join(METHODS)}, "
+                "WatchDir, CreateWatcher, GetWatcherEvents, RemoveWatcher",
             )
         message = parse_message(await request.read())
         sbx = sandbox_of(request)

@@ -17,7 +17,7 @@ from typing import Any
 from aiohttp import web
 
 from ...sandboxes import End, Error, ExecutionStatus, InvalidRequest, Result, SandboxError, Stream
-from .common import runtime, sandbox_of
+from .common import SandboxGone, break_transport, check_not_gone, runtime, sandbox_of
 from .envs import PYTHON_POP, bash_prefix, check_names, kernel_language, python_push, run_quietly
 
 HOME = "/home/user"
@@ -63,6 +63,8 @@ def result_line(event: Result) -> dict[str, Any]:
     extra: dict[str, Any] = {}
     for mime, value in event.data.items():
         field = MIME_FIELDS.get(mime)
+        if field == "text" and isinstance(value, str):
+            value = strip_quotes(value)
         if field is None:
             extra[mime] = value
         elif field == "json":
@@ -72,6 +74,14 @@ def result_line(event: Result) -> dict[str, Any]:
     if extra:
         line["extra"] = extra
     return line
+
+
+def strip_quotes(text: str) -> str:
+    """A result's ``text/plain`` as E2B's interpreter gives it: one pair of surrounding single
+    quotes taken off (a ``str`` result's repr), so ``os.getenv('X')`` is ``value``."""
+    if text.startswith("'") and text.endswith("'"):
+        return text[1:-1]
+    return text
 
 
 def lines_of(event: Any, errored: bool) -> list[dict[str, Any]]:
@@ -134,24 +144,31 @@ async def execute(request: web.Request) -> web.StreamResponse:
     resp = web.StreamResponse(headers={"Content-Type": "application/x-ndjson", "Cache-Control": "no-store"})
     await resp.prepare(request)
     try:
-        await _stream(resp, events)
+        await _stream(request, resp, events)
+    except SandboxGone:
+        break_transport(request)
+        return resp
     finally:
-        if env and language == "python":  # the variables were for this execution only
+        if env and language == "python" and manager.find(sbx.id) is sbx:  # for this execution only
             with contextlib.suppress(SandboxError):
                 await asyncio.shield(run_quietly(manager, sbx, PYTHON_POP))
     await resp.write_eof()
     return resp
 
 
-async def _stream(resp: web.StreamResponse, events: Any) -> None:
+async def _stream(request: web.Request, resp: web.StreamResponse, events: Any) -> None:
+    """The execution's lines; ``SandboxGone`` instead of its end when the sandbox was killed."""
     errored = False
     try:
         async with contextlib.aclosing(events):
             async for event in events:
+                if isinstance(event, End):
+                    check_not_gone(request)
                 errored = errored or isinstance(event, Error)
                 for line in lines_of(event, errored):
                     await resp.write(_line(line))
     except SandboxError as exc:  # after the stream began (a wake refused, the VM lost): in-band
+        check_not_gone(request)
         await resp.write(
             _line({"type": "error", "name": type(exc).__name__, "value": exc.message, "traceback": ""})
         )

@@ -12,6 +12,8 @@ hibernates (E2B's pause: every variable and file kept) or is deleted, as the ser
 from __future__ import annotations
 
 import asyncio
+import datetime
+import time
 import urllib.parse
 from typing import Any
 
@@ -67,13 +69,21 @@ def _sandbox(request: web.Request) -> Sandbox:
     return runtime(request).manager.get(request[KEY_ID], request.match_info["sandbox_id"])
 
 
-def _timeout(body: dict[str, Any], default: int | None) -> int | None:
+def _timeout(body: dict[str, Any], default: int | None, least: int = 1) -> int | None:
     value = body.get("timeout", default)
     if value is None:
         return None
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise E2BError(400, f"timeout={value!r} must be a whole number of seconds, at least 1")
+    if not isinstance(value, int) or isinstance(value, bool) or value < least:
+        raise E2BError(400, f"timeout={value!r} must be a whole number of seconds, at least {least}")
     return value
+
+
+def _memory(body: dict[str, Any]) -> bool:
+    """A pause's or connect's ``memory`` (E2B's ``mode``/``on_resume``): False for files only."""
+    memory = body.get("memory", True)
+    if not isinstance(memory, bool):
+        raise E2BError(400, f"memory={memory!r} must be true or false")
+    return memory
 
 
 def _network(body: dict[str, Any]) -> dict[str, Any] | None:
@@ -108,6 +118,7 @@ async def create(request: web.Request) -> web.Response:
     for unsupported, what in (("volumeMounts", "volume mounts"), ("mcp", "MCP servers in the sandbox")):
         if body.get(unsupported):
             raise E2BError(400, f"{what} ({unsupported}) are not supported by kernelhost; create without")
+    lifecycle_options = _lifecycle(body)
     template = body.get("templateID") or "base"
     if not isinstance(template, str):
         raise E2BError(400, f"templateID={template!r} must be a template name")
@@ -120,13 +131,34 @@ async def create(request: web.Request) -> web.Response:
         template = TEMPLATE_ALIASES.get(template, template)
         sbx = await manager.create(owner, template, timeout, metadata, _network(body))
     env = _strings(body, "envVars")
-    if env:
-        try:
+    try:
+        manager.set_idle_action(sbx, *lifecycle_options)
+        if env:
             await apply_env(manager, sbx, env)
-        except BaseException:
-            await asyncio.shield(manager.delete(sbx.record.owner, sbx.id))
-            raise
+    except BaseException:
+        await asyncio.shield(manager.delete(sbx.record.owner, sbx.id))
+        raise
     return web.json_response(_describe(request, sbx, secrets=True), status=201)
+
+
+def _lifecycle(body: dict[str, Any]) -> tuple[str | None, bool]:
+    """E2B's ``lifecycle`` (``autoPause``, ``autoPauseMemory``, ``autoResume``) as the
+    sandbox's idle action (None: the service's ``idle_action``) and whether a call wakes it
+    once paused."""
+    pause, memory, resume = body.get("autoPause"), body.get("autoPauseMemory"), body.get("autoResume")
+    if pause is not None and not isinstance(pause, bool):
+        raise E2BError(400, f"autoPause={pause!r} must be true or false")
+    if memory is False:
+        raise E2BError(
+            400,
+            "on_timeout mode 'filesystem' (autoPauseMemory=false) is not supported by kernelhost: "
+            "a timed-out sandbox pauses with its memory; call pause(mode='filesystem') yourself",
+        )
+    enabled = resume.get("enabled") if isinstance(resume, dict) else resume
+    if enabled is not None and not isinstance(enabled, bool):
+        raise E2BError(400, f"autoResume={resume!r} must be {{'enabled': true or false}}")
+    action = None if pause is None else "hibernate" if pause else "delete"
+    return action, enabled is not False
 
 
 @lifecycle_view
@@ -174,7 +206,22 @@ def _unix(request: web.Request, name: str) -> int | None:
         raise E2BError(400, f"{name}={raw!r} must be a Unix time in seconds") from None
 
 
+def _started_after(raw: str | None) -> float | None:
+    """``startedAfter`` (ISO 8601, as the SDKs send it) as a Unix time; naive is UTC."""
+    if not raw:
+        return None
+    try:
+        when = datetime.datetime.fromisoformat(raw.replace(" ", "+"))
+    except ValueError:
+        raise E2BError(400, f"startedAfter={raw!r} must be an ISO 8601 time") from None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=datetime.UTC)
+    return when.timestamp()
+
+
 def _filtered(request: web.Request) -> list[Sandbox]:
+    """The caller's sandboxes as E2B lists them: newest first unless ``order=asc``, those
+    started at or after ``startedAfter``, filtered by metadata, state and template."""
     query = request.query
     wanted: dict[str, str] = {}
     if query.get("metadata"):
@@ -183,10 +230,17 @@ def _filtered(request: web.Request) -> list[Sandbox]:
     template = query.get("template")
     if states - {"running", "paused"}:
         raise E2BError(400, f"state={query['state']!r}: use running, paused or both, comma-separated")
+    order = query.get("order", "desc")
+    if order not in ("asc", "desc"):
+        raise E2BError(400, f"order={order!r}: use asc (oldest first) or desc (newest first, the default)")
+    after = _started_after(query.get("startedAfter"))
+    owned = runtime(request).manager.owned(request[KEY_ID])
     out = []
-    for sbx in sorted(runtime(request).manager.owned(request[KEY_ID]), key=lambda s: s.record.created_at):
+    for sbx in sorted(owned, key=lambda s: s.record.created_at, reverse=order == "desc"):
         rec = sbx.record
         if rec.state not in (SandboxState.RUNNING, SandboxState.HIBERNATED, SandboxState.REPLACING):
+            continue
+        if after is not None and rec.created_at < after:
             continue
         state = "paused" if rec.state == SandboxState.HIBERNATED else "running"
         if states and state not in states:
@@ -207,8 +261,6 @@ async def list_v1(request: web.Request) -> web.Response:
 @lifecycle_view
 async def list_v2(request: web.Request) -> web.Response:
     found = _filtered(request)
-    if request.query.get("order") == "desc":
-        found.reverse()
     page, headers = paginate(request, found, MAX_PAGE)
     return web.json_response([_describe(request, s) for s in page], headers=headers)
 
@@ -222,35 +274,63 @@ async def kill(request: web.Request) -> web.Response:
 
 @lifecycle_view
 async def set_timeout(request: web.Request) -> web.Response:
+    """A new timeout from now; 0 ends it now, as its timeout would (paused or killed)."""
     sbx = _sandbox(request)
-    timeout = _timeout(await read_body(request), None)
+    timeout = _timeout(await read_body(request), None, least=0)
     if timeout is None:
         raise E2BError(400, "timeout is required (seconds)")
-    runtime(request).manager.set_idle_timeout(sbx, timeout)
+    manager = runtime(request).manager
+    if timeout > 0:
+        manager.set_idle_timeout(sbx, timeout)
+    elif sbx.record.state != SandboxState.HIBERNATED:
+        await manager.expire(sbx)
     return web.Response(status=204)
 
 
 @lifecycle_view
 async def pause(request: web.Request) -> web.Response:
+    """Pause: the whole VM saved. ``memory`` false (``mode="filesystem"``) keeps the files
+    only: the kernel is restarted (variables, imports and processes gone) before the save."""
     sbx = _sandbox(request)
+    memory = _memory(await read_body(request))
     if sbx.record.state == SandboxState.HIBERNATED:
         raise E2BError(409, f"sandbox {sbx.id} is already paused")
-    await runtime(request).manager.hibernate(sbx)
+    manager = runtime(request).manager
+    if not memory:
+        await manager.restart(sbx)
+    await manager.hibernate(sbx)
     return web.Response(status=204)
 
 
 @lifecycle_view
 async def connect(request: web.Request) -> web.Response:
-    """Connect (and resume a paused sandbox): it runs again when this answers."""
+    """Connect (and resume a paused sandbox): it runs again when this answers. A ``timeout``
+    only ever extends a running sandbox's end (E2B's rule), and sets a resumed one's;
+    ``memory`` false (``on_resume="reboot"``) resumes a paused one with a fresh kernel."""
     sbx = _sandbox(request)
     body = await read_body(request)
+    timeout, memory = _timeout(body, None), _memory(body)
     manager = runtime(request).manager
     was_paused = sbx.record.state == SandboxState.HIBERNATED
+    end = sbx.record.last_active_at + sbx.record.idle_timeout_seconds
     await manager.wake(sbx)
-    timeout = _timeout(body, None)
-    if timeout is not None:
+    if was_paused and not memory:
+        await manager.restart(sbx)
+    if timeout is not None and (was_paused or time.time() + timeout > end):
         manager.set_idle_timeout(sbx, timeout)
     return web.json_response(_describe(request, sbx, secrets=True), status=201 if was_paused else 200)
+
+
+@lifecycle_view
+async def update_network(request: web.Request) -> web.Response:
+    """``update_network``: refused (a sandbox's network mode is set when it is made)."""
+    _sandbox(request)  # another key's or an unknown sandbox: 404, as everywhere
+    raise E2BError(
+        501,
+        "update_network (PUT /sandboxes/{id}/network) is not supported by kernelhost: a sandbox's "
+        "network is fixed when it is made; create it with network={'allow_out': [...]} or "
+        "allow_internet_access",
+    )
 
 
 @lifecycle_view
@@ -293,6 +373,7 @@ def add_routes(app: web.Application, prefix: str) -> None:
     r.add_post(f"{prefix}/sandboxes/{{sandbox_id}}/fork", fork)
     r.add_post(f"{prefix}/v2/sandboxes/{{sandbox_id}}/connect", connect)
     r.add_get(f"{prefix}/sandboxes/{{sandbox_id}}/metrics", metrics)
+    r.add_put(f"{prefix}/sandboxes/{{sandbox_id}}/network", update_network)
     snapshots.add_routes(app, prefix)
     for path, feature in (
         ("/sandboxes/metrics", "metrics of several sandboxes at once (ask each sandbox's)"),

@@ -35,7 +35,7 @@ from ...sandboxes import (
     SandboxError,
     Stream,
 )
-from .common import runtime, sandbox_of, with_keepalives
+from .common import SandboxGone, break_transport, check_not_gone, runtime, sandbox_of, with_keepalives
 from .connect import (
     STREAM_CONTENT_TYPE,
     UNARY_CONTENT_TYPE,
@@ -184,7 +184,11 @@ async def _follow(request: web.Request, proc: Process) -> web.StreamResponse:
     resp = web.StreamResponse(headers={"Content-Type": STREAM_CONTENT_TYPE})
     await resp.prepare(request)
     await resp.write(_event(start={"pid": proc.pid}))
-    await _relay(resp, proc.listen(), keepalive_interval(request))
+    try:
+        await _relay(request, resp, proc.listen(), keepalive_interval(request))
+    except SandboxGone:  # killed mid-command: the transport breaks, as E2B's
+        break_transport(request)
+        return resp
     await resp.write_eof()
     return resp
 
@@ -198,8 +202,11 @@ def _process(request: web.Request, message: dict[str, Any]) -> Process:
     return runtime(request).manager.processes.get(sbx, selector["pid"])
 
 
-async def _relay(resp: web.StreamResponse, events: AsyncGenerator[Event, None], keepalive: float) -> None:
-    """Output as data events, a keepalive when the command is quiet, the end with its code."""
+async def _relay(
+    request: web.Request, resp: web.StreamResponse, events: AsyncGenerator[Event, None], keepalive: float
+) -> None:
+    """Output as data events, a keepalive when the command is quiet, the end with its code;
+    ``SandboxGone`` instead of the end when the sandbox was killed."""
     last_error: Error | None = None
     keepalives = with_keepalives(events, keepalive)
     async with contextlib.aclosing(events), contextlib.aclosing(keepalives) as items:
@@ -212,8 +219,10 @@ async def _relay(resp: web.StreamResponse, events: AsyncGenerator[Event, None], 
                 data = base64.b64encode(event.text.encode()).decode()
                 await resp.write(_event(data={event.name: data}))
             elif isinstance(event, End):
+                check_not_gone(request)
                 await resp.write(_end(event))
                 return
+    check_not_gone(request)
     # no end: the listener was cut off, or the VM went
     why = last_error.value if last_error else "the command ended without an exit code"
     await resp.write(end_stream(ConnectError("unavailable", why)))

@@ -34,13 +34,39 @@ TYPES = {
     "remove": "EVENT_TYPE_REMOVE",
     "chmod": "EVENT_TYPE_CHMOD",
 }
-# argv: the directory, 1 for recursive; first line {"ready": true} or {"error", "code"}
+# argv: the directory, 1 for recursive, the poll period, and (a watcher polled by id) the
+# directory that keeps its events; first line {"ready": true} or {"error", "code"}. Polled by
+# id, each event is a line {"seq", "name", "type"} of STORE/events; the host writes the last
+# seq it took to STORE/ack, and the watcher drops the lines up to it (only it writes events)
 WATCHER = r"""
 import json, os, stat, sys, time
 root, recursive = sys.argv[1], sys.argv[2] == "1"
+store = sys.argv[4] if len(sys.argv) > 4 else ""
+seq = 0
 def say(**event):
+    global seq
+    if store and "name" in event:
+        seq += 1
+        with open(os.path.join(store, "events"), "a") as f:
+            f.write(json.dumps({"seq": seq, **event}) + "\n")
+        return
     sys.stdout.write(json.dumps(event) + "\n")
     sys.stdout.flush()
+def trim():
+    try:
+        with open(os.path.join(store, "ack")) as f:
+            ack = int(f.read() or 0)
+        with open(os.path.join(store, "events")) as f:
+            lines = f.readlines()
+    except (OSError, ValueError):
+        return
+    keep = [line for line in lines if json.loads(line)["seq"] > ack]
+    if len(keep) < len(lines):
+        with open(os.path.join(store, "events.new"), "w") as f:
+            f.writelines(keep)
+        os.replace(os.path.join(store, "events.new"), os.path.join(store, "events"))
+if store:
+    os.makedirs(store, exist_ok=True)
 if not os.path.isdir(root):
     code = "invalid_argument" if os.path.exists(root) else "not_found"
     say(error=f"{root} is not a directory", code=code)
@@ -68,6 +94,8 @@ old = scan()
 say(ready=True)
 while True:
     time.sleep(float(sys.argv[3]))
+    if store:
+        trim()
     new = scan()
     for name in sorted(new.keys() - old.keys()):
         say(name=name, type="create")
@@ -85,12 +113,12 @@ while True:
 """
 
 
-def _command(path: str, recursive: bool) -> str:
+def command(path: str, recursive: bool, store: str = "") -> str:
     argv = ["python3", "-u", "-c", WATCHER, path, "1" if recursive else "0", str(POLL_SECONDS)]
-    return f"cd {HOME} && exec {shlex.join(argv)}"
+    return f"cd {HOME} && exec {shlex.join(argv + ([store] if store else []))}"
 
 
-async def _lines(events: AsyncIterator[Any]) -> AsyncGenerator[dict[str, Any], None]:
+async def lines_of(events: AsyncIterator[Any]) -> AsyncGenerator[dict[str, Any], None]:
     """The watcher's JSON lines; ends with the process."""
     pending = ""
     async for event in events:
@@ -112,8 +140,8 @@ async def watch_dir(request: web.Request) -> web.StreamResponse:
             raise ConnectError("invalid_argument", "path must be a non-empty path")
         sbx = sandbox_of(request)
         processes = runtime(request).manager.processes
-        command = _command(path, bool(message.get("recursive")))
-        proc = await processes.start(sbx, command, deadline(request), info={"watch": shorten(path)})
+        line = command(path, bool(message.get("recursive")))
+        proc = await processes.start(sbx, line, deadline(request), info={"watch": shorten(path)})
     except ConnectError as exc:
         return web.json_response(exc.wire(), status=exc.status)
     except SandboxError as exc:
@@ -125,16 +153,23 @@ async def watch_dir(request: web.Request) -> web.StreamResponse:
             await proc.signal("KILL")
 
 
+async def started(lines: AsyncIterator[dict[str, Any]]) -> None:
+    """The watcher's first line: ``ConnectError`` unless it says it is ready."""
+    try:
+        first = await asyncio.wait_for(anext(lines, None), STARTUP_TIMEOUT)
+    except TimeoutError:
+        first = {"error": f"the watcher did not start within {STARTUP_TIMEOUT:g}s", "code": "unavailable"}
+    if first is None or "error" in first:
+        why = (first or {}).get("error", "the watcher ended before it started")
+        raise ConnectError(str((first or {}).get("code", "internal")), str(why))
+
+
 async def _stream(request: web.Request, proc: Process) -> web.StreamResponse:
-    lines = _lines(proc.listen())
+    lines = lines_of(proc.listen())
     async with contextlib.aclosing(lines):
         try:
-            first = await asyncio.wait_for(anext(lines, None), STARTUP_TIMEOUT)
-        except TimeoutError:
-            first = {"error": f"the watcher did not start within {STARTUP_TIMEOUT:g}s", "code": "unavailable"}
-        if first is None or "error" in first:
-            why = (first or {}).get("error", "the watcher ended before it started")
-            err = ConnectError((first or {}).get("code", "internal"), str(why))
+            await started(lines)
+        except ConnectError as err:
             return web.json_response(err.wire(), status=err.status)
         resp = web.StreamResponse(headers={"Content-Type": STREAM_CONTENT_TYPE})
         await resp.prepare(request)

@@ -1,9 +1,9 @@
 """Idle sandboxes: hibernated to disk (the whole VM saved, the VM stopped) and woken on their next
-call with their state intact; expired ones deleted. The reaper looks at every sandbox every
-``reaper_interval`` seconds and acts on each in a task of its own, so one sandbox whose guest or
-disk is slow never holds up the others; at most ``REAP_CONCURRENCY`` act at once, because each
-hibernation writes a whole VM's memory to disk (a fork's 32 children expiring together must not
-thrash the host).
+call with their state intact; expired ones deleted. The reaper looks at the sandboxes when the
+next one is due (and every ``reaper_interval`` seconds) and acts on each in a task of its own,
+so one sandbox whose guest or disk is slow never holds up the others; at most
+``REAP_CONCURRENCY`` act at once, because each hibernation writes a whole VM's memory to disk
+(a fork's 32 children expiring together must not thrash the host).
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from .create import Lifecycle
 log = structlog.get_logger("kernelhost.sandboxes")
 
 REAP_CONCURRENCY = 2
+DUE_MARGIN = 0.02  # seconds past a sandbox's due time that the reaper wakes (due is "past it")
 
 
 class Hibernation:
@@ -96,10 +97,18 @@ class Hibernation:
                 pass
         await self.ensure_awake(sbx)
 
-    async def ensure_awake(self, sbx: Sandbox) -> None:
-        """Wake a hibernated sandbox; state intact, clock fresh. One wake at a time."""
+    async def ensure_awake(self, sbx: Sandbox, asked: bool = False) -> None:
+        """Wake a hibernated sandbox; state intact, clock fresh. One wake at a time. A sandbox
+        that does not wake on a call (``wake_on_call`` 0) wakes only when ``asked``."""
         if sbx.record.state != SandboxState.HIBERNATED:
             return
+        if not asked and not sbx.record.wake_on_call:
+            raise SandboxNotRunning(
+                f"sandbox {sbx.id} is paused and was created not to wake on a call "
+                "(auto_resume off): connect to it (resume) first",
+                state=sbx.record.state.value,
+                sandbox_id=sbx.id,
+            )
         async with sbx.vm_lock:
             await self.wake(sbx)
 
@@ -147,9 +156,41 @@ class Reaper:
         self._full = TokenBucket(1 / 60, 5.0)  # refused hibernations logged, per second
 
     async def run(self) -> None:
+        """Sweep when the next sandbox is due (its idle timeout or retention reached), or
+        every ``reaper_interval`` seconds for what a sweep found due but could not act on (a
+        hibernation refused, a destroy libvirt refused). A sandbox that comes, is used, or
+        gets a new timeout wakes this loop to look again, so a timeout fires on time."""
+        changed = self.ctx.registry.changed
+        periodic = time.time() + self.ctx.settings.reaper_interval
         while True:
-            await asyncio.sleep(self.ctx.settings.reaper_interval)
-            await self.sweep(time.time())
+            changed.clear()
+            now = time.time()
+            wake_at = min(periodic, self.next_due(now))
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(max(0.0, wake_at - now)):
+                    await changed.wait()
+                    continue  # something changed: look again at when the next one is due
+            now = time.time()
+            if now >= periodic:
+                periodic = now + self.ctx.settings.reaper_interval
+            await self.sweep(now)
+
+    def next_due(self, now: float) -> float:
+        """When the next sandbox that is not due now becomes due (infinity: none). One due
+        already is the periodic sweep's, or one at work."""
+        soonest = float("inf")
+        for sbx in self.ctx.registry:
+            task = self._working.get(sbx.id)
+            if self._blocked(sbx) or (task is not None and not task.done()):
+                continue
+            at = self._due_at(sbx) + DUE_MARGIN
+            if now < at < soonest:
+                soonest = at
+        return soonest
+
+    async def expire(self, sbx: Sandbox) -> None:
+        """What its idle timeout does, now (E2B's ``set_timeout(0)``)."""
+        await self._act(sbx, time.time())
 
     async def sweep(self, now: float) -> None:
         hv = self.ctx.hv
@@ -167,20 +208,23 @@ class Reaper:
             if task.done():
                 del self._working[sandbox_id]
 
-    def _due(self, sbx: Sandbox, now: float) -> bool:
-        rec = sbx.record
-        if (
+    def _blocked(self, sbx: Sandbox) -> bool:
+        return bool(
             sbx.busy
-            or sbx.processes  # a background process runs: not idle
+            or any(not p.own for p in sbx.processes.values())  # a tenant's process runs: not idle
             or sbx.vm_lock.locked()
             or not self.ctx.registry.holds(sbx)
             or (sbx.replacement is not None and not sbx.replacement.done())
-        ):
-            return False
-        idle_for = now - rec.last_active_at
+        )
+
+    def _due_at(self, sbx: Sandbox) -> float:
+        rec = sbx.record
         if rec.state == SandboxState.HIBERNATED:
-            return idle_for > self.ctx.settings.hibernate_retention_seconds
-        return idle_for > rec.idle_timeout_seconds
+            return rec.last_active_at + self.ctx.settings.hibernate_retention_seconds
+        return rec.last_active_at + rec.idle_timeout_seconds
+
+    def _due(self, sbx: Sandbox, now: float) -> bool:
+        return not self._blocked(sbx) and now > self._due_at(sbx)
 
     async def _reap(self, sbx: Sandbox, now: float) -> None:
         """Hibernate or delete one sandbox that has been idle for long enough."""
@@ -195,7 +239,7 @@ class Reaper:
                 log.info("sandbox.retention_expired", sandbox_id=sbx.id)
                 await self.lifecycle.remove(sbx, reason="hibernation retention expired")
                 return
-            action = self.ctx.settings.idle_action
+            action = rec.idle_action or self.ctx.settings.idle_action
             log.info(
                 "sandbox.idle_expired",
                 sandbox_id=sbx.id,

@@ -39,7 +39,9 @@ CREATE TABLE IF NOT EXISTS sandboxes (
     auto_checkpoint INTEGER NOT NULL DEFAULT 0,
     calls INTEGER NOT NULL DEFAULT 0,
     node TEXT NOT NULL DEFAULT '',
-    access_tokens TEXT NOT NULL DEFAULT '[]'
+    access_tokens TEXT NOT NULL DEFAULT '[]',
+    idle_action TEXT NOT NULL DEFAULT '',
+    wake_on_call INTEGER NOT NULL DEFAULT 1
 );
 CREATE INDEX IF NOT EXISTS sandboxes_owner ON sandboxes(owner);
 CREATE INDEX IF NOT EXISTS sandboxes_node ON sandboxes(node)
@@ -54,6 +56,10 @@ MIGRATIONS = {
     # hashes of the sandbox's access tokens (access.py); an older sandbox has none, and gets
     # one from its next connect
     "access_tokens": "TEXT NOT NULL DEFAULT '[]'",
+    # what its idle timeout does ('': the service's idle_action), and whether a call wakes it
+    # when it is hibernated (E2B's lifecycle: on_timeout, auto_resume)
+    "idle_action": "TEXT NOT NULL DEFAULT ''",
+    "wake_on_call": "INTEGER NOT NULL DEFAULT 1",
 }
 JSON_FIELDS = ("metadata", "network", "access_tokens")
 
@@ -88,6 +94,8 @@ class SandboxRecord:
     calls: int = 0  # executions started (what undo counts back from)
     node: str = ""  # the node whose VM it is (docs/cluster.md); the store sets it
     access_tokens: list[str] = field(default_factory=list)  # SHA-256 hashes, never tokens (access.py)
+    idle_action: str = ""  # "hibernate" or "delete" at its idle timeout; "": the service's
+    wake_on_call: int = 1  # 0: hibernated, it wakes only when asked to (E2B's auto_resume off)
 
 
 class Store:

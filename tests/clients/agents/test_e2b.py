@@ -67,7 +67,7 @@ async def test_code_streams_rich_results_and_errors(sandbox: object) -> None:
         "import os, time\nfor i in range(3):\n    print('tick', i, flush=True)\nos.environ['GREETING']",
         on_stdout=lambda m: seen.append(m.line),
     )
-    assert ex.error is None and ex.text == "'hi there'", ex
+    assert ex.error is None and ex.text == "hi there", ex
     assert "".join(seen) == "tick 0\ntick 1\ntick 2\n" and ex.execution_count is not None
     shown = await sandbox.run_code(SHOW_PNG)
     assert shown.results and base64.b64decode(shown.results[0].png or "")[:4] == b"\x89PNG", shown.results
@@ -76,7 +76,7 @@ async def test_code_streams_rich_results_and_errors(sandbox: object) -> None:
     assert "ZeroDivisionError" in failed.error.traceback
     per_call = await sandbox.run_code("import os; os.environ.get('ONLY_NOW')", envs={"ONLY_NOW": "yes"})
     after = await sandbox.run_code("import os; os.environ.get('ONLY_NOW')")
-    assert (per_call.text, after.text) == ("'yes'", None), (per_call, after)
+    assert (per_call.text, after.text) == ("yes", None), (per_call, after)
     shell = await sandbox.run_code("echo $GREETING from bash", language="bash")
     assert shell.logs.stdout == ["hi there from bash\n"], shell
 
@@ -190,7 +190,7 @@ async def test_background_commands_run_beside_code_take_input_and_are_followed(s
         "body.decode().strip()",
         request_timeout=120,
     )
-    assert fetched.error is None and fetched.text == "'served'", (fetched.error, fetched.text)
+    assert fetched.error is None and fetched.text == "served", (fetched.error, fetched.text)
     # get_metrics: a reading of now (the service's probe does not show as a command)
     (reading,) = await sandbox.get_metrics()
     assert reading.cpu_count >= 1 and 0 <= reading.cpu_used_pct <= 100, reading

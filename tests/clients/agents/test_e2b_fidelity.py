@@ -1,0 +1,306 @@
+"""Issue 37: E2B programs behave as they do on E2B. Each test drives E2B's own SDKs
+(``e2b``, ``e2b-code-interpreter``, unmodified) through real VMs and checks one behaviour E2B
+has and kernelhost lacked: the lifecycle (health, a kill mid-call, list order, connect and
+set_timeout, timeouts on time, pause modes and auto_resume, update_network), envd (watchers
+polled by id, remove, entries, write metadata, signed URLs) and the interpreter's string
+results.
+
+The module runs its own service with the default ``reaper_interval`` (10 s), so that a
+timeout firing late is seen."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from typing import Any
+
+import httpx
+import pytest
+
+from ...harness import Service, running_service
+from .conftest import e2b_env
+
+pytestmark = [pytest.mark.clients, pytest.mark.timeout(900)]
+
+
+@pytest.fixture(scope="module")
+def fidelity_service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
+    with running_service(tmp_path_factory.mktemp("e2b-fidelity"), "e2b-fidelity") as svc:
+        yield svc
+
+
+@pytest.fixture
+def e2b(fidelity_service: Service, monkeypatch: pytest.MonkeyPatch) -> Service:
+    for name, value in e2b_env(fidelity_service).items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("E2B_DEBUG", raising=False)
+    return fidelity_service
+
+
+@pytest.fixture
+def sandbox(e2b: Service) -> Iterator[Any]:
+    from e2b_code_interpreter import Sandbox
+
+    sbx = Sandbox.create(metadata={"suite": "fidelity"})
+    try:
+        yield sbx
+    finally:
+        sbx.kill()
+
+
+def _until(predicate: Any, timeout: float, what: str) -> float:
+    """Seconds until ``predicate()`` held (polled every 0.1 s); fails after ``timeout``."""
+    start = time.monotonic()
+    while not predicate():
+        assert time.monotonic() - start < timeout, f"{what} did not happen within {timeout}s"
+        time.sleep(0.1)
+    return time.monotonic() - start
+
+
+# == lifecycle ====================================================================================
+
+
+def test_1_health_says_a_paused_killed_or_unknown_sandbox_is_not_running(sandbox: Any) -> None:
+    """E2B's proxy answers 502 for a sandbox that is not running: ``is_running()`` is False."""
+    from e2b_code_interpreter import Sandbox
+
+    assert sandbox.is_running() is True
+    sandbox.pause()
+    assert sandbox.is_running() is False, "a paused sandbox reported running"
+    again = Sandbox.connect(sandbox.sandbox_id)
+    assert again.is_running() is True
+    again.kill()
+    assert again.is_running() is False, "a killed sandbox reported running"
+
+
+def test_2_a_sandbox_killed_mid_call_breaks_the_call_as_on_e2b(sandbox: Any) -> None:
+    """The execute and command streams break (no clean end), so the SDKs raise their "the
+    sandbox was killed" errors instead of a result or an exit code."""
+    from e2b import TimeoutException
+    from e2b.exceptions import SandboxNotRunningException
+
+    handle = sandbox.commands.run("sleep 300", background=True)
+    seen: dict[str, BaseException | object] = {}
+
+    def run() -> None:
+        try:
+            seen["run_code"] = sandbox.run_code("import time; time.sleep(300)")
+        except BaseException as exc:
+            seen["run_code"] = exc
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    time.sleep(3)  # the execution is under way
+    sandbox.kill()
+    thread.join(60)
+    outcome = seen.get("run_code")
+    assert isinstance(outcome, TimeoutException) and "sandbox was killed" in str(outcome), repr(outcome)
+    with pytest.raises(SandboxNotRunningException, match="sandbox was killed"):  # not an exit code
+        handle.wait()
+
+
+def test_3_lists_are_newest_first_unless_asked_and_honour_started_after(e2b: Service) -> None:
+    from e2b import SandboxQuery
+    from e2b_code_interpreter import Sandbox
+
+    first = Sandbox.create(metadata={"suite": "order"})
+    time.sleep(1.5)
+    between = datetime.now(UTC)
+    time.sleep(1.5)
+    second = Sandbox.create(metadata={"suite": "order"})
+    try:
+        query = SandboxQuery(metadata={"suite": "order"})
+        ids = [s.sandbox_id for s in Sandbox.list(query=query).next_items()]
+        assert ids == [second.sandbox_id, first.sandbox_id], "not newest first"
+        ids = [s.sandbox_id for s in Sandbox.list(query=query, order="asc").next_items()]
+        assert ids == [first.sandbox_id, second.sandbox_id]
+        after = SandboxQuery(metadata={"suite": "order"}, started_after=between)
+        assert [s.sandbox_id for s in Sandbox.list(query=after).next_items()] == [second.sandbox_id]
+    finally:
+        first.kill()
+        second.kill()
+
+
+def test_4_connect_only_extends_and_set_timeout_zero_ends_it_now(e2b: Service) -> None:
+    from e2b_code_interpreter import Sandbox
+
+    sbx = Sandbox.create(timeout=600)
+    try:
+        end = sbx.get_info().end_at
+        Sandbox.connect(sbx.sandbox_id, timeout=60)  # shorter: E2B keeps the later end
+        assert sbx.get_info().end_at >= end, "connect(timeout) shortened the sandbox's life"
+        Sandbox.connect(sbx.sandbox_id, timeout=1200)
+        assert (sbx.get_info().end_at - end).total_seconds() > 500, "connect(timeout) did not extend it"
+        sbx.set_timeout(0)  # E2B: it reaches its timeout now
+        assert sbx.get_info().state.value == "paused"
+        assert sbx.is_running() is False
+    finally:
+        sbx.kill()
+
+
+def test_5_a_timeout_fires_on_time_and_does_what_on_timeout_says(e2b: Service) -> None:
+    """timeout=3 with on_timeout="kill": gone within a second or two of its timeout (not at
+    the reaper's next 10 s sweep, and not paused)."""
+    from e2b.exceptions import SandboxNotFoundException
+    from e2b_code_interpreter import Sandbox
+
+    sbx = Sandbox.create(timeout=3, lifecycle={"on_timeout": "kill"})
+    start = time.monotonic()
+
+    def gone() -> bool:
+        try:
+            state = Sandbox.get_info(sbx.sandbox_id).state.value
+        except SandboxNotFoundException:
+            return True
+        assert state == "running", f"on_timeout='kill' ignored: the sandbox is {state}"
+        return False
+
+    try:
+        _until(gone, 30, "the kill at the timeout")
+        assert time.monotonic() - start < 3 + 2.5, f"killed {time.monotonic() - start:.1f}s after create"
+    finally:
+        Sandbox.kill(sbx.sandbox_id)
+
+
+def test_5_pause_without_memory_keeps_the_files_only(sandbox: Any) -> None:
+    """pause(mode="filesystem"): resumed, the files are there and the memory is not."""
+    from e2b_code_interpreter import Sandbox
+
+    sandbox.run_code("kept = 41")
+    sandbox.files.write("/home/user/kept.txt", "on disk")
+    sandbox.pause(mode="filesystem")
+    again = Sandbox.connect(sandbox.sandbox_id)
+    assert again.files.read("/home/user/kept.txt") == "on disk"
+    gone = again.run_code("kept")
+    assert gone.error is not None and gone.error.name == "NameError", "the memory was kept"
+
+
+def test_5_auto_resume_off_waits_for_a_connect(e2b: Service) -> None:
+    from e2b import TimeoutException
+    from e2b_code_interpreter import Sandbox
+
+    sbx = Sandbox.create(lifecycle={"on_timeout": "pause", "auto_resume": False})
+    try:
+        sbx.run_code("kept = 41")
+        sbx.pause()
+        with pytest.raises(TimeoutException):  # auto_resume off: a call does not wake it
+            sbx.run_code("1 + 1")
+        assert sbx.get_info().state.value == "paused"
+        assert Sandbox.connect(sbx.sandbox_id).run_code("kept").text == "41"
+    finally:
+        sbx.kill()
+
+
+def test_6_update_network_is_refused_naming_the_feature(sandbox: Any) -> None:
+    from e2b.exceptions import SandboxException, SandboxNotFoundException
+
+    with pytest.raises(SandboxException) as refused:
+        sandbox.update_network({"allow_out": ["pypi.org"]})
+    assert not isinstance(refused.value, SandboxNotFoundException), refused.value
+    assert "update_network" in str(refused.value) and "not supported" in str(refused.value)
+
+
+# == envd =========================================================================================
+
+
+def test_7_the_sync_sdks_watch_dir_polls_a_watcher_by_id(sandbox: Any) -> None:
+    from e2b import FilesystemEventType
+    from e2b.exceptions import NotFoundException
+
+    sandbox.files.make_dir("/home/user/polled/deep")
+    handle = sandbox.files.watch_dir("/home/user/polled", recursive=True)
+    seen: list[tuple[str, Any]] = []
+
+    def saw(event: tuple[str, Any]) -> bool:
+        seen.extend((e.name, e.type) for e in handle.get_new_events())
+        return event in seen
+
+    sandbox.files.write("/home/user/polled/deep/a.txt", "first")
+    _until(lambda: saw(("deep/a.txt", FilesystemEventType.CREATE)), 60, "the create")
+    count = len(seen)
+    sandbox.files.remove("/home/user/polled/deep/a.txt")
+    _until(lambda: saw(("deep/a.txt", FilesystemEventType.REMOVE)), 60, "the remove")
+    assert seen[count:].count(("deep/a.txt", FilesystemEventType.CREATE)) == 0, "events came twice"
+    handle.stop()
+    handle._closed = False  # past the SDK's own check: the service removed the watcher
+    with pytest.raises(NotFoundException):
+        handle.get_new_events()
+
+
+def test_8_removing_a_missing_path_succeeds(sandbox: Any) -> None:
+    sandbox.files.remove("/home/user/never-there.txt")
+    sandbox.files.remove("/home/user/never/there")
+
+
+def test_9_entries_carry_mode_permissions_owner_and_target_and_list_depth_first(sandbox: Any) -> None:
+    from e2b import FileType
+
+    sandbox.commands.run(
+        "mkdir -p t/a && echo z > t/a/z.txt && echo b > t/b.txt && chmod 600 t/b.txt && ln -s b.txt t/link"
+    )
+    entries = sandbox.files.list("/home/user/t", depth=2)
+    assert [e.path for e in entries] == [
+        "/home/user/t/a",
+        "/home/user/t/a/z.txt",
+        "/home/user/t/b.txt",
+        "/home/user/t/link",
+    ], "not depth first"
+    by_name = {e.name: e for e in entries}
+    b, a = by_name["b.txt"], by_name["a"]
+    assert (b.mode, b.permissions, b.owner, b.group) == (0o600, "-rw-------", "root", "root"), b
+    assert (a.type, a.permissions) == (FileType.DIR, "drwxr-xr-x"), a
+    link = by_name["link"]
+    assert link.type == FileType.SYMLINK and link.symlink_target == "/home/user/t/b.txt", link
+    assert link.permissions == "Lrwxrwxrwx", link
+    info = sandbox.files.get_info("/home/user/t/link")
+    assert info.symlink_target == "/home/user/t/b.txt" and info.owner == "root", info
+
+
+def test_10_write_metadata_is_refused_by_the_sdk_not_dropped(sandbox: Any) -> None:
+    from e2b import TemplateException
+
+    with pytest.raises(TemplateException, match="metadata"):
+        sandbox.files.write("/home/user/m.txt", "x", metadata={"owner": "me"})
+    assert sandbox.files.write("/home/user/m.txt", "x").path == "/home/user/m.txt"
+
+
+def test_11_signed_urls_download_and_upload_one_file_of_one_sandbox(e2b: Service, sandbox: Any) -> None:
+    from e2b_code_interpreter import Sandbox
+
+    sandbox.files.write("/home/user/signed.txt", "mine")
+    theirs = Sandbox.create(api_key=e2b.other_key)
+    try:
+        theirs.files.write("/home/user/signed.txt", "theirs")
+        url = sandbox.download_url("/home/user/signed.txt")
+        assert url.startswith(e2b.url) and "signature=v1_" in url, url
+        got = httpx.get(url, timeout=60)  # no header, no key: the signature alone
+        assert got.status_code == 200 and got.text == "mine", (got.status_code, got.text)
+        assert httpx.get(theirs.download_url("/home/user/signed.txt"), timeout=60).text == "theirs"
+        other_path = url.replace("signed.txt", "other.txt")
+        assert httpx.get(other_path, timeout=60).status_code == 401  # the path is signed
+        up = httpx.post(
+            sandbox.upload_url("/home/user/up.txt"), files={"file": ("up.txt", b"sent")}, timeout=60
+        )
+        assert up.status_code == 200 and sandbox.files.read("/home/user/up.txt") == "sent", up.text
+        assert httpx.post(url, files={"file": ("x", b"x")}, timeout=60).status_code == 401  # read only
+        short = sandbox.download_url("/home/user/signed.txt", use_signature_expiration=1)
+        time.sleep(2.5)
+        expired = httpx.get(short, timeout=60)
+        assert expired.status_code == 401 and "expired" in expired.text
+    finally:
+        theirs.kill()
+    assert httpx.get(url, timeout=60).status_code == 200  # its sandbox runs on
+    sandbox.kill()
+    assert httpx.get(url, timeout=60).status_code == 401  # and dies with it
+
+
+# == the interpreter ==============================================================================
+
+
+def test_13_a_string_result_loses_one_pair_of_quotes(sandbox: Any) -> None:
+    sandbox.run_code("import os; os.environ['X'] = 'value'")
+    assert sandbox.run_code("os.getenv('X')").text == "value"
+    assert sandbox.run_code('"it\'s"').text == '"it\'s"'  # a double-quoted repr is left alone
+    assert sandbox.run_code("6 * 7").text == "42"
