@@ -1,4 +1,4 @@
-"""What every part of the sandbox layer works with: settings, libvirt, images, the registry of
+"""What every part of the sandbox layer works with: settings, the VM backend, images, the registry of
 sandboxes, the VM factory, metrics, the network, and the owner of background tasks. One
 ``Context`` is made by ``SandboxManager`` and handed to each part."""
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import structlog
 
-from hypervisor import GuestImage, Hypervisor, ImageStore
+from hypervisor import GuestImage, ImageStore
 
 from ..config import Settings
 from ..metrics import Metrics
@@ -20,7 +20,7 @@ from .errors import StoreRowRefused
 from .network import SandboxNetwork
 from .registry import Registry, VmShape
 from .store.sandboxes import SandboxRecord
-from .vm.factory import VmFactory
+from .vm.backend import VmBackend
 
 log = structlog.get_logger("kernelhost.sandboxes")
 
@@ -28,10 +28,9 @@ log = structlog.get_logger("kernelhost.sandboxes")
 @dataclass
 class Context:
     settings: Settings
-    hv: Hypervisor
     images: ImageStore
     registry: Registry
-    vms: VmFactory
+    vms: VmBackend  # the one door to the VMs (vm/backend.py)
     metrics: Metrics
     network: SandboxNetwork
     tasks: TaskSet
@@ -39,7 +38,7 @@ class Context:
 
     def shape_for(self, image: GuestImage) -> VmShape:
         """The machine new sandboxes of ``image`` get: its template's size, or the service's."""
-        memory, vcpus, _ = self.vms.snapshots.shape_of(image)
+        memory, vcpus = self.vms.shape_of(image)
         return VmShape(memory, vcpus, self.accel)
 
     def hibernation_file(self, rec: SandboxRecord) -> Path:
@@ -71,10 +70,3 @@ class Context:
     def image_of(self, rec: SandboxRecord) -> GuestImage:
         """The exact image build the sandbox's VM runs (its disk must not change under it)."""
         return self.images.get_by_key(rec.template, rec.image_key)
-
-    def console_tail(self, domain: str, lines: int = 20) -> str:
-        path = self.hv.vm_dir(domain) / "console.log"
-        try:
-            return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return ""

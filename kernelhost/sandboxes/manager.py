@@ -51,6 +51,7 @@ from .templates.builds import Build
 from .templates.service import OperatorTemplates, TemplateService
 from .templates.views import TemplateView
 from .usage import UsageMeter
+from .vm.backend import VmBackend
 from .vm.factory import VmFactory
 from .vm.pool import WarmPool
 
@@ -66,6 +67,7 @@ class SandboxManager:
         store: Store,
         accel: str,
         host_network: HostNetwork | None = None,
+        backend: VmBackend | None = None,
     ) -> None:
         self.settings = settings
         self.accel = accel
@@ -76,10 +78,9 @@ class SandboxManager:
         registry = Registry(store, Quota(settings.max_sandboxes_per_key, settings.max_memory_mib_per_key))
         self._ctx = ctx = Context(
             settings=settings,
-            hv=hv,
             images=images,
             registry=registry,
-            vms=VmFactory(settings, hv, images, accel),
+            vms=backend if backend is not None else VmFactory(settings, hv, images, accel),
             metrics=self.metrics,
             network=SandboxNetwork(settings, self.host_network, self.metrics),
             tasks=TaskSet("sandboxes"),
@@ -134,11 +135,9 @@ class SandboxManager:
             return
         for template in self.templates():  # the shared ones; a key's own fill once it is used
             try:
-                await vms.snapshot_for(images.get(template))
+                await vms.warm(images.get(template))
             except (HypervisorError, ChannelError, TimeoutError) as exc:
                 log.error("snapshot.build_failed", template=template, error=str(exc))
-                continue
-            vms.pool.start(template)
 
     async def close(self) -> None:
         """Stop background work and close channels; VMs keep running for the next start."""
@@ -151,8 +150,7 @@ class SandboxManager:
         for sbx in ctx.registry:
             if sbx.agent is not None:
                 await sbx.agent.close()
-        if ctx.hv.pending_destroys:
-            await asyncio.to_thread(ctx.hv.retry_destroys)
+        await ctx.vms.retry_destroys()
         self.host_network.close()
 
     # -- lookups -------------------------------------------------------------------------------

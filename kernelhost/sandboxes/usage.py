@@ -61,10 +61,10 @@ class UsageMeter:
         now = time.monotonic()
         before = self._last.get(sbx.id)
         if before is None:
-            cpu_ns, _ = await asyncio.to_thread(self.ctx.hv.cpu_time, domain)
+            cpu_ns, _ = await self.ctx.vms.cpu_time(domain)
             before = (now, cpu_ns)
             await asyncio.sleep(FIRST_WINDOW)
-        cpu_ns, vcpus = await asyncio.to_thread(self.ctx.hv.cpu_time, domain)
+        cpu_ns, vcpus = await self.ctx.vms.cpu_time(domain)
         now = time.monotonic()
         self._last.pop(sbx.id, None)
         self._last[sbx.id] = (now, cpu_ns)

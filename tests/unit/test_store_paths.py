@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from kernelhost.sandboxes import StoreRowRefused
-from kernelhost.sandboxes.checkpoints.files import CheckpointFiles
 from kernelhost.sandboxes.context import Context
+from kernelhost.sandboxes.vm.saves import CheckpointFiles
 
 pytestmark = pytest.mark.unit
 
@@ -34,7 +34,7 @@ def test_a_hibernation_file_lies_directly_in_hibernate_dir(tmp_path: Path) -> No
 def _files(tmp_path: Path) -> CheckpointFiles:
     files = CheckpointFiles.__new__(CheckpointFiles)
     files.dir = tmp_path / "checkpoints"
-    files.vms = SimpleNamespace(snapshots=SimpleNamespace(dir=tmp_path / "templates"))  # type: ignore[assignment]
+    files.vms = SimpleNamespace(snapshots=SimpleNamespace(dir=tmp_path / "templates"))
     return files
 
 

@@ -3,7 +3,7 @@ disk, to rewind the same sandbox to (``restore``), to start a new one from (``br
 ``auto_checkpoint``, to undo the last calls.
 
 Taking one holds the sandbox's execution lock only while its VM is paused and saved
-(``CheckpointFiles.freeze``); the diff against the template snapshot and the compression run
+(``StateFiles.freeze``); the diff against the template snapshot and the compression run
 afterwards, as an owned task, while the sandbox answers again. A restore replaces the sandbox's
 VM with one loaded from the file (same id, owner, network mode; fresh clock and random seeds);
 a call running at that moment ends with status ``restored``. Automatic checkpoints are taken
@@ -58,8 +58,8 @@ from ..store.checkpoints import (
     keep_of,
     new_checkpoint_id,
 )
+from ..vm.backend import Saving
 from .auto import AutoCheckpoints
-from .files import CheckpointFiles, Saving
 
 log = structlog.get_logger("kernelhost.checkpoints")
 
@@ -88,7 +88,7 @@ class Checkpoints:
         self.registry = ctx.registry
         self.store = store
         self.drop_vm = drop_vm
-        self.files = CheckpointFiles(ctx.vms, ctx.settings.checkpoint_dir, ctx.settings.live_checkpoints)
+        self.files = ctx.vms.checkpoint_files(ctx.settings.checkpoint_dir, ctx.settings.live_checkpoints)
         self._writing: dict[str, set[asyncio.Task[CheckpointRecord]]] = {}
         self.auto = AutoCheckpoints(self)
         lifecycle.on_remove.append(self.drop_all)
@@ -322,7 +322,7 @@ class Checkpoints:
             if not self.registry.holds(sbx):
                 return False
             self.registry.update(
-                sbx, domain=self.ctx.hv.new_name(), state=SandboxState.REPLACING, image_key=cp.image_key
+                sbx, domain=self.ctx.vms.new_name(), state=SandboxState.REPLACING, image_key=cp.image_key
             )
             try:
                 await self._launch(sbx, cp, image)
@@ -417,7 +417,7 @@ class Checkpoints:
             rec = new_record(
                 owner=owner,
                 template=cp.template,
-                domain=self.ctx.hv.new_name(),
+                domain=self.ctx.vms.new_name(),
                 image_key=cp.image_key,
                 shape=shape,
                 idle_timeout=idle_timeout,
@@ -431,7 +431,7 @@ class Checkpoints:
             except BaseException:
                 if sbx.agent is not None:
                     await sbx.agent.close()
-                await self.ctx.vms.destroy_tracked(rec.domain)
+                await self.ctx.vms.destroy(rec.domain)
                 self.registry.forget(rec.id)
                 raise
             self.registry.set_state(sbx, SandboxState.RUNNING)

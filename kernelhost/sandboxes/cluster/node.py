@@ -210,7 +210,7 @@ class ClusterNode:
         rec = loc.record
         if not self._has_build(rec):  # builds are content-addressed: the same key, the same image
             return None
-        domain = self.ctx.hv.new_name()
+        domain = self.ctx.vms.new_name()
         rows = self.store.db.execute(
             "UPDATE sandboxes SET node = ?, domain = ? WHERE id = ? AND node = ? AND state = 'hibernated' "
             "RETURNING id",

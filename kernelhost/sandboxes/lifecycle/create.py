@@ -10,7 +10,6 @@ the watch left it.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 from collections.abc import Callable
@@ -132,7 +131,7 @@ class Lifecycle:
             rec = new_record(
                 owner=owner,
                 template=name,
-                domain=self.ctx.hv.new_name(),
+                domain=self.ctx.vms.new_name(),
                 image_key=image.key,
                 shape=shape,
                 idle_timeout=idle,
@@ -142,11 +141,9 @@ class Lifecycle:
             rec.auto_checkpoint = auto_checkpoint
             sbx = Sandbox(rec)
             vms = self.ctx.vms
-            clone = vms.pool.take(name) if vms.use_snapshots else None
             # a shared template's pool fills once it is used (idempotent); a key's own template
             # has none: no VM runs on a key's behalf but its sandboxes (they clone its snapshot)
-            if vms.use_snapshots and "@" not in name:
-                vms.pool.start(name)
+            clone = vms.take_clone(name, refill="@" not in name)
             if clone is not None and clone.image_key == image.key:
                 await self._adopt(sbx, clone)
                 how = "pool"
@@ -176,11 +173,12 @@ class Lifecycle:
             await self.ctx.network.configure(sbx, strict=True)
         except BaseException:
             await clone.agent.close()
-            await self.ctx.vms.destroy_tracked(rec.domain)
+            await self.ctx.vms.destroy(rec.domain)
             self.registry.forget(rec.id)
             raise
         self.registry.add(sbx)
-        self.ctx.tasks.spawn(self._label(sbx), name=f"label:{sbx.id}")
+        meta = {"sandbox": rec.id, "template": rec.template}
+        self.ctx.tasks.spawn(self.ctx.vms.label(rec.domain, meta), name=f"label:{sbx.id}")
 
     async def _create_vm(self, sbx: Sandbox, image: GuestImage) -> str:
         """Launch a VM for ``sbx``; how it came (clone or boot). Nothing is left on failure,
@@ -191,8 +189,8 @@ class Lifecycle:
             how = await self.launch(sbx, image)
         except BaseException as exc:
             self.ctx.metrics.count_create_failure(rec.template)
-            tail = self.ctx.console_tail(rec.domain)
-            await self.ctx.vms.destroy_tracked(rec.domain)
+            tail = self.ctx.vms.console_tail(rec.domain)
+            await self.ctx.vms.destroy(rec.domain)
             self.registry.forget(rec.id)
             mapped = self._boot_error(exc, rec.id, rec.domain, tail)
             if mapped is exc:
@@ -216,16 +214,6 @@ class Lifecycle:
                 console=tail,
             )
         return exc
-
-    async def _label(self, sbx: Sandbox) -> None:
-        """Name the sandbox in its pooled domain's metadata (for operators and reconcile)."""
-        rec = sbx.record
-        try:
-            await asyncio.to_thread(
-                self.ctx.hv.set_metadata, rec.domain, {"sandbox": rec.id, "template": rec.template}
-            )
-        except HypervisorError as exc:
-            log.warning("sandbox.label_failed", sandbox_id=rec.id, error=str(exc))
 
     async def launch(self, sbx: Sandbox, image: GuestImage) -> str:
         """Start a VM for ``sbx.record`` (domain ``record.domain``) and attach its agent; how it
@@ -263,13 +251,7 @@ class Lifecycle:
         log.warning("sandbox.lost", sandbox_id=sbx.id, reason=reason)
         self.ctx.metrics.count_kernel_death("vm")
         self.registry.set_state(sbx, SandboxState.DEAD, detail=f"the VM stopped: {reason}")
-        self.ctx.tasks.spawn(self.destroy_vm(sbx), name=f"destroy:{sbx.id}")
-
-    async def destroy_vm(self, sbx: Sandbox) -> None:
-        try:
-            await asyncio.to_thread(self.ctx.hv.destroy, sbx.record.domain)
-        except HypervisorError as exc:
-            log.error("sandbox.destroy_failed", sandbox_id=sbx.id, error=str(exc))
+        self.ctx.vms.destroy_later(sbx.record.domain)
 
     async def delete(self, owner: str, sandbox_id: str) -> None:
         await self.remove(self.registry.get(owner, sandbox_id), reason="deleted")
@@ -280,7 +262,7 @@ class Lifecycle:
             return
         if sbx.agent is not None:
             await sbx.agent.close()
-        await self.destroy_vm(sbx)
+        await self.ctx.vms.destroy(sbx.record.domain)
         self.registry.forget(sbx.id)
         self.ctx.drop_hibernation_file(sbx.record)
         for hook in self.on_remove:
@@ -293,33 +275,31 @@ class Lifecycle:
         """Reattach to running VMs we know, drop records of dead ones, destroy strays."""
         ctx = self.ctx
         try:
-            domains = {d.name: d for d in await asyncio.to_thread(ctx.hv.domains)}
+            running = await ctx.vms.running_domains()
         except LibvirtUnavailable as exc:
             raise BackendUnavailable(str(exc)) from exc
         keep: set[str] = set()
         for rec in ctx.registry.store.all():
             sbx = Sandbox(rec)
-            info = domains.get(rec.domain)
             if rec.state == SandboxState.HIBERNATED and ctx.has_hibernation_file(rec):
                 ctx.registry.add(sbx)  # wakes on its next call
                 continue
-            if rec.state == SandboxState.STARTING or info is None or not info.running:
+            if rec.state == SandboxState.STARTING or rec.domain not in running:
                 # killed mid-create, or its VM is gone: nothing to reattach to
                 log.info("sandbox.dropped", sandbox_id=rec.id, domain=rec.domain, state=rec.state)
                 ctx.registry.forget(rec.id)
                 continue
             if await self._reattach(sbx):
                 keep.add(rec.domain)
-        removed = await asyncio.to_thread(ctx.hv.reconcile, keep)
+        removed = await ctx.vms.reconcile(keep)
         if removed:
             log.info("reconcile.destroyed", domains=removed)
         self._remove_stray_hibernations()
 
     async def _reattach(self, sbx: Sandbox) -> bool:
         rec = sbx.record
-        socket = self.ctx.hv.vm_dir(rec.domain) / "agent.sock"
         try:
-            agent = await self.ctx.vms.connect_agent(socket, self.ctx.settings.timeouts.reattach)
+            agent = await self.ctx.vms.reattach(rec.domain, self.ctx.settings.timeouts.reattach)
         except ChannelError as exc:
             log.warning("sandbox.reattach_failed", sandbox_id=rec.id, error=str(exc))
             self.registry.forget(rec.id)

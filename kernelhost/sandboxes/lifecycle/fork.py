@@ -63,7 +63,7 @@ class Forker:
                 new_record(
                     owner=owner,
                     template=prec.template,
-                    domain=self.ctx.hv.new_name(),
+                    domain=self.ctx.vms.new_name(),
                     image_key=prec.image_key,
                     shape=shape,
                     idle_timeout=prec.idle_timeout_seconds,

@@ -193,11 +193,9 @@ class Reaper:
         await self._act(sbx, time.time())
 
     async def sweep(self, now: float) -> None:
-        hv = self.ctx.hv
-        if hv.pending_destroys:  # destroys that failed while libvirt was away
-            done = await asyncio.to_thread(hv.retry_destroys)
-            if done:
-                log.info("reaper.destroyed_late", domains=done)
+        done = await self.ctx.vms.retry_destroys()  # destroys that failed while libvirt was away
+        if done:
+            log.info("reaper.destroyed_late", domains=done)
         for sbx in self.ctx.registry:
             task = self._working.get(sbx.id)
             if task is not None and not task.done():

@@ -14,8 +14,6 @@ import time
 
 import structlog
 
-from hypervisor import HypervisorError
-
 from ...channel import ChannelError
 from ...channel.protocol import Capability, Op
 from ..context import Context
@@ -119,7 +117,7 @@ class Recoverer:
             if not self.registry.holds(sbx):  # deleted while the new VM came up
                 if sbx.agent is not None:
                     await sbx.agent.close()
-                await self.lifecycle.destroy_vm(sbx)
+                await self.ctx.vms.destroy(sbx.record.domain)
                 return False
             self.registry.update(sbx, state=SandboxState.RUNNING, detail="")
             log.info(
@@ -145,19 +143,13 @@ class Recoverer:
             return
         self.ctx.drop_hibernation_file(sbx.record)  # a hibernated one too
         if wait:
-            await self._destroy_old(sbx.id, sbx.record.domain)
+            await self.ctx.vms.destroy(sbx.record.domain)
         else:
             self.ctx.vms.destroy_later(sbx.record.domain)
 
-    async def _destroy_old(self, sandbox_id: str, domain: str) -> None:
-        try:
-            await asyncio.to_thread(self.ctx.hv.destroy, domain)
-        except HypervisorError as exc:  # remembered by the hypervisor and retried by the reaper
-            log.warning("sandbox.old_vm_destroy_failed", sandbox_id=sandbox_id, error=str(exc))
-
     async def _launch_new_vm(self, sbx: Sandbox, reason: str) -> None:
         rec = sbx.record
-        self.registry.update(sbx, domain=self.ctx.hv.new_name(), state=SandboxState.REPLACING, detail="")
+        self.registry.update(sbx, domain=self.ctx.vms.new_name(), state=SandboxState.REPLACING, detail="")
         try:
             image = self.ctx.images.get(rec.template)
             # the new VM runs the template's current image: later forks and wakes must use it

@@ -16,7 +16,6 @@ key's ``max_memory_mib_per_key`` while it runs; the build's deadline bounds it.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 import secrets
 import time
@@ -30,7 +29,6 @@ from hypervisor.ownership import give_to_qemu
 
 from ...channel import AgentClient, ChannelError
 from ...channel.protocol import BashFrame, Op
-from ...tasks import to_thread_to_the_end
 from ..context import Context
 from ..network import NetworkSpec, Tunnels
 from ..network.indexes import BuildIndexes
@@ -62,21 +60,15 @@ async def build_in_vm(
     disk = scratch / "layer.disk"
     with ctx.registry.reserve(build.owner, 0, memory):
         await asyncio.to_thread(_make_disk, disk, settings.template_layer_max_mib)
-        domain = f"{ctx.hv.prefix}build-{build.id.removeprefix('bld_')}"
-        spec = ctx.hv.spec_for(
-            domain, image, accel=ctx.accel, memory_mib=memory, vcpus=max(1, settings.vm_vcpus),
-            metadata={"role": "build", "build": build.id}, mem_path=ctx.vms.anon_dir, mem_share=True,
-            writable_size="25%", cmdline_extra="kh.build",  # its agent starts no Jupyter kernel
-        )  # fmt: skip
-        spec = dataclasses.replace(spec, scratch_disk=disk)
+        domain = ctx.vms.builder_name(build.id.removeprefix("bld_"))
         agent: AgentClient | None = None
         tunnels: Tunnels | None = None
         try:
             what = f"{image.template}, {memory} MiB, network: {indexes.describe()}"
             await build.note({"stage": "vm", "detail": what})
             t0 = time.monotonic()
-            await to_thread_to_the_end(ctx.hv.start, spec)
-            agent = await ctx.vms.connect_agent(spec.channel_socket, settings.timeouts.boot)
+            meta = {"role": "build", "build": build.id}
+            agent, device = await ctx.vms.boot_builder(domain, image, memory, disk, meta)
             await build.note({"log": f"build VM {domain}: booted in {time.monotonic() - t0:.1f} s"})
             tunnels = Tunnels(indexes.policy(), agent, build.id, count=ctx.metrics.count_connection)
             agent.add_listener(tunnels)
@@ -86,7 +78,7 @@ async def build_in_vm(
             if indexes.cert is not None:
                 job["pip_cert"] = f"{GUEST_DIR}/pip-cert.pem"
             await _upload(agent, job, archive, indexes.cert, settings.timeouts.file_op)
-            argv = f"--spec {GUEST_DIR}/job.json --out-dev /dev/{spec.scratch_device}"
+            argv = f"--spec {GUEST_DIR}/job.json --out-dev /dev/{device}"
             if archive is not None:
                 argv += f" --files {GUEST_DIR}/files.tar.gz"
             info = await _run(agent, build, f"python3 -u {GUEST_DIR}/layer.py {argv}")
@@ -97,7 +89,7 @@ async def build_in_vm(
                 tunnels.close()
             if agent is not None:
                 await asyncio.shield(agent.close())
-            await ctx.vms.destroy_tracked(domain)
+            await ctx.vms.destroy(domain)
     layer = await asyncio.to_thread(_take_layer, disk, info, settings.template_layer_max_mib)
     return info, layer
 

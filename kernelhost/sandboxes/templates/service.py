@@ -354,7 +354,7 @@ class TemplateService:
             with contextlib.suppress(TemplateNotFound):
                 await self.cancel(owner, name, rec.build_id)
         self.store.delete(owner, name)
-        await self.ctx.vms.pool.stop(image)
+        await self.ctx.vms.forget_template(image)
         await asyncio.to_thread(self._remove_files, image, rec)
         log.info("template.deleted", template=name, owner=owner or "operator")
 
@@ -363,7 +363,6 @@ class TemplateService:
         (built_dir / image).unlink(missing_ok=True)
         for path in built_dir.glob(f"{image}-*"):
             shutil.rmtree(path, ignore_errors=True)
-        self.ctx.vms.snapshots.remove(image)
         for build in self.store.builds(rec.owner, rec.name):
             (self.queue.log_dir / f"{build['id']}.jsonl").unlink(missing_ok=True)
 

@@ -170,10 +170,10 @@ async def _snapshot(ctx: Context, build: Build, image: GuestImage) -> None:
     await build.note(
         {"stage": "snapshot", "detail": ", ".join(image.manifest.get("preload") or []) or "kernel"}
     )
-    memory, _, _ = ctx.vms.snapshots.shape_of(image)
+    memory, _ = ctx.vms.shape_of(image)
     try:
         with ctx.registry.reserve(build.owner, 0, memory):  # the template VM is the key's too
-            await ctx.vms.snapshot_for(image)
+            await ctx.vms.prepare_template(image)
     except (HypervisorError, ChannelError, TimeoutError) as exc:
         raise BuildFailed(
             "the template's VM did not reach a ready kernel with its preloads imported: "

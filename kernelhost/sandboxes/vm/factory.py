@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import os
 import shutil
 import time
@@ -28,16 +29,20 @@ from ...channel import AgentClient
 from ...channel.protocol import Capability, Op, jupyter_message
 from ...config import Settings
 from ...tasks import TaskSet, to_thread_to_the_end
+from .backend import Children
 from .fork import VmForker
 from .launched import Launched, VmTimings
 from .pool import Clone, WarmPool
 from .prune import apply, scan_in_use, stale_snapshots
+from .saves import CheckpointFiles
 from .snapshots import Snapshot, TemplateSnapshots
 
 log = structlog.get_logger("kernelhost.vms")
 
 
 class VmFactory:
+    """The libvirt and QEMU ``VmBackend`` (``backend.py`` has the contract)."""
+
     def __init__(self, settings: Settings, hv: Hypervisor, images: ImageStore, accel: str) -> None:
         self.settings = settings
         self.timeouts = settings.timeouts
@@ -186,7 +191,7 @@ class VmFactory:
                 return await self.clone(domain, image, snap, meta)
             return await self._boot(domain, image, meta)
         except BaseException:
-            await self.destroy_tracked(domain)
+            await self.destroy(domain)
             raise
 
     async def _boot(self, domain: str, image: GuestImage, meta: dict[str, str]) -> Launched:
@@ -234,21 +239,27 @@ class VmFactory:
             raise
         return Launched(agent, VmTimings(how, t1 - t0, t2 - t1, time.monotonic() - t2))
 
-    async def destroy_tracked(self, domain: str) -> None:
-        """Destroy ``domain`` even if the caller is cancelled meanwhile: the destroy runs as a
-        task that ``close`` waits for, so a shutdown mid-launch leaves no domain behind."""
+    async def destroy(self, domain: str) -> None:
+        """Destroy ``domain`` (idempotent), even if the caller is cancelled meanwhile: the
+        destroy runs as a task that ``close`` waits for, so a shutdown mid-launch leaves no
+        domain behind. Never raises: a failure is logged and ``retry_destroys`` tries again."""
         await asyncio.shield(self.destroy_later(domain))
 
     def destroy_later(self, domain: str) -> asyncio.Task[None]:
         """Destroy ``domain`` in the background; ``close`` waits for it (a shutdown right after
         does not leave the domain running, as a cancelled task would)."""
-        return self.background.spawn(self.destroy(domain), name=f"destroy:{domain}")
+        return self.background.spawn(self._destroy(domain), name=f"destroy:{domain}")
 
-    async def destroy(self, domain: str) -> None:
+    async def _destroy(self, domain: str) -> None:
         try:
             await asyncio.to_thread(self.hv.destroy, domain)
-        except HypervisorError as exc:
+        except HypervisorError as exc:  # remembered by the hypervisor, retried by the reaper
             log.error("vm.destroy_failed", domain=domain, error=str(exc))
+
+    async def retry_destroys(self) -> list[str]:
+        if not self.hv.pending_destroys:
+            return []
+        return await asyncio.to_thread(self.hv.retry_destroys)
 
     # -- pool ----------------------------------------------------------------------------------
 
@@ -260,7 +271,7 @@ class VmFactory:
             await self.warm_up(launched.agent)
         except BaseException:
             await launched.agent.close()
-            await self.destroy_tracked(domain)
+            await self.destroy(domain)
             raise
         return Clone(domain, launched.agent, image.key)
 
@@ -299,6 +310,23 @@ class VmFactory:
         await clone.agent.close()
         await self.destroy(clone.domain)
 
+    def take_clone(self, template: str, refill: bool) -> Clone | None:
+        """A ready clone of ``template`` from the pool (None: none, or snapshots are off);
+        ``refill``: the template's pool fills from now on (idempotent)."""
+        if not self.use_snapshots:
+            return None
+        clone = self.pool.take(template)
+        if refill:
+            self.pool.start(template)
+        return clone
+
+    async def warm(self, image: GuestImage) -> None:
+        """Build the template snapshot of ``image`` if it is missing, then keep its pool filled."""
+        if not self.use_snapshots:
+            return
+        await self.snapshot_for(image)
+        self.pool.start(image.template)
+
     # -- hibernate and wake --------------------------------------------------------------------
 
     async def hibernate(self, domain: str, path: Path) -> int:
@@ -320,15 +348,77 @@ class VmFactory:
             await to_thread_to_the_end(self.hv.start_incoming, spec)
             return await self.load_attached(spec, path, ignore_shared=False, how="wake", t0=t0)
         except BaseException:
-            await self.destroy_tracked(domain)
+            await self.destroy(domain)
             raise
 
     # -- fork ----------------------------------------------------------------------------------
 
-    async def fork(
-        self, parent: str, image: GuestImage, children: list[tuple[str, dict[str, str]]]
-    ) -> list[tuple[str, AgentClient]]:
+    async def fork(self, parent: str, image: GuestImage, children: Children) -> list[tuple[str, AgentClient]]:
         """Clone the running ``parent`` into ``children`` (domain, metadata); the parent resumes
         (``vm/fork.py``: page by page where it can, else through an intermediate VM). Each
         child's domain (the first ones may be QEMUs started before the fork) and agent."""
         return await self.forker.fork(parent, image, children)
+
+    # -- the rest of the contract: names, labels, reconcile, usage, checkpoints ----------------
+
+    def new_name(self) -> str:
+        return self.hv.new_name()
+
+    def shape_of(self, image: GuestImage) -> tuple[int, int]:
+        memory, vcpus, _ = self.snapshots.shape_of(image)
+        return memory, vcpus
+
+    async def label(self, domain: str, meta: dict[str, str]) -> None:
+        try:
+            await asyncio.to_thread(self.hv.set_metadata, domain, meta)
+        except HypervisorError as exc:
+            log.warning("vm.label_failed", domain=domain, error=str(exc))
+
+    async def reattach(self, domain: str, timeout: float) -> AgentClient:
+        return await self.connect_agent(self.hv.vm_dir(domain) / "agent.sock", timeout)
+
+    async def running_domains(self) -> set[str]:
+        return {d.name for d in await asyncio.to_thread(self.hv.domains) if d.running}
+
+    async def reconcile(self, keep: set[str]) -> list[str]:
+        return await asyncio.to_thread(self.hv.reconcile, keep)
+
+    async def cpu_time(self, domain: str) -> tuple[int, int]:
+        return await asyncio.to_thread(self.hv.cpu_time, domain)
+
+    def console_tail(self, domain: str, lines: int = 20) -> str:
+        path = self.hv.vm_dir(domain) / "console.log"
+        try:
+            return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    async def prepare_template(self, image: GuestImage) -> None:
+        await self.snapshot_for(image)
+
+    async def forget_template(self, name: str) -> None:
+        await self.pool.stop(name)
+        await asyncio.to_thread(self.snapshots.remove, name)
+
+    def builder_name(self, build_id: str) -> str:
+        return f"{self.hv.prefix}build-{build_id}"
+
+    async def boot_builder(
+        self, domain: str, image: GuestImage, memory_mib: int, scratch: Path, meta: dict[str, str]
+    ) -> tuple[AgentClient, str]:
+        spec = self.hv.spec_for(
+            domain, image, accel=self.accel, memory_mib=memory_mib, vcpus=max(1, self.settings.vm_vcpus),
+            metadata=meta, mem_path=self.anon_dir, mem_share=True,
+            writable_size="25%", cmdline_extra="kh.build",  # its agent starts no Jupyter kernel
+        )  # fmt: skip
+        spec = dataclasses.replace(spec, scratch_disk=scratch)
+        try:
+            await to_thread_to_the_end(self.hv.start, spec)
+            agent = await self.connect_agent(spec.channel_socket, self.timeouts.boot)
+        except BaseException:
+            await self.destroy(domain)
+            raise
+        return agent, spec.scratch_device
+
+    def checkpoint_files(self, directory: Path, live: str) -> CheckpointFiles:
+        return CheckpointFiles(self, directory, live)

@@ -76,7 +76,7 @@ class VmFactory(Protocol):
         self, spec: DomainSpec, state: Path, *, ignore_shared: bool, how: str, t0: float
     ) -> Launched: ...
 
-    async def destroy_tracked(self, domain: str) -> None: ...
+    async def destroy(self, domain: str) -> None: ...
 
     def destroy_later(self, domain: str) -> asyncio.Task[None]: ...
 
@@ -122,7 +122,7 @@ class VmForker:
             for one in launched:
                 await one.agent.close()
             for domain in domains:
-                await self.vms.destroy_tracked(domain)
+                await self.vms.destroy(domain)
             raise
         finally:
             # the paused copy (if any) and the file names go, off the caller's path
@@ -201,7 +201,7 @@ class VmForker:
         try:
             await to_thread_to_the_end(self.hv.start_incoming, spec)
         except BaseException:
-            await self.vms.destroy_tracked(domain)
+            await self.vms.destroy(domain)
             raise
         return domain
 

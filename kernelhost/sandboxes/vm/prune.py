@@ -17,7 +17,7 @@ memory, in tmpfs, so in RAM). What is safe to remove, from how they are used:
   unlinking it would be safe for that VM but would free nothing until it exits, and the bytes
   reported freed would be false; the next prune after those clones end removes it. So is one
   with a file in ``pins/``: a checkpoint's pages were diffed against its RAM, and restoring the
-  checkpoint maps it again (``checkpoints/files.py``).
+  checkpoint maps it again (``vm/saves.py``).
 - An image build is needed by every VM started from it (QEMU keeps its root file open), by
   every sandbox record that names it (a wake or a fork of that sandbox starts a VM from exactly
   that build) and by every checkpoint record that names it (a restore or a branch loads the

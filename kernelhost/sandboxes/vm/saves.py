@@ -31,10 +31,9 @@ import os
 import shutil
 import time
 import uuid
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import structlog
 import zstandard
@@ -44,9 +43,10 @@ from hypervisor import MEM_ID, GuestImage, HypervisorError, LiveSaveUnavailable,
 from ...tasks import to_thread_to_the_end
 from ..errors import CheckpointUnusable, StoreRowRefused
 from ..trust import inside
-from ..vm.factory import VmFactory
-from ..vm.launched import Launched
-from ..vm.snapshots import Snapshot
+from .backend import Saving
+from .fork import VmFactory as ForkHost
+from .launched import Launched
+from .snapshots import Snapshot
 
 log = structlog.get_logger("kernelhost.checkpoints")
 
@@ -54,17 +54,19 @@ STORE_CONCURRENCY = 2  # checkpoints diffed and compressed at once (each reads a
 ZSTD_LEVEL = 1
 
 
-@dataclass
-class Saving:
-    """A VM's whole state in a file on tmpfs; ``finish`` (a live save still being written):
-    call it in a thread, with a timeout, before reading the file."""
+class Host(ForkHost, Protocol):
+    """What checkpoint files use of the factory that owns them (``factory.VmFactory``)."""
 
-    path: Path
-    finish: Callable[[float], int] | None = None
+    ram_dir: Path
+
+    @property
+    def use_snapshots(self) -> bool: ...
 
 
 class CheckpointFiles:
-    def __init__(self, vms: VmFactory, checkpoint_dir: Path, live: str = "off") -> None:
+    """The libvirt backend's ``StateFiles`` (``backend.py``)."""
+
+    def __init__(self, vms: Host, checkpoint_dir: Path, live: str = "off") -> None:
         self.vms = vms
         self.dir = checkpoint_dir
         self.tmp = vms.ram_dir / "checkpoints" / vms.hv.prefix.rstrip("-")
@@ -235,7 +237,7 @@ class CheckpointFiles:
                 await started
             launched = await vms.load_attached(spec, state, ignore_shared=False, how="checkpoint", t0=t0)
         except BaseException:
-            await vms.destroy_tracked(domain)
+            await vms.destroy(domain)
             raise
         finally:
             state.unlink(missing_ok=True)
