@@ -340,3 +340,6 @@ async def with_keepalives(items: AsyncIterator[T], interval: float) -> AsyncGene
     finally:
         if pending is not None:
             pending.cancel()
+            # ``items`` is closed next (aclosing): only once this read of it has ended, or its
+            # aclose() finds it still running
+            await asyncio.wait({pending})
