@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 
 import pytest
 
@@ -17,7 +17,7 @@ pytestmark = pytest.mark.unit
 async def test_closing_while_an_item_is_awaited_closes_the_source_cleanly() -> None:
     closed = asyncio.Event()
 
-    async def source() -> AsyncIterator[int]:
+    async def source() -> AsyncGenerator[int, None]:
         try:
             yield 1
             await asyncio.Event().wait()  # the watcher's next event never comes
