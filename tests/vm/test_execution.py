@@ -347,7 +347,10 @@ async def test_interrupt_reaches_a_bash_command(py: AsyncSandbox) -> None:
     assert stopped.stdout == "go\n"
 
 
-async def test_client_disconnect_interrupts_the_call(py: AsyncSandbox, execution_service: Service) -> None:
+async def test_client_disconnect_interrupts_the_call(fresh: AsyncSandbox, execution_service: Service) -> None:
+    # a sandbox of its own: right after another test's restart, the shared one's vCPU also starts
+    # its next standby kernel, and the interrupt could miss this service's 3 s grace
+    py = fresh
     await py.run_code("still = 'there'")
     auth = {"Authorization": f"Bearer {execution_service.api_key}"}
     async with aiohttp.ClientSession(headers=auth) as http:
