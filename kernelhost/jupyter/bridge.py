@@ -12,7 +12,8 @@ It binds the five sockets (a port of 0 picks a free one; a restart passes the pr
 connected clients keep working), connects the WebSocket with the ``v1.kernel.websocket.jupyter.org``
 framing (binary buffers survive), and prints ``{"ports": {...}}`` (or ``{"error": "..."}`` and
 exits 1) as its only line on stdout. Messages from local clients are checked against the session
-key and forwarded as they are; replies come back to the socket identity that sent the request;
+key and forwarded as they are; replies come back to the socket identity that sent the request
+(a shell reply only once its request's ``idle`` status is out, or after ``REPLY_HOLD_S``);
 iopub goes to every subscriber. A ``shutdown_request`` on control is answered here and ends the
 process; without ``restart`` it first deletes the kernel (as a local kernel ends when asked), so a
 client with no kernel manager (``jupyter console``) leaves nothing behind. A restart is the
@@ -47,6 +48,8 @@ SOCKETS = (
     ("hb", zmq.REP),
 )
 ROUTES_KEPT = 8192
+REPLY_HOLD_S = 3.0  # the longest a shell reply waits for its request's idle status
+IDLE_KEPT = 256  # requests whose idle went out before their reply (a kernel may publish it first)
 FATAL_CLOSE_CODES = {4004: "the sandbox was deleted", 4009: "the sandbox is not running"}
 
 
@@ -73,6 +76,11 @@ class Bridge:
         self.exit_code = 0
         self.http: aiohttp.ClientSession | None = None
         self.deleting = False  # the kernel is being deleted: its WebSocket's end is expected
+        # shell replies held until their request's idle is out on iopub: request msg_id ->
+        # (release time, frames). A client reads iopub up to the idle after the reply, allowing
+        # a local kernel's gap (jupyter_kernel_test: 0.1 s per message), not an emulated VM's
+        self.held: dict[str, tuple[float, list[bytes]]] = {}
+        self.idle: OrderedDict[str, None] = OrderedDict()
 
     def bind(self) -> None:
         ip = self.cfg.get("ip", "127.0.0.1")
@@ -117,6 +125,7 @@ class Bridge:
                 self.subscriptions(),
                 self.heartbeat(),
                 self.from_kernel(),
+                self.release_held(),
             )
         ]
         try:
@@ -262,18 +271,50 @@ class Bridge:
         if len(parts) < 4:
             raise WireError(f"a {channel} message with {len(parts)} parts")
         signed = [DELIM, self.session.sign(parts[:4]), *parts]
-        if channel == "iopub":
-            await self.socks["iopub"].send_multipart(signed)
-            return
         header, parent = json.loads(parts[0]), json.loads(parts[1])
         parent_id = str(parent.get("msg_id")) if isinstance(parent, dict) else ""
+        if channel == "iopub":
+            await self.socks["iopub"].send_multipart(signed)
+            if _is_idle(header, parts[3]):
+                await self.idle_sent(parent_id)
+            return
         idents = self.routes.get(parent_id)
         if idents is None or channel not in self.socks:
             return  # a reply to another client of the same kernel
         msg_type = header.get("msg_type", "") if isinstance(header, dict) else ""
         if channel in ("shell", "control") and str(msg_type).endswith("_reply"):
             self.routes.pop(parent_id, None)
+        if channel == "shell" and parent_id not in self.idle:
+            loop = asyncio.get_running_loop()
+            self.held[parent_id] = (loop.time() + REPLY_HOLD_S, [*idents, *signed])
+            return
         await self.socks[channel].send_multipart([*idents, *signed])
+
+    async def idle_sent(self, parent_id: str) -> None:
+        """The idle of ``parent_id`` is out: its held reply follows; else it goes out unheld."""
+        held = self.held.pop(parent_id, None)
+        if held is not None:
+            await self.socks["shell"].send_multipart(held[1])
+            return
+        self.idle[parent_id] = None
+        while len(self.idle) > IDLE_KEPT:
+            self.idle.popitem(last=False)
+
+    async def release_held(self) -> None:
+        """A reply whose idle never comes (a kernel that died between them) goes out anyway."""
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(0.25)
+            now = loop.time()
+            for parent_id in [p for p, (due, _) in self.held.items() if due <= now]:
+                await self.socks["shell"].send_multipart(self.held.pop(parent_id)[1])
+
+
+def _is_idle(header: Any, content: bytes) -> bool:
+    if not isinstance(header, dict) or header.get("msg_type") != "status":
+        return False
+    state = json.loads(content)
+    return isinstance(state, dict) and state.get("execution_state") == "idle"
 
 
 async def main() -> int:
