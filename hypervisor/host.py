@@ -203,20 +203,9 @@ class Hypervisor:
             self.cleanup_files(spec.name)
             raise DomainStartFailed(spec.name, str(exc)) from exc
 
-    def start_from_state(
-        self, spec: DomainSpec, state: Path, *, ignore_shared: bool, timeout: float = 120.0
-    ) -> None:
-        """Start a domain paused, load a saved state into it, and resume it.
-
-        With ``ignore_shared`` the state holds no RAM: ``spec.mem_path`` must be the RAM file of
-        the frozen VM (mapped privately, copy-on-write). Without it the state carries all RAM.
-        """
-        self.start_incoming(spec)
-        self.load_into(spec.name, state, ignore_shared=ignore_shared, timeout=timeout)
-
     def start_incoming(self, spec: DomainSpec) -> None:
-        """Start a domain paused, waiting for a state (``load_into``): the two halves of
-        ``start_from_state``, for a caller that prepares the state while QEMU starts."""
+        """Start a domain paused, waiting for a state (``load_into``), so a caller can prepare
+        the state while QEMU starts."""
         self._check_name(spec.name)
         if not spec.incoming or spec.mem_path is None:
             raise ValueError("start_incoming needs a spec with incoming=True and a mem_path")
@@ -449,7 +438,12 @@ class Hypervisor:
         self._check_name(name)
         shutil.rmtree(self.vm_dir(name), ignore_errors=True)
         with contextlib.suppress(FileNotFoundError):
-            os.unlink(f"/var/log/libvirt/qemu/{name}.log")
+            os.unlink(self.qemu_log(name))
+
+    def qemu_log(self, name: str) -> Path:
+        """libvirt's log of the domain's QEMU (its command line, and why it exited)."""
+        self._check_name(name)
+        return Path("/var/log/libvirt/qemu") / f"{name}.log"
 
     def domains(self) -> list[DomainInfo]:
         """Every domain of this prefix that libvirt knows, running or not."""
@@ -486,11 +480,3 @@ class Hypervisor:
                     if path.name not in removed:
                         removed.append(path.name)
         return removed
-
-    def wait_gone(self, name: str, timeout: float) -> bool:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if not self.is_running(name):
-                return True
-            time.sleep(0.05)
-        return False

@@ -261,7 +261,7 @@ class FakeBackend:
     async def cpu_time(self, domain: str) -> tuple[int, int]:
         return 0, 1
 
-    def console_tail(self, domain: str, lines: int = 20) -> str:
+    def console_tail(self, domain: str, lines: int = 20, *, qemu_log: bool = False) -> str:
         return f"console of {domain}"
 
     async def prepare_template(self, image: GuestImage) -> None:

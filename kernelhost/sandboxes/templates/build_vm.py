@@ -83,6 +83,10 @@ async def build_in_vm(
                 argv += f" --files {GUEST_DIR}/files.tar.gz"
             info = await _run(agent, build, f"python3 -u {GUEST_DIR}/layer.py {argv}")
         except (HypervisorError, ChannelError, TimeoutError) as exc:
+            # why the VM went (QEMU's log says if it was killed, and by whom), before destroy
+            # removes the logs: for the operator's log, not the tenant's (it names host paths)
+            log.error("template.build_vm_failed", build=build.id, domain=domain, error=str(exc),
+                      evidence=ctx.vms.console_tail(domain, 30, qemu_log=True))  # fmt: skip
             raise BuildFailed(f"the build VM failed: {exc or type(exc).__name__}", build.stage) from None
         finally:
             if tunnels is not None:

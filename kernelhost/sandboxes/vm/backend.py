@@ -171,8 +171,10 @@ class VmBackend(Protocol):
     async def cpu_time(self, domain: str) -> tuple[int, int]:
         """(CPU time used in ns, vCPUs) of a running VM (``UsageMeter``)."""
 
-    def console_tail(self, domain: str, lines: int = 20) -> str:
-        """The last lines of the VM's console, for a boot failure's report ("" if none)."""
+    def console_tail(self, domain: str, lines: int = 20, *, qemu_log: bool = False) -> str:
+        """The last lines of the VM's console, for a boot failure's report ("" if none); with
+        ``qemu_log`` also of QEMU's own log (why QEMU exited; it names host paths, so it is for
+        the operator's log only). Read before ``destroy``, which removes both."""
 
     # -- templates (``templates/``) ----------------------------------------------------------
 

@@ -386,12 +386,20 @@ class VmFactory:
     async def cpu_time(self, domain: str) -> tuple[int, int]:
         return await asyncio.to_thread(self.hv.cpu_time, domain)
 
-    def console_tail(self, domain: str, lines: int = 20) -> str:
-        path = self.hv.vm_dir(domain) / "console.log"
-        try:
-            return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return ""
+    def console_tail(self, domain: str, lines: int = 20, *, qemu_log: bool = False) -> str:
+        paths = [("console", self.hv.vm_dir(domain) / "console.log")]
+        if qemu_log:
+            paths.append(("QEMU", self.hv.qemu_log(domain)))
+        tails = []
+        for what, path in paths:
+            try:
+                tail = path.read_text(errors="replace").splitlines()[-lines:]
+            except OSError:
+                continue
+            if tail and qemu_log:
+                tails.append(f"-- {what}:")
+            tails += tail
+        return "\n".join(tails)
 
     async def prepare_template(self, image: GuestImage) -> None:
         await self.snapshot_for(image)
