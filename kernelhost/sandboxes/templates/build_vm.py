@@ -41,6 +41,7 @@ GUEST_DIR = "/run/kh-build"
 CHUNK = 1 << 20  # bytes per upload frame
 LINE_MAX = 64 * 1024  # one line of the script's output; longer ones are cut
 INFO_MAX = 4 << 20  # the script's final report, as JSON
+BOOT_ATTEMPTS = 2  # build VMs started for one build when they fail before its script runs
 EROFS_MAGIC = (1024, bytes.fromhex("e2e1f5e0"))  # offset and bytes of an erofs superblock's magic
 
 
@@ -54,48 +55,81 @@ async def build_in_vm(
     scratch: Path,
 ) -> tuple[dict[str, Any], Path]:
     """Run ``job`` in a build VM of ``image``; (the checked report, the layer file in
-    ``scratch``). Raises ``BuildFailed`` naming the stage; whatever ends it, the VM is gone."""
+    ``scratch``). Raises ``BuildFailed`` naming the stage; whatever ends it, the VM is gone.
+    A VM that fails before the build script starts (nothing of the tenant's has run) is
+    replaced once: a host's hiccup does not fail the build."""
     settings = ctx.settings
     memory = settings.template_build_memory_mib
     disk = scratch / "layer.disk"
     with ctx.registry.reserve(build.owner, 0, memory):
-        await asyncio.to_thread(_make_disk, disk, settings.template_layer_max_mib)
-        domain = ctx.vms.builder_name(build.id.removeprefix("bld_"))
-        agent: AgentClient | None = None
-        tunnels: Tunnels | None = None
-        try:
-            what = f"{image.template}, {memory} MiB, network: {indexes.describe()}"
-            await build.note({"stage": "vm", "detail": what})
-            t0 = time.monotonic()
-            meta = {"role": "build", "build": build.id}
-            agent, device = await ctx.vms.boot_builder(domain, image, memory, disk, meta)
-            await build.note({"log": f"build VM {domain}: booted in {time.monotonic() - t0:.1f} s"})
-            tunnels = Tunnels(indexes.policy(), agent, build.id, count=ctx.metrics.count_connection)
-            agent.add_listener(tunnels)
-            net = ctx.network.host.guest_config(NetworkSpec("allowlist"))
-            await agent.request(Op.NET_CONFIG, timeout=settings.timeouts.net_config, **net)
-            job = {**job, "pip_config": indexes.pip, "proxy_env": net["env"]}
-            if indexes.cert is not None:
-                job["pip_cert"] = f"{GUEST_DIR}/pip-cert.pem"
-            await _upload(agent, job, archive, indexes.cert, settings.timeouts.file_op)
-            argv = f"--spec {GUEST_DIR}/job.json --out-dev /dev/{device}"
-            if archive is not None:
-                argv += f" --files {GUEST_DIR}/files.tar.gz"
-            info = await _run(agent, build, f"python3 -u {GUEST_DIR}/layer.py {argv}")
-        except (HypervisorError, ChannelError, TimeoutError) as exc:
-            # why the VM went (QEMU's log says if it was killed, and by whom), before destroy
-            # removes the logs: for the operator's log, not the tenant's (it names host paths)
-            log.error("template.build_vm_failed", build=build.id, domain=domain, error=str(exc),
-                      evidence=ctx.vms.console_tail(domain, 30, qemu_log=True))  # fmt: skip
-            raise BuildFailed(f"the build VM failed: {exc or type(exc).__name__}", build.stage) from None
-        finally:
-            if tunnels is not None:
-                tunnels.close()
-            if agent is not None:
-                await asyncio.shield(agent.close())
-            await ctx.vms.destroy(domain)
+        for attempt in range(1, BOOT_ATTEMPTS + 1):
+            await asyncio.to_thread(_make_disk, disk, settings.template_layer_max_mib)
+            domain = ctx.vms.builder_name(f"{build.id.removeprefix('bld_')}-{attempt}")
+            try:
+                info = await _in_vm(ctx, indexes, build, image, job, archive, disk, domain)
+                break
+            except _EarlyFailure as exc:
+                if attempt == BOOT_ATTEMPTS:
+                    raise BuildFailed(str(exc), "vm") from None
+                await build.note({"log": f"{exc}; starting another build VM"})
     layer = await asyncio.to_thread(_take_layer, disk, info, settings.template_layer_max_mib)
     return info, layer
+
+
+class _EarlyFailure(Exception):
+    """The build VM failed before the build script started."""
+
+
+async def _in_vm(
+    ctx: Context,
+    indexes: BuildIndexes,
+    build: Build,
+    image: GuestImage,
+    job: dict[str, Any],
+    archive: Path | None,
+    disk: Path,
+    domain: str,
+) -> dict[str, Any]:
+    settings = ctx.settings
+    memory = settings.template_build_memory_mib
+    agent: AgentClient | None = None
+    tunnels: Tunnels | None = None
+    started = False
+    try:
+        what = f"{image.template}, {memory} MiB, network: {indexes.describe()}"
+        await build.note({"stage": "vm", "detail": what})
+        t0 = time.monotonic()
+        meta = {"role": "build", "build": build.id}
+        agent, device = await ctx.vms.boot_builder(domain, image, memory, disk, meta)
+        await build.note({"log": f"build VM {domain}: booted in {time.monotonic() - t0:.1f} s"})
+        tunnels = Tunnels(indexes.policy(), agent, build.id, count=ctx.metrics.count_connection)
+        agent.add_listener(tunnels)
+        net = ctx.network.host.guest_config(NetworkSpec("allowlist"))
+        await agent.request(Op.NET_CONFIG, timeout=settings.timeouts.net_config, **net)
+        job = {**job, "pip_config": indexes.pip, "proxy_env": net["env"]}
+        if indexes.cert is not None:
+            job["pip_cert"] = f"{GUEST_DIR}/pip-cert.pem"
+        await _upload(agent, job, archive, indexes.cert, settings.timeouts.file_op)
+        argv = f"--spec {GUEST_DIR}/job.json --out-dev /dev/{device}"
+        if archive is not None:
+            argv += f" --files {GUEST_DIR}/files.tar.gz"
+        started = True
+        return await _run(agent, build, f"python3 -u {GUEST_DIR}/layer.py {argv}")
+    except (HypervisorError, ChannelError, TimeoutError) as exc:
+        # why the VM went (QEMU's log says if it was killed, and by whom), before destroy
+        # removes the logs: for the operator's log, not the tenant's (it names host paths)
+        log.error("template.build_vm_failed", build=build.id, domain=domain, error=str(exc),
+                  evidence=ctx.vms.console_tail(domain, 30, qemu_log=True))  # fmt: skip
+        message = f"the build VM failed: {exc or type(exc).__name__}"
+        if not started:
+            raise _EarlyFailure(message) from None
+        raise BuildFailed(message, build.stage) from None
+    finally:
+        if tunnels is not None:
+            tunnels.close()
+        if agent is not None:
+            await asyncio.shield(agent.close())
+        await ctx.vms.destroy(domain)
 
 
 def _make_disk(path: Path, max_mib: int) -> None:
