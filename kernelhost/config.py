@@ -21,6 +21,10 @@ from urllib.parse import urlsplit
 from .secret_rules import MIN_CLUSTER_SECRET_CHARS, check_secrets
 
 DEFAULT_CONFIG_FILE = Path("/etc/kernelhost/config.toml")
+#: a DNS name of at least two labels, lower case, no trailing dot (docs/ports.md)
+DOMAIN_RE = re.compile(
+    r"(?=.{1,200}$)([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?\.)+[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?"
+)
 
 
 class ConfigError(ValueError):
@@ -119,6 +123,9 @@ class Settings:
     max_processes_per_key: int = 128
     max_list_entries: int = 10000  # entries of one recursive listing (E2B's ListDir) before it stops
     metrics_require_key: bool = False  # /healthz and /metrics behind an API key
+    # docs/ports.md: a request for {port}-{sandbox id}.{domain} goes to that port in the sandbox
+    domain: str = ""  # the wildcard DNS name in front of the service; empty: no port routing
+    ports_public: bool = False  # true: a sandbox's ports answer without its traffic token
     tls_cert_file: str = ""  # serve HTTPS with this certificate chain (PEM) and tls_key_file
     tls_key_file: str = ""
     max_frame_bytes: int = 64 * 1024 * 1024
@@ -327,6 +334,11 @@ class Settings:
         for name in ("max_processes_per_sandbox", "max_processes_per_key", "max_list_entries"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} has value {getattr(self, name)}; use at least 1")
+        if self.domain and not DOMAIN_RE.fullmatch(self.domain):
+            raise ConfigError(
+                f"domain has value {self.domain!r}; use a lower-case DNS name without scheme or "
+                "port (sandboxes.example.com), whose wildcard *.sandboxes.example.com points here"
+            )
         if bool(self.tls_cert_file) != bool(self.tls_key_file):
             raise ConfigError("tls_cert_file and tls_key_file go together: set both, or neither")
         self._validate_cluster()

@@ -25,6 +25,7 @@ from .gateway import setup_gateway
 from .mcp_http import setup_mcp
 from .middleware import add_security_headers, auth_middleware, request_limits
 from .pip_index import serving as serving_pip_index
+from .ports import port_routing
 from .state import KEYS, RUNTIME, SETTINGS, Runtime
 from .v1.checkpoints import checkpoint_routes
 from .v1.openapi import setup_openapi
@@ -93,6 +94,7 @@ async def _service(app: web.Application, settings: Settings) -> AsyncIterator[No
 def init_app(settings: Settings, keys: KeyRing | None = None) -> web.Application:
     app = web.Application(
         middlewares=[
+            port_routing(settings.domain),  # {port}-{sandbox id}.{domain}: a server in a sandbox
             error_middleware,
             auth_middleware,
             request_limits(settings),

@@ -90,10 +90,13 @@ class Event(enum.StrEnum):
 
 
 class NetFrame(enum.StrEnum):
-    """The ``t`` field of a ``net`` frame; every one names its ``tunnel`` (an id of the guest)."""
+    """The ``t`` field of a ``net`` frame; every one names its ``tunnel``: an id of the guest
+    (above 0) for a connection the guest opens out, an id of the host (below 0) for one the host
+    opens to a port in the guest (``Capability.INGRESS``)."""
 
     OPEN = "open"  # guest -> host {host, port}
-    OPENED = "opened"  # host -> guest {ok, reason (a NetRefusal), error}
+    OPENED = "opened"  # host -> guest {ok, reason (a NetRefusal), error}; guest -> host {ok, error}
+    CONNECT = "connect"  # host -> guest {port}: connect to 127.0.0.1:port in the guest
     DATA = "data"  # both ways {data}; at most NET_WINDOW unacknowledged bytes per direction
     ACK = "ack"  # both ways {n}: bytes of the other side's data written out
     CLOSE = "close"  # both ways
@@ -130,6 +133,9 @@ class Capability(enum.StrEnum):
     #: ``bash`` with ``raw_output: true`` sends the command's output as ``bash_out`` frames of
     #: raw bytes (spliced from its pipe to the port) instead of ``stream`` messages
     RAW_OUTPUT = "raw_output"
+    #: ``net`` frames ``connect`` (host -> guest, a tunnel id below 0): a connection of the
+    #: host's to a port a server in the guest listens on (docs/ports.md)
+    INGRESS = "ingress"
 
 
 #: The capability each optional op needs; ops not listed every agent has.

@@ -127,6 +127,12 @@ class SandboxNotRunning(SandboxError):
     code = "sandbox_not_running"
 
 
+class PortNotOpen(SandboxError):
+    """Nothing in the sandbox accepts connections on the port a request was routed to."""
+
+    code = "port_not_open"
+
+
 class CapacityExceeded(SandboxError):
     code = "capacity_exceeded"
 

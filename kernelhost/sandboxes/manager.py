@@ -39,6 +39,7 @@ from .lifecycle.fork import Forker
 from .lifecycle.hibernation import Hibernation, Reaper
 from .lifecycle.recovery import Recoverer
 from .network import HostNetwork, SandboxNetwork
+from .ports import Ports
 from .processes import Processes
 from .registry import Quota, Registry
 from .sandbox import Sandbox, ensure_usable, wait_replacement
@@ -96,6 +97,7 @@ class SandboxManager:
             ctx, self._lifecycle, CheckpointStore(store.db), self._recovery.drop_vm
         )
         self.files = FileService(settings, self._hibernation.settle)
+        self.ports = Ports(ctx, self._hibernation.settle)
         self.sessions = Sessions(
             registry, self._hibernation.ensure_awake, send_timeout=settings.agent_timeout, tasks=ctx.tasks
         )

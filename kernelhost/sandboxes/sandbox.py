@@ -22,6 +22,7 @@ from .store.sandboxes import SandboxRecord
 
 if TYPE_CHECKING:
     from .execution import RunningCall
+    from .network.ingress import Ingress
     from .network.tunnels import Tunnels
 
 
@@ -123,6 +124,7 @@ class Sandbox:
     call: RunningCall | None = None  # the native execution running now
     replacement: asyncio.Task[bool] | None = None  # a VM replacement in progress
     net: Tunnels | None = None  # the host side of the guest's network tunnels
+    ingress: Ingress | None = None  # the host's connections to ports in the guest
     kernel: AttachedKernel | None = None  # the Jupyter clients attached to it (co-attach)
     processes: dict[int, BackgroundProcess] = field(default_factory=dict)  # background processes, by pid
     #: auto_checkpoint: the state changed since the last automatic checkpoint

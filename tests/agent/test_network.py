@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
-from collections.abc import AsyncIterator
+import socket
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -188,3 +190,50 @@ async def test_net_config_drops_the_tunnels_of_an_earlier_host(
     answer = await asyncio.wait_for(reader.read(), WAIT)
     assert answer.startswith(b"HTTP/1.1 502 the host reconnected; retry")
     writer.close()
+
+
+# -- ingress: the host's connections to a port in the guest ------------------------------------------
+
+
+async def test_the_host_connects_to_a_port_a_server_in_the_guest_listens_on(host: HostEnd) -> None:
+    async def echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(b"echo:" + await reader.readexactly(5))
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(echo, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        await host_net(host, protocol.NetFrame.CONNECT, -1, port=port)
+        assert (await net_frame(host, protocol.NetFrame.OPENED))["ok"] is True
+        await host_net(host, protocol.NetFrame.DATA, -1, data=b"hello")
+        got = b""
+        while True:
+            frame = await asyncio.wait_for(host.net.get(), WAIT)
+            if frame["t"] == protocol.NetFrame.DATA:
+                got += frame["data"]
+            elif frame["t"] == protocol.NetFrame.CLOSE:
+                break
+        assert got == b"echo:hello"
+    finally:
+        server.close()
+
+
+async def test_a_connect_to_a_port_nothing_listens_on_is_answered_with_the_reason(host: HostEnd) -> None:
+    with socket_bound() as port:  # bound, not listening: the connection is refused
+        await host_net(host, protocol.NetFrame.CONNECT, -2, port=port)
+        opened = await net_frame(host, protocol.NetFrame.OPENED)
+    assert opened["ok"] is False
+    assert f"nothing in the sandbox accepts connections on port {port}" in opened["error"]
+    await host_net(host, protocol.NetFrame.CONNECT, -3, port=70000)
+    assert "no such port" in (await net_frame(host, protocol.NetFrame.OPENED))["error"]
+
+
+@contextlib.contextmanager
+def socket_bound() -> Iterator[int]:
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    try:
+        yield sock.getsockname()[1]
+    finally:
+        sock.close()

@@ -105,6 +105,7 @@ class Agent:
         self.dispatcher.register(self.network)
         self.dispatcher.register(Snapshots(config, self.kernel))
         self.dispatcher.register(WarmUp(self.kernel, config.language))
+        self.dispatcher.register(self.proxy)  # announces INGRESS; its frames are kinds below
         self.dispatcher.register_kinds(self.relay.frame_handlers())
         self.dispatcher.register_kinds(self.proxy.frame_handlers())
 

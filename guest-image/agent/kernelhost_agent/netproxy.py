@@ -7,6 +7,10 @@ turns each into a tunnel: frames ``{"op": "net", "t": ..., "tunnel": N}`` with g
 {n} (bytes written out: each side sends at most NET_WINDOW unacknowledged bytes per tunnel) and
 "close". Tunnel ids are the guest's. The host decides what may be reached; this side only
 carries bytes.
+
+The host opens connections the other way too (``Capability.INGRESS``): "connect" {port} with a
+tunnel id below 0 connects to 127.0.0.1:port (a server the tenant started in the guest), answered
+"opened" {ok, error}; then the same "data", "ack" and "close".
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ import asyncio
 import contextlib
 import itertools
 import urllib.parse
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from .shared import protocol
@@ -81,6 +85,13 @@ class NetProxy:
         """The frame kinds this area takes from the host."""
         return {protocol.Frame.NET: self.on_frame}
 
+    @property
+    def capability(self) -> protocol.Capability:
+        return protocol.Capability.INGRESS
+
+    def ops(self) -> Mapping[str, Any]:
+        return {}  # its frames are "net" frames (``frame_handlers``), not requests
+
     async def listen(self) -> None:
         """Listen on 127.0.0.1:``port`` (again), if not already."""
         if self.server is None:
@@ -121,7 +132,9 @@ class NetProxy:
         kind, tunnel_id = frame.get("t"), frame.get("tunnel")
         tun = self.tunnels.get(tunnel_id) if isinstance(tunnel_id, int) else None
         if tun is None:
-            if kind != protocol.NetFrame.CLOSE and isinstance(tunnel_id, int):
+            if kind == protocol.NetFrame.CONNECT and isinstance(tunnel_id, int) and tunnel_id < 0:
+                self._spawn(self._serve_inbound(tunnel_id, frame.get("port")))
+            elif kind != protocol.NetFrame.CLOSE and isinstance(tunnel_id, int):
                 self._net(protocol.NetFrame.CLOSE, tunnel_id)
             return
         if kind == protocol.NetFrame.OPENED:
@@ -163,6 +176,35 @@ class NetProxy:
             writer.close()
             if task is not None:
                 self._clients.discard(task)
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.ensure_future(coro)
+        self._clients.add(task)
+        task.add_done_callback(self._clients.discard)
+
+    async def _serve_inbound(self, tunnel_id: int, port: Any) -> None:
+        """A connection of the host's to 127.0.0.1:``port``: connect, answer, pump bytes."""
+        if not isinstance(port, int) or isinstance(port, bool) or not 0 < port < 65536:
+            self._net(protocol.NetFrame.OPENED, tunnel_id, ok=False, error=f"no such port: {port!r:.20}")
+            return
+        try:
+            reader, writer = await _open_local_port(port)
+        except (OSError, TimeoutError) as exc:
+            error = f"nothing in the sandbox accepts connections on port {port}: {exc or 'timed out'}"
+            self._net(protocol.NetFrame.OPENED, tunnel_id, ok=False, error=error[:300])
+            return
+        tun = _Tunnel(tunnel_id, writer)
+        tun.opened.set_result({"ok": True})
+        self.tunnels[tunnel_id] = tun
+        try:
+            self._net(protocol.NetFrame.OPENED, tunnel_id, ok=True)
+            await self._pump(tun, reader, writer)
+        except (ConnectionError, OSError):
+            pass
+        finally:
+            if self.tunnels.pop(tunnel_id, None) is not None:
+                self._net(protocol.NetFrame.CLOSE, tunnel_id)
+            writer.close()
 
     async def _open(self, tun: _Tunnel, host: str, port: int, first: bytes) -> None:
         """Ask the host to connect; then send the request head, or answer CONNECT's 200."""
@@ -211,6 +253,19 @@ class NetProxy:
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def _open_local_port(port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A connection to a server on ``port`` of the loopback: IPv4, else IPv6 (a server that
+    listens on "localhost" may have taken ::1 only)."""
+    try:
+        return await asyncio.wait_for(
+            asyncio.open_connection("127.0.0.1", port, limit=protocol.NET_CHUNK), OPEN_TIMEOUT
+        )
+    except ConnectionRefusedError:
+        return await asyncio.wait_for(
+            asyncio.open_connection("::1", port, limit=protocol.NET_CHUNK), OPEN_TIMEOUT
+        )
 
 
 def _parse_head(head: bytes) -> tuple[str, int, bytes]:

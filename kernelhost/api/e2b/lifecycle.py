@@ -21,7 +21,7 @@ from aiohttp import web
 
 from ...sandboxes import Sandbox, SandboxState
 from ...sandboxes.sandbox import iso_time
-from ..state import KEY_ID
+from ..state import KEY_ID, SETTINGS
 from . import snapshots
 from .common import (
     ENVD_VERSION,
@@ -48,7 +48,7 @@ def _describe(request: web.Request, sbx: Sandbox, *, secrets: bool = False) -> d
         "alias": template,
         "clientID": "kernelhost",
         "envdVersion": ENVD_VERSION,
-        "domain": None,
+        "domain": request.app[SETTINGS].domain or None,  # get_host(port): docs/ports.md
         "startedAt": iso_time(rec.created_at),
         "endAt": iso_time(rec.last_active_at + rec.idle_timeout_seconds),
         "cpuCount": rec.vcpus,

@@ -5,6 +5,8 @@ checks and opens.
 - ``policy``: modes, allowlist entries, the checks made after name resolution;
 - ``host``: what the host contributes (pip indexes, its own addresses, the API endpoint);
 - ``tunnels``: the host side of one agent's tunnels;
+- ``ingress``: the host's connections to ports in the guest (docs/ports.md);
+- ``pump``: bytes both ways through one tunnel, what ``tunnels`` and ``ingress`` share;
 - ``indexes``: what a template's build VM may reach (the host's apt and pip indexes);
 - ``SandboxNetwork`` (here): serve a sandbox's tunnels on its agent and tell the guest its mode.
 """
@@ -21,6 +23,7 @@ from ...config import Settings
 from ...metrics import Metrics
 from ..errors import AgentUnresponsive, NotSupportedByImage
 from .host import INDEX_HOST, HostNetwork, host_addresses
+from .ingress import Ingress, PortClosed
 from .policy import (
     MODES,
     AllowEntry,
@@ -41,8 +44,10 @@ __all__ = [
     "MODES",
     "AllowEntry",
     "HostNetwork",
+    "Ingress",
     "NetworkSpec",
     "Policy",
+    "PortClosed",
     "Refused",
     "SandboxNetwork",
     "Tunnels",
@@ -63,13 +68,18 @@ class SandboxNetwork:
         self.metrics = metrics
 
     def bind(self, sbx: Sandbox, agent: AgentClient) -> None:
-        """Serve the guest's tunnels on this agent's channel; they end with the channel (close,
-        hibernation, fork hand-over, VM replacement) or when another agent takes over."""
+        """Serve the guest's tunnels, and the host's into its ports, on this agent's channel;
+        they end with the channel (close, hibernation, fork hand-over, VM replacement) or when
+        another agent takes over."""
         if sbx.net is not None:
             sbx.net.close()
+        if sbx.ingress is not None:
+            sbx.ingress.close()
         spec = NetworkSpec.from_dict(sbx.record.network)
         sbx.net = Tunnels(self.host.policy(spec), agent, sbx.id, count=self.metrics.count_connection)
         agent.add_listener(sbx.net)
+        sbx.ingress = Ingress(agent, sbx.id)  # the host's connections to the guest's ports
+        agent.add_listener(sbx.ingress)
 
     async def configure(self, sbx: Sandbox, strict: bool) -> None:
         """Tell the guest its network mode (proxy, pip.conf, the kernel's proxy environment).

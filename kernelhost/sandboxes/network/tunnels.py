@@ -21,7 +21,6 @@ import asyncio
 import contextlib
 from collections import OrderedDict, deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -32,34 +31,23 @@ from ...channel.protocol import NET_CHUNK, NET_WINDOW, Frame, NetFrame, NetRefus
 from ...ratelimit import TokenBucket
 from ...tasks import TaskSet
 from .policy import CONNECT_TIMEOUT, IPAddress, Policy, Refused
+from .pump import SEND_TIMEOUT, Pumps, Tunnel
 
 log = structlog.get_logger("kernelhost.network")
 
 MAX_TUNNELS = 32  # connections open at once per sandbox
 OUTBOX = 256  # control frames (refusals, close answers) waiting to be sent
-SEND_TIMEOUT = 30.0  # seconds one frame to the guest may take before its tunnel ends
 RECENTLY_ENDED = 1024  # tunnel ids whose close answer was already sent
 STRAY_RATE, STRAY_BURST = 20.0, 512.0  # frames for no tunnel: per second, and at once
 LOG_RATE, LOG_BURST = 1.0, 20.0  # refusals logged per second, and at once
 LOOKUPS = 2  # name lookups one sandbox may have running in the resolver's threads
 
 
-@dataclass(eq=False)
-class _Tunnel:
-    id: int
-    credit: int = NET_WINDOW  # bytes we may still send to the guest
-    room: asyncio.Event = field(default_factory=asyncio.Event)
-    inbox: asyncio.Queue[bytes | None] = field(default_factory=asyncio.Queue)
-    inbox_bytes: int = 0  # bytes from the guest not yet written out (at most NET_WINDOW)
-    task: asyncio.Task[None] | None = None
-    guest_closed: bool = False
-
-
 #: ``count(result)`` with "opened" or "refused": connections, for the service's metrics
 Count = Callable[[str], None]
 
 
-class Tunnels(ChannelListener):
+class Tunnels(Pumps, ChannelListener):
     """The tunnels of one agent's channel; ``close()`` ends every one of them."""
 
     def __init__(
@@ -68,7 +56,7 @@ class Tunnels(ChannelListener):
         self.policy = policy
         self.agent = agent
         self.log = log.bind(sandbox_id=sandbox_id, network=policy.mode)
-        self.tunnels: dict[int, _Tunnel] = {}
+        self.tunnels: dict[int, Tunnel] = {}
         self.tasks = TaskSet(f"tunnels:{sandbox_id}")
         self.closed = False
         self._count = count or (lambda result: None)
@@ -85,8 +73,8 @@ class Tunnels(ChannelListener):
 
     def on_net(self, frame: dict[str, Any]) -> None:
         kind, tunnel_id = frame.get("t"), frame.get("tunnel")
-        if self.closed:
-            return
+        if self.closed or (isinstance(tunnel_id, int) and tunnel_id < 0):
+            return  # below 0: the host's own connections into the guest (``ingress.py``)
         if (
             self.policy.mode == "none"
             or not isinstance(tunnel_id, int)
@@ -150,7 +138,7 @@ class Tunnels(ChannelListener):
                 f"kernelhost: this sandbox already has {MAX_TUNNELS} connections open",
             )
             return
-        tun = _Tunnel(tunnel_id)
+        tun = Tunnel(tunnel_id)
         tun.room.set()
         self.tunnels[tunnel_id] = tun
         tun.task = self.tasks.spawn(self._run(tun, host[:300], port), name=f"tunnel:{tunnel_id}")
@@ -189,7 +177,7 @@ class Tunnels(ChannelListener):
             while self._outbox:
                 await self.agent.send_net(self._outbox.popleft(), timeout=SEND_TIMEOUT)
 
-    def _end(self, tun: _Tunnel) -> None:
+    def _end(self, tun: Tunnel) -> None:
         if tun.task is not None:
             tun.task.cancel()
 
@@ -206,12 +194,7 @@ class Tunnels(ChannelListener):
 
     # -- one tunnel --------------------------------------------------------------------------------
 
-    async def _send(self, kind: NetFrame, tunnel_id: int, **fields: Any) -> None:
-        await self.agent.send_net(
-            {"op": Frame.NET.value, "t": kind.value, "tunnel": tunnel_id, **fields}, timeout=SEND_TIMEOUT
-        )
-
-    async def _run(self, tun: _Tunnel, host: str, port: int) -> None:
+    async def _run(self, tun: Tunnel, host: str, port: int) -> None:
         writer: asyncio.StreamWriter | None = None
         try:
             try:
@@ -239,50 +222,6 @@ class Tunnels(ChannelListener):
         async with self._lookups:
             addrs = await self.policy.resolve(host, port)
         return await _open_tcp(host, addrs, port)
-
-    async def _pump(self, tun: _Tunnel, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        up = asyncio.ensure_future(self._to_remote(tun, writer))
-        down = asyncio.ensure_future(self._from_remote(tun, reader))
-        try:
-            await asyncio.wait([up, down], return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for task in (up, down):
-                task.cancel()
-            for task in (up, down):
-                with contextlib.suppress(asyncio.CancelledError, ConnectionError, OSError, ChannelError):
-                    await task
-
-    async def _to_remote(self, tun: _Tunnel, writer: asyncio.StreamWriter) -> None:
-        while True:
-            data = await tun.inbox.get()
-            if data is None:
-                return
-            writer.write(data)
-            await writer.drain()
-            tun.inbox_bytes -= len(data)
-            await self._send(NetFrame.ACK, tun.id, n=len(data))
-
-    async def _from_remote(self, tun: _Tunnel, reader: asyncio.StreamReader) -> None:
-        while True:
-            data = await reader.read(await self._credit(tun))
-            if not data:
-                return
-            await self._send_data(tun, data)
-
-    async def _credit(self, tun: _Tunnel) -> int:
-        """Wait until the guest has room for more of this tunnel; how much (at most NET_CHUNK)."""
-        while tun.credit <= 0:
-            tun.room.clear()
-            await tun.room.wait()
-        return min(NET_CHUNK, tun.credit)
-
-    async def _send_data(self, tun: _Tunnel, data: bytes) -> None:
-        view = memoryview(data)
-        while view:
-            n = await self._credit(tun)
-            piece, view = bytes(view[:n]), view[n:]
-            tun.credit -= len(piece)
-            await self._send(NetFrame.DATA, tun.id, data=piece)
 
 
 async def _open_local(path: Path) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:

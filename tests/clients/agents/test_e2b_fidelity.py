@@ -2,8 +2,9 @@
 (``e2b``, ``e2b-code-interpreter``, unmodified) through real VMs and checks one behaviour E2B
 has and kernelhost lacked: the lifecycle (health, a kill mid-call, list order, connect and
 set_timeout, timeouts on time, pause modes and auto_resume, update_network), envd (watchers
-polled by id, remove, entries, write metadata, signed URLs) and the interpreter's string
-results.
+polled by id, remove, entries, write metadata, signed URLs), ``get_host(port)`` (a server in
+the sandbox reached by its host name), the interpreter's string results, and the commands
+E2B's images have.
 
 The module runs its own service with the default ``reaper_interval`` (10 s), so that a
 timeout firing late is seen."""
@@ -24,10 +25,14 @@ from .conftest import e2b_env
 
 pytestmark = [pytest.mark.clients, pytest.mark.timeout(900)]
 
+DOMAIN = "sandboxes.kh.test"  # resolves nowhere: a request names it in its Host header alone
+
 
 @pytest.fixture(scope="module")
 def fidelity_service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Service]:
-    with running_service(tmp_path_factory.mktemp("e2b-fidelity"), "e2b-fidelity") as svc:
+    with running_service(
+        tmp_path_factory.mktemp("e2b-fidelity"), "e2b-fidelity", KERNELHOST_DOMAIN=DOMAIN
+    ) as svc:
         yield svc
 
 
@@ -304,3 +309,97 @@ def test_13_a_string_result_loses_one_pair_of_quotes(sandbox: Any) -> None:
     assert sandbox.run_code("os.getenv('X')").text == "value"
     assert sandbox.run_code('"it\'s"').text == '"it\'s"'  # a double-quoted repr is left alone
     assert sandbox.run_code("6 * 7").text == "42"
+
+
+# == ports: get_host ==============================================================================
+
+ECHO_SERVER = """
+import tornado.ioloop, tornado.web, tornado.websocket
+
+class Echo(tornado.websocket.WebSocketHandler):
+    def on_message(self, message):
+        self.write_message("echo:" + message)
+
+tornado.web.Application([(r"/ws", Echo)]).listen(8765)
+tornado.ioloop.IOLoop.current().start()
+"""
+
+
+def _through_host(svc: Service, host: str, path: str = "/", **headers: str) -> httpx.Response:
+    return httpx.get(f"{svc.url}{path}", headers={"Host": host, **headers}, timeout=60)
+
+
+def test_12_get_host_reaches_a_web_server_in_the_sandbox_by_its_host_name(e2b: Service, sandbox: Any) -> None:
+    """``python -m http.server`` started in the background answers at ``get_host(8000)``, with
+    the sandbox's traffic token; without it, with another sandbox's, or with another key, the
+    same 404; a port nothing listens on is a 502 that says so."""
+    from e2b_code_interpreter import Sandbox
+
+    sandbox.files.write("/tmp/site/index.html", "<h1>from the sandbox</h1>")
+    sandbox.commands.run("cd /tmp/site && python -m http.server 8000", background=True)
+    host = sandbox.get_host(8000)
+    assert host == f"8000-{sandbox.sandbox_id}.{DOMAIN}", host
+    token = {"E2B-Traffic-Access-Token": sandbox.traffic_access_token}
+    _until(lambda: _through_host(e2b, host, **token).status_code == 200, 60, "the server answering")
+    page = _through_host(e2b, host, "/index.html?x=1", **token)
+    assert page.text == "<h1>from the sandbox</h1>" and page.headers["content-type"] == "text/html"
+    listing = httpx.request("HEAD", f"{e2b.url}/", headers={"Host": host, **token}, timeout=60)
+    assert listing.status_code == 200  # any method, any path
+    owner = _through_host(e2b, host, Authorization=f"Bearer {e2b.api_key}")
+    assert owner.status_code == 200, owner.text  # the owner's API key works too
+    other = Sandbox.create()
+    try:
+        refused = [
+            _through_host(e2b, host),
+            _through_host(e2b, host, **{"E2B-Traffic-Access-Token": other.traffic_access_token}),
+            _through_host(e2b, host, Authorization=f"Bearer {e2b.other_key}"),
+        ]
+    finally:
+        other.kill()
+    assert [r.status_code for r in refused] == [404, 404, 404], [r.text for r in refused]
+    assert len({r.text for r in refused}) == 1  # the same answer: nothing says which it was
+    closed = _through_host(e2b, sandbox.get_host(8001), **token)
+    assert closed.status_code == 502 and "port 8001" in closed.json()["error"]["message"], closed.text
+
+
+def test_12_get_host_carries_a_websocket_to_a_server_in_the_sandbox(e2b: Service, sandbox: Any) -> None:
+    import asyncio
+
+    import aiohttp
+
+    sandbox.files.write("/tmp/echo.py", ECHO_SERVER)
+    sandbox.commands.run("python /tmp/echo.py", background=True)
+    headers = {"Host": sandbox.get_host(8765), "E2B-Traffic-Access-Token": sandbox.traffic_access_token}
+
+    async def talk() -> list[str]:
+        async with aiohttp.ClientSession() as http:
+            deadline = time.monotonic() + 60
+            while True:  # until the server listens
+                try:
+                    ws = await http.ws_connect(f"{e2b.url}/ws", headers=headers)
+                    break
+                except aiohttp.WSServerHandshakeError:
+                    assert time.monotonic() < deadline, "the WebSocket server never answered"
+                    await asyncio.sleep(0.5)
+            async with ws:
+                got = []
+                for text in ("one", "two" * 50000):
+                    await ws.send_str(text)
+                    got.append((await ws.receive(timeout=30)).data)
+                return got
+
+    assert asyncio.run(talk()) == ["echo:one", "echo:" + "two" * 50000]
+
+
+# == the environment ==============================================================================
+
+
+def test_17_the_commands_of_e2bs_images_are_there(sandbox: Any) -> None:
+    """Programs and models' scripts written for E2B run ``python``, ``git``, ``curl``, ``sudo``."""
+    result = sandbox.commands.run(
+        "python -c 'import sys; print(sys.version_info[0])' && git --version && curl --version "
+        "| head -1 && sudo -n true && echo sudo-ok"
+    )
+    lines = result.stdout.splitlines()
+    assert lines[0] == "3" and lines[1].startswith("git version") and lines[2].startswith("curl ")
+    assert lines[-1] == "sudo-ok", result.stdout
