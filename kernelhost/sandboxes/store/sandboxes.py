@@ -18,49 +18,8 @@ from typing import Any
 
 from ..states import SandboxState
 from .db import Database, SQLite
+from .migrations import ensure_schema, known_columns
 
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS sandboxes (
-    id TEXT PRIMARY KEY,
-    owner TEXT NOT NULL,
-    template TEXT NOT NULL,
-    domain TEXT NOT NULL UNIQUE,
-    state TEXT NOT NULL,
-    created_at REAL NOT NULL,
-    last_active_at REAL NOT NULL,
-    idle_timeout_seconds INTEGER NOT NULL,
-    memory_mib INTEGER NOT NULL,
-    vcpus INTEGER NOT NULL,
-    accel TEXT NOT NULL,
-    image_key TEXT NOT NULL,
-    metadata TEXT NOT NULL DEFAULT '{}',
-    detail TEXT NOT NULL DEFAULT '',
-    network TEXT NOT NULL DEFAULT '{"mode": "none", "allow": []}',
-    auto_checkpoint INTEGER NOT NULL DEFAULT 0,
-    calls INTEGER NOT NULL DEFAULT 0,
-    node TEXT NOT NULL DEFAULT '',
-    access_tokens TEXT NOT NULL DEFAULT '[]',
-    idle_action TEXT NOT NULL DEFAULT '',
-    wake_on_call INTEGER NOT NULL DEFAULT 1
-);
-CREATE INDEX IF NOT EXISTS sandboxes_owner ON sandboxes(owner);
-CREATE INDEX IF NOT EXISTS sandboxes_node ON sandboxes(node)
-"""
-# Columns added after the first release, with their definitions: an older database gains them
-# at start (its sandboxes get the default: network mode "none", what they had).
-MIGRATIONS = {
-    "network": """TEXT NOT NULL DEFAULT '{"mode": "none", "allow": []}'""",
-    "auto_checkpoint": "INTEGER NOT NULL DEFAULT 0",
-    "calls": "INTEGER NOT NULL DEFAULT 0",
-    "node": "TEXT NOT NULL DEFAULT ''",
-    # hashes of the sandbox's access tokens (access.py); an older sandbox has none, and gets
-    # one from its next connect
-    "access_tokens": "TEXT NOT NULL DEFAULT '[]'",
-    # what its idle timeout does ('': the service's idle_action), and whether a call wakes it
-    # when it is hibernated (E2B's lifecycle: on_timeout, auto_resume)
-    "idle_action": "TEXT NOT NULL DEFAULT ''",
-    "wake_on_call": "INTEGER NOT NULL DEFAULT 1",
-}
 JSON_FIELDS = ("metadata", "network", "access_tokens")
 
 
@@ -103,11 +62,7 @@ class Store:
         self.db = SQLite(db) if isinstance(db, Path) else db
         self.node = node
         self.shared = self.db.dialect == "postgresql"  # other nodes' records live here too
-        # the sandboxes table is created before the node index on its (possibly migrated) column
-        first, _, rest = SCHEMA.partition("CREATE INDEX IF NOT EXISTS sandboxes_node")
-        self.db.script(first)
-        self.db.migrate("sandboxes", MIGRATIONS)
-        self.db.script("CREATE INDEX IF NOT EXISTS sandboxes_node" + rest)
+        ensure_schema(self.db)
 
     def close(self) -> None:
         self.db.close()
@@ -157,7 +112,7 @@ class Store:
 
 
 def _record(row: dict[str, Any]) -> SandboxRecord:
-    data = dict(row)
+    data = known_columns(SandboxRecord, row)
     data["metadata"] = json.loads(data["metadata"] or "{}")
     data["network"] = json.loads(data.get("network") or '{"mode": "none", "allow": []}')
     tokens = json.loads(data.get("access_tokens") or "[]")
