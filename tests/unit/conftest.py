@@ -1,13 +1,23 @@
-"""Fixtures shared by the channel and execution unit tests: a scriptable fake guest agent on a
-short UNIX socket path (``tests/unit/fake_agent.py``)."""
+"""Fixtures shared by the unit tests: a scriptable fake guest agent on a short UNIX socket path
+(``tests/unit/fake_agent.py``), and a throwaway PostgreSQL server for the store's tests
+(``tests/pg.py``; started once, by the first test that asks for it)."""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 
 import pytest
 
+from tests.pg import PostgresServer, running_postgres
+
 from .fake_agent import FakeAgent, short_socket_dir
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[PostgresServer]:
+    with running_postgres() as server:
+        yield server
 
 
 @pytest.fixture

@@ -27,7 +27,7 @@ from kernelhost.sandboxes.store.checkpoints import CheckpointRecord, CheckpointS
 from kernelhost.sandboxes.store.db import Database, Params, PostgreSQL, SQLite, to_pyformat
 from kernelhost.sandboxes.store.sandboxes import SandboxRecord, Store
 from kernelhost.sandboxes.store.templates import TemplateRecord, TemplateStore
-from tests.pg import PostgresServer, running_postgres
+from tests.pg import PostgresServer
 
 pytestmark = pytest.mark.unit
 
@@ -35,12 +35,6 @@ T = TypeVar("T")
 GIB = 1 << 30
 PLENTY = Quota(max_sandboxes=1000, max_memory_mib=1 << 30)
 _databases = itertools.count()
-
-
-@pytest.fixture(scope="session")
-def postgres() -> Iterator[PostgresServer]:
-    with running_postgres() as server:
-        yield server
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
