@@ -93,7 +93,8 @@ def test_a_database_of_an_earlier_release_is_adopted(db: Database) -> None:
     assert "url_mac" not in db.columns("nodes")
     db.execute(
         "INSERT INTO sandboxes (id, owner, template, domain, state, created_at, last_active_at, "
-        "idle_timeout_seconds, memory_mib, vcpus, accel, image_key) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        "idle_timeout_seconds, memory_mib, vcpus, accel, image_key) "
+        "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         ("sbx_0", "key_a", "python", "kh-0", "hibernated", 1.5, 2.5, 600, 512, 1, "kvm", "img"),
     )
     outcome = migrate(db)

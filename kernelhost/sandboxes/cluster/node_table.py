@@ -21,6 +21,7 @@ from ..trust import node_url_mac, registration_problem
 
 log = structlog.get_logger("kernelhost.cluster")
 
+
 @dataclass
 class Figures:
     """What a node heartbeats: its capacity and what it holds."""

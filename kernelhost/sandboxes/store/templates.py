@@ -15,6 +15,7 @@ from typing import Any
 from .db import Database
 from .migrations import ensure_schema, known_columns
 
+
 @dataclass
 class TemplateRecord:
     owner: str
