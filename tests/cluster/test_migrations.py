@@ -12,6 +12,7 @@ import json
 import secrets
 import shutil
 import threading
+import time
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,7 +22,7 @@ import pytest
 from kernelhost.sandboxes import key_id
 from kernelhost.sandboxes.states import SandboxState
 from kernelhost.sandboxes.store import Store
-from kernelhost.sandboxes.store.db import PostgreSQL
+from kernelhost.sandboxes.store.db import SCHEMA_LOCK, PostgreSQL
 from kernelhost.sandboxes.store.migrations import MIGRATIONS
 from tests.unit.test_store_backends import make_record
 
@@ -83,8 +84,12 @@ def nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Nodes]:
         assert not leaks, f"left behind: {leaks}"
 
 
-def start_together(services: list[Service], timeout: float = 60.0) -> list[BaseException | None]:
-    """Start every service at the same instant; each one's failure, or None."""
+def start_together(
+    services: list[Service], gate: PostgreSQL | None = None, timeout: float = 60.0
+) -> list[BaseException | None]:
+    """Start every service at the same instant; each one's failure, or None. ``gate``: a
+    connection holding the schema's lock, released once every service waits for it (they
+    then reach the schema at the same moment, whatever their start's jitter)."""
     barrier = threading.Barrier(len(services), timeout=30)
     outcome: list[BaseException | None] = [None] * len(services)
 
@@ -98,13 +103,32 @@ def start_together(services: list[Service], timeout: float = 60.0) -> list[BaseE
     threads = [threading.Thread(target=start, args=(i,)) for i in range(len(services))]
     for t in threads:
         t.start()
+    if gate is not None:
+        try:
+            deadline = time.monotonic() + timeout
+            while waiting_for_the_schema(gate) < len(services):
+                assert time.monotonic() < deadline, "the nodes never waited for the schema's lock"
+                time.sleep(0.1)
+        finally:
+            gate.execute("SELECT pg_advisory_unlock(?)", (SCHEMA_LOCK,))
     for t in threads:
         t.join()
     return outcome
 
 
+def waiting_for_the_schema(db: PostgreSQL) -> int:
+    """Connections waiting for the schema's advisory lock (its 64-bit key: two 32-bit halves)."""
+    sql = (
+        "SELECT COUNT(*) AS n FROM pg_locks WHERE locktype = 'advisory' AND NOT granted "
+        "AND classid::bigint = ? AND objid::bigint = ?"
+    )
+    return int(db.scalar(sql, (SCHEMA_LOCK >> 32, SCHEMA_LOCK & 0xFFFFFFFF)))
+
+
 def live_nodes(svc: Service, operator: str) -> list[str]:
-    req = urllib.request.Request(svc.url + "/v1/cluster/nodes", headers={"Authorization": f"Bearer {operator}"})
+    req = urllib.request.Request(
+        svc.url + "/v1/cluster/nodes", headers={"Authorization": f"Bearer {operator}"}
+    )
     with urllib.request.urlopen(req, timeout=10) as r:
         return sorted(n["id"] for n in json.load(r)["nodes"] if n["alive"])
 
@@ -112,7 +136,9 @@ def live_nodes(svc: Service, operator: str) -> list[str]:
 def schema_versions(url: str) -> list[int]:
     db = PostgreSQL(url)
     try:
-        return [int(r["version"]) for r in db.execute("SELECT version FROM schema_migrations ORDER BY version")]
+        return [
+            int(r["version"]) for r in db.execute("SELECT version FROM schema_migrations ORDER BY version")
+        ]
     finally:
         db.close()
 
@@ -121,12 +147,21 @@ def test_three_nodes_started_at_once_on_an_empty_database_all_start(
     postgres: PostgresServer, nodes: Nodes
 ) -> None:
     """Five rounds: three nodes started at the same instant on a fresh, empty database (what a
-    DaemonSet does); each round, all three answer and see each other, and each version is
-    applied once."""
+    DaemonSet does; in every other round the test holds the schema's lock until all three wait
+    for it, so their migrations surely meet); each round, all three answer and see each other,
+    and each version is applied once."""
     for round_ in range(ROUNDS):
         url = postgres.new_database(f"migrate_at_once_{round_}")
         trio = [nodes.make(f"r{round_}-{n}", url) for n in "abc"]
-        failures = start_together(trio)
+        gate = None
+        if round_ % 2 == 0:  # the schema's lock held until all three wait for it: they collide
+            gate = PostgreSQL(url)
+            gate.execute("SELECT pg_advisory_lock(?)", (SCHEMA_LOCK,))
+        try:
+            failures = start_together(trio, gate)
+        finally:
+            if gate is not None:
+                gate.close()
         assert failures == [None, None, None], [str(f)[-2000:] for f in failures if f]
         assert live_nodes(trio[0], nodes.operator) == sorted(s.env["KERNELHOST_NODE_ID"] for s in trio)
         assert schema_versions(url) == [m.version for m in MIGRATIONS]
@@ -165,7 +200,9 @@ def test_a_node_of_the_next_schema_starts_beside_nodes_of_this_one(
     newer = a.log_events("schema.newer")
     assert newer and newer[-1]["version"] == ADDITIVE.version and newer[-1]["known"] == LATEST
     for svc in (a, b):
-        req = urllib.request.Request(svc.url + "/v1/sandboxes", headers={"Authorization": f"Bearer {a.api_key}"})
+        req = urllib.request.Request(
+            svc.url + "/v1/sandboxes", headers={"Authorization": f"Bearer {a.api_key}"}
+        )
         with urllib.request.urlopen(req, timeout=10) as r:
             assert rec.id in [s["id"] for s in json.load(r)["sandboxes"]]
 
