@@ -5,11 +5,9 @@ connection each and from processes running ``kernelhost migrate``."""
 
 from __future__ import annotations
 
-import itertools
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -27,32 +25,15 @@ from kernelhost.sandboxes.store import (
     TemplateStore,
     migrate,
 )
-from kernelhost.sandboxes.store.db import PostgreSQL, SQLite
+from kernelhost.sandboxes.store.db import SQLite
 from kernelhost.sandboxes.store.migrations import MIGRATIONS
 from kernelhost.sandboxes.store.schema import NODES, TABLES
-from tests.pg import PostgresServer
 from tests.unit.test_store_backends import OLD_SANDBOXES, connect_again, make_record
 
 pytestmark = pytest.mark.unit
 
 REPO = Path(__file__).resolve().parents[2]
 LATEST = MIGRATIONS[-1].version
-_databases = itertools.count()
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def db(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Database]:
-    """A fresh, empty database."""
-    database: Database
-    if request.param == "sqlite":
-        database = SQLite(tmp_path / "kernelhost.db")
-    else:
-        server: PostgresServer = request.getfixturevalue("postgres")
-        database = PostgreSQL(server.new_database(f"m_{next(_databases)}"))
-    try:
-        yield database
-    finally:
-        database.close()
 
 
 def add_note(db: Database) -> None:

@@ -3,12 +3,13 @@
 - ``db``: ``Database``: SQLite (the default) and PostgreSQL (a cluster's store), one SQL dialect;
 - ``migrations``: ``migrate()``: the schema's versions, applied once each under the schema's lock;
 - ``schema``: schema version 1, every table as the releases before versioned migrations made it;
-- ``sandboxes``: ``SandboxRecord``, ``Store``: sandbox records, API key ids;
+- ``sandboxes``: ``SandboxRecord``, ``Store``: sandbox records, and the cluster's queries on them;
+- ``keys``: ``key_id``, ``new_api_key``: an API key's id (what records and logs carry);
 - ``checkpoints``: ``CheckpointRecord``, ``CheckpointStore``: checkpoint records;
 - ``templates``: ``TemplateRecord``, ``TemplateStore``: template and build records.
 
 The cluster's tables (``nodes``, ``reservations``) are made here too; ``cluster/`` reads and
-writes them (``node_table.py``, ``quota.py``).
+writes them (``node_table.py``, ``quota.py``), and asks ``Store`` about the sandboxes table.
 """
 
 from .checkpoints import CheckpointRecord, CheckpointStore
