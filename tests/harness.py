@@ -46,11 +46,13 @@ class Service:
     starts: list[float] = field(default_factory=list)
     #: what the command runs under (``["ip", "netns", "exec", NAME]`` for a test network)
     launcher: list[str] = field(default_factory=list)
+    #: the module run as ``kernelhost`` (tests/cluster/newer_node.py: the next release's schema)
+    module: str = "kernelhost.cli"
 
     def start(self, timeout: float = 60.0) -> None:
         with self.log_path.open("ab") as log:  # the child keeps its own copy of the descriptor
             self.proc = subprocess.Popen(
-                [*self.launcher, sys.executable, "-m", "kernelhost.cli", "serve"],
+                [*self.launcher, sys.executable, "-m", self.module, "serve"],
                 env=self.env,
                 stdout=log,
                 stderr=log,

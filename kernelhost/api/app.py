@@ -52,7 +52,11 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
 @contextlib.asynccontextmanager
 async def _service(app: web.Application, settings: Settings) -> AsyncIterator[None]:
     db = await asyncio.to_thread(open_database, settings.store_url, settings.db_path)
-    store = Store(db, settings.node_id)
+    try:  # migrates the schema (under its lock), or refuses one that needs a newer kernelhost
+        store = await asyncio.to_thread(Store, db, settings.node_id)
+    except BaseException:
+        db.close()
+        raise
     hv = Hypervisor(settings.libvirt_uri, settings.domain_prefix, settings.run_dir)
     images = ImageStore(settings.image_dir, settings.built_image_dir)
     try:

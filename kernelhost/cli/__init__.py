@@ -1,5 +1,6 @@
 """``kernelhost`` command line: ``serve`` runs the service; ``ls``, ``run``, ``exec`` and ``rm``
-drive one through the SDK (HTTP); ``doctor`` checks the host; ``prune`` removes stale builds."""
+drive one through the SDK (HTTP); ``doctor`` checks the host; ``prune`` removes stale builds;
+``migrate`` (``migrate.py``) applies the store's schema migrations."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..config import ConfigError, Settings
 from .cluster import add_cluster_commands
+from .migrate import add_migrate_command
 from .templates import add_template_commands
 
 if TYPE_CHECKING:
@@ -488,6 +490,7 @@ def main(argv: list[str] | None = None) -> int:
     kinstall.set_defaults(func=_kernelspec_install)
     _add_operator_commands(sub)
     add_cluster_commands(sub)
+    add_migrate_command(sub)
     add_template_commands(sub, _client_options, _client_call)
     args = parser.parse_args(argv)
     return int(args.func(args))

@@ -112,6 +112,7 @@ def run_checks(settings: Settings, probe_timeout: float = 20.0) -> list[Check]:
 def _templates(settings: Settings) -> Check:
     """The operator's and the keys' templates, by state, as the service's records have them."""
     from ..sandboxes.store.db import SQLite
+    from ..sandboxes.store.migrations import SchemaTooNew
     from ..sandboxes.store.templates import TemplateStore
 
     if not settings.db_path.is_file():
@@ -119,6 +120,8 @@ def _templates(settings: Settings) -> Check:
     db = SQLite(settings.db_path)
     try:
         records = TemplateStore(db).all()
+    except SchemaTooNew as exc:  # what the service would refuse at start
+        return Check("templates", False, str(exc), "upgrade kernelhost on this node")
     finally:
         db.close()
     operator = [f"{r.name} ({r.state})" for r in records if not r.owner]

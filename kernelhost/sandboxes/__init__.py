@@ -44,7 +44,8 @@ from .sandbox import Sandbox, sandbox_view
 from .session import KernelSession, SessionClient, SessionEnd
 from .states import ExecutionStatus, Recovery, SandboxState
 from .store.db import open_database
-from .store.sandboxes import SandboxRecord, Store, key_id, new_api_key
+from .store.keys import key_id, new_api_key
+from .store.sandboxes import SandboxRecord, Store
 from .templates.views import TemplateView
 
 __all__ = [

@@ -37,7 +37,8 @@ from kernelhost.sandboxes.access import (
 from kernelhost.sandboxes.checkpoints.service import Checkpoints
 from kernelhost.sandboxes.store.checkpoints import CheckpointRecord, CheckpointStore, new_checkpoint_id
 from kernelhost.sandboxes.store.db import SQLite
-from kernelhost.sandboxes.store.sandboxes import Store, key_id
+from kernelhost.sandboxes.store.keys import key_id
+from kernelhost.sandboxes.store.sandboxes import Store
 from kernelhost.sandboxes.vm.prune import BY_CHECKPOINT, InUse, Reference, referenced_builds, stale_images
 
 from .offline import fake_image_dir, offline_settings

@@ -8,13 +8,11 @@ the database's locks keep two creates from both passing a limit that only one fi
 from __future__ import annotations
 
 import functools
-import itertools
 import secrets
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
@@ -27,35 +25,12 @@ from kernelhost.sandboxes.store.checkpoints import CheckpointRecord, CheckpointS
 from kernelhost.sandboxes.store.db import Database, Params, PostgreSQL, SQLite, to_pyformat
 from kernelhost.sandboxes.store.sandboxes import SandboxRecord, Store
 from kernelhost.sandboxes.store.templates import TemplateRecord, TemplateStore
-from tests.pg import PostgresServer, running_postgres
 
 pytestmark = pytest.mark.unit
 
 T = TypeVar("T")
 GIB = 1 << 30
 PLENTY = Quota(max_sandboxes=1000, max_memory_mib=1 << 30)
-_databases = itertools.count()
-
-
-@pytest.fixture(scope="session")
-def postgres() -> Iterator[PostgresServer]:
-    with running_postgres() as server:
-        yield server
-
-
-@pytest.fixture(params=["sqlite", "postgresql"])
-def db(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Database]:
-    """A fresh, empty database (the server starts only for the tests that use it)."""
-    database: Database
-    if request.param == "sqlite":
-        database = SQLite(tmp_path / "kernelhost.db")
-    else:
-        server: PostgresServer = request.getfixturevalue("postgres")
-        database = PostgreSQL(server.new_database(f"t_{next(_databases)}"))
-    try:
-        yield database
-    finally:
-        database.close()
 
 
 postgresql_only = pytest.mark.parametrize("db", ["postgresql"], indirect=True)

@@ -143,11 +143,7 @@ class ClusterNode:
         mine = [s for s in self.ctx.registry if s.record.state == SandboxState.HIBERNATED]
         if not mine:
             return
-        ids = [s.id for s in mine]
-        marks = ", ".join("?" for _ in ids)
-        sql = f"SELECT id FROM sandboxes WHERE node = ? AND id IN ({marks})"
-        rows = await asyncio.to_thread(self.store.db.execute, sql, (self.id, *ids))
-        still = {r["id"] for r in rows}
+        still = await asyncio.to_thread(self.store.still_here, [s.id for s in mine])
         for sbx in mine:
             if sbx.id not in still and sbx.record.state == SandboxState.HIBERNATED:
                 self.ctx.registry.pop(sbx)
@@ -211,12 +207,7 @@ class ClusterNode:
         if not self._has_build(rec):  # builds are content-addressed: the same key, the same image
             return None
         domain = self.ctx.vms.new_name()
-        rows = self.store.db.execute(
-            "UPDATE sandboxes SET node = ?, domain = ? WHERE id = ? AND node = ? AND state = 'hibernated' "
-            "RETURNING id",
-            (self.id, domain, rec.id, rec.node),
-        )
-        if not rows:
+        if not self.store.take_over(rec.id, rec.node, domain):
             return None
         rec.node, rec.domain = self.id, domain
         sbx = Sandbox(rec)

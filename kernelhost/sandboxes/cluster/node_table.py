@@ -16,37 +16,10 @@ from typing import Any
 import structlog
 
 from ..store.db import Database
+from ..store.migrations import ensure_schema, known_columns
 from ..trust import node_url_mac, registration_problem
 
 log = structlog.get_logger("kernelhost.cluster")
-
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS nodes (
-    id TEXT PRIMARY KEY,
-    url TEXT NOT NULL,
-    started_at REAL NOT NULL,
-    heartbeat_at REAL NOT NULL,
-    memory_mib INTEGER NOT NULL DEFAULT 0,
-    committed_mib INTEGER NOT NULL DEFAULT 0,
-    free_mib INTEGER NOT NULL DEFAULT 0,
-    sandboxes INTEGER NOT NULL DEFAULT 0,
-    templates TEXT NOT NULL DEFAULT '{}',
-    accel TEXT NOT NULL DEFAULT '',
-    version TEXT NOT NULL DEFAULT '',
-    draining INTEGER NOT NULL DEFAULT 0,
-    url_mac TEXT NOT NULL DEFAULT ''
-);
-CREATE TABLE IF NOT EXISTS reservations (
-    id TEXT PRIMARY KEY,
-    owner TEXT NOT NULL,
-    node TEXT NOT NULL,
-    count INTEGER NOT NULL,
-    memory_mib INTEGER NOT NULL,
-    expires_at REAL NOT NULL
-);
-CREATE INDEX IF NOT EXISTS reservations_owner ON reservations(owner);
-CREATE INDEX IF NOT EXISTS reservations_node ON reservations(node)
-"""
 
 
 @dataclass
@@ -92,8 +65,7 @@ class NodeTable:
         self.db = db
         self.lease = lease_seconds
         self.secret = secret  # the cluster secret: rows' URLs are checked against their MAC
-        db.script(SCHEMA)
-        db.migrate("nodes", {"url_mac": "TEXT NOT NULL DEFAULT ''"})
+        ensure_schema(db)
         self._warned: set[tuple[str, str]] = set()
         self._lock = threading.Lock()
 
@@ -139,12 +111,12 @@ class NodeTable:
 
     def node(self, row: dict[str, Any]) -> Node:
         """A node from its row (with ``age``, seconds since its heartbeat on the database's clock)."""
-        data = dict(row)
+        data = known_columns(Node, row)
         data["templates"] = json.loads(data["templates"] or "{}")
         data["draining"] = bool(data["draining"])
         data["age"] = float(data["age"])
         data["alive"] = data["age"] <= self.lease
-        mac = data.pop("url_mac", "") or ""
+        mac = row.get("url_mac") or ""
         data["refused"] = registration_problem(self.secret, data["id"], data["url"], mac)
         if data["refused"]:
             self._warn(data["id"], data["url"], data["refused"])

@@ -25,7 +25,7 @@ from typing import Any
 from ..errors import CapacityExceeded, NodeFull
 from ..registry import Quota
 from ..store.db import Database
-from ..store.sandboxes import SandboxRecord, Store
+from ..store.sandboxes import COMMITTED_BY_NODE, COMMITTED_ON_NODE, SandboxRecord, Store, held_by_owner
 from .node_table import Node, NodeTable
 
 # Set by the API for a create forwarded from the node that placed it: the reservation it took.
@@ -61,8 +61,7 @@ class ClusterQuota:
         rows = self.db.execute(
             f"SELECT n.*, {now} - n.heartbeat_at AS age, "
             "n.memory_mib - COALESCE(s.mib, 0) - COALESCE(r.mib, 0) AS room FROM nodes n "
-            "LEFT JOIN (SELECT node, SUM(memory_mib) AS mib FROM sandboxes WHERE state != 'hibernated' "
-            "GROUP BY node) s ON s.node = n.id "
+            f"LEFT JOIN ({COMMITTED_BY_NODE}) s ON s.node = n.id "
             f"LEFT JOIN (SELECT node, SUM(memory_mib) AS mib FROM reservations WHERE expires_at > {now} "
             "GROUP BY node) r ON r.node = n.id "
             f"WHERE n.heartbeat_at > {now} - {float(self.nodes.lease)} AND n.draining = 0 "
@@ -142,9 +141,7 @@ class ClusterQuota:
         # on another connection) counts once, never in neither the records nor the reservations.
         row = db.one(
             "SELECT h.n + r.n AS n, h.mib + r.mib AS mib FROM "
-            "(SELECT COUNT(*) AS n, COALESCE(SUM(CASE WHEN state != 'hibernated' THEN memory_mib "
-            "ELSE 0 END), 0) AS mib FROM sandboxes WHERE owner = ? AND (state = 'hibernated' "
-            f"OR node IN ({self._live()}))) h, "
+            f"({held_by_owner(self._live())}) h, "
             "(SELECT COALESCE(SUM(count), 0) AS n, COALESCE(SUM(memory_mib), 0) AS mib FROM "
             f"reservations WHERE owner = ? AND expires_at > {self.db.now}) r",
             (owner, owner),
@@ -170,8 +167,7 @@ class ClusterQuota:
 
     def _committed(self, db: Database, node_id: str) -> int:
         mib = db.scalar(  # one statement, one snapshot (see _check_key)
-            "SELECT (SELECT COALESCE(SUM(memory_mib), 0) FROM sandboxes "
-            "WHERE node = ? AND state != 'hibernated') + (SELECT COALESCE(SUM(memory_mib), 0) "
+            f"SELECT ({COMMITTED_ON_NODE}) + (SELECT COALESCE(SUM(memory_mib), 0) "
             f"FROM reservations WHERE node = ? AND expires_at > {self.db.now}) AS mib",
             (node_id, node_id),
         )
@@ -219,9 +215,5 @@ class ClusterQuota:
 
     def usage(self, owner: str) -> dict[str, Any]:
         """What ``owner`` holds across the cluster (for views and tests)."""
-        row = self.db.one(
-            "SELECT COUNT(*) AS n FROM sandboxes WHERE owner = ? "
-            f"AND (state = 'hibernated' OR node IN ({self._live()}))",
-            (owner,),
-        )
+        row = self.db.one(f"SELECT n FROM ({held_by_owner(self._live())}) h", (owner,))
         return {"sandboxes": int(row["n"]) if row else 0}

@@ -19,37 +19,12 @@ from typing import Any
 
 from ..errors import InvalidRequest
 from .db import Database
+from .migrations import ensure_schema, known_columns
 
 MAX_LABEL = 200
 DEFAULT_KEEP = 5  # auto_checkpoint=true: undo reaches the last 5 calls
 MAX_KEEP = 50
 
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS checkpoints (
-    id TEXT PRIMARY KEY,
-    sandbox_id TEXT NOT NULL,
-    owner TEXT NOT NULL,
-    label TEXT NOT NULL DEFAULT '',
-    auto INTEGER NOT NULL DEFAULT 0,
-    call_index INTEGER NOT NULL DEFAULT 0,
-    created_at REAL NOT NULL,
-    bytes INTEGER NOT NULL DEFAULT 0,
-    template TEXT NOT NULL,
-    image_key TEXT NOT NULL,
-    base TEXT NOT NULL DEFAULT '{}',
-    path TEXT NOT NULL,
-    keep INTEGER NOT NULL DEFAULT 0,
-    network TEXT NOT NULL DEFAULT '{}'
-);
-CREATE INDEX IF NOT EXISTS checkpoints_sandbox ON checkpoints(sandbox_id);
-CREATE INDEX IF NOT EXISTS checkpoints_owner ON checkpoints(owner)
-"""
-# Columns added after the first release: an older database gains them at start (its checkpoints
-# are not kept past their sandbox, and a branch takes its network mode from the sandbox record).
-MIGRATIONS = {
-    "keep": "INTEGER NOT NULL DEFAULT 0",
-    "network": "TEXT NOT NULL DEFAULT '{}'",
-}
 JSON_FIELDS = ("base", "network")
 
 
@@ -138,8 +113,7 @@ class CheckpointRecord:
 class CheckpointStore:
     def __init__(self, db: Database) -> None:
         self.db = db
-        db.script(SCHEMA)
-        db.migrate("checkpoints", MIGRATIONS)
+        ensure_schema(db)
 
     def insert(self, rec: CheckpointRecord) -> None:
         row = {**rec.__dict__, "auto": int(rec.auto), "keep": int(rec.keep)}
@@ -179,7 +153,7 @@ class CheckpointStore:
 
 
 def _record(row: dict[str, Any]) -> CheckpointRecord:
-    data = dict(row)
+    data = known_columns(CheckpointRecord, row)
     data["auto"] = bool(data["auto"])
     data["keep"] = bool(data["keep"])
     for name in JSON_FIELDS:

@@ -26,6 +26,9 @@ Params = Sequence[Any] | Mapping[str, Any]
 _TOKENS = re.compile(r"'(?:[^']|'')*'|(?<!:):(\w+)|\?|%")
 _TYPES = {"INTEGER": "BIGINT", "REAL": "DOUBLE PRECISION"}
 _TYPE_WORDS = re.compile(r"\b(INTEGER|REAL)\b")
+# PostgreSQL's advisory lock key of the schema ("kh_schem"): outside hashtext()'s 32-bit range,
+# so no per-key lock of cluster/quota.py can take it
+SCHEMA_LOCK = 0x6B685F736368656D
 
 
 class StoreUnavailable(BackendUnavailable):
@@ -40,6 +43,7 @@ class Database:
 
     def __init__(self) -> None:
         self._lock = threading.RLock()  # one statement or transaction at a time on the connection
+        self.schema_version = 0  # what migrations.py found or made on this connection; 0: not yet
 
     def execute(self, sql: str, params: Params = ()) -> list[dict[str, Any]]:
         with self._lock:
@@ -60,7 +64,7 @@ class Database:
                 if statement.strip():
                     self._run(self._ddl(statement), ())
 
-    def migrate(self, table: str, columns: Mapping[str, str]) -> None:
+    def add_columns(self, table: str, columns: Mapping[str, str]) -> None:
         """Add the ``columns`` (name -> definition) that ``table`` lacks."""
         with self.transaction():
             have = self.columns(table)
@@ -75,6 +79,11 @@ class Database:
 
     def _ddl(self, statement: str) -> str:
         return statement
+
+    def lock_schema(self) -> None:
+        """Inside ``transaction()``: hold the schema's lock until it ends, so that one connection
+        at a time, on any node, reads and changes the schema (``migrations.py``)."""
+        raise NotImplementedError
 
     def columns(self, table: str) -> set[str]:
         raise NotImplementedError
@@ -122,6 +131,11 @@ class SQLite(Database):
             self.conn.execute("COMMIT")
         finally:
             self._depth -= 1
+
+    def lock_schema(self) -> None:
+        """The transaction began with ``BEGIN IMMEDIATE``: it holds the file's write lock already
+        (another connection waits for it, up to the busy timeout)."""
+        assert self._depth, "lock_schema() runs inside transaction()"
 
     def columns(self, table: str) -> set[str]:
         return {row["name"] for row in self._run(f"PRAGMA table_info({table})", ())}
@@ -187,6 +201,13 @@ class PostgreSQL(Database):
 
     def _ddl(self, statement: str) -> str:
         return _TYPE_WORDS.sub(lambda m: _TYPES[m.group(1)], statement)
+
+    def lock_schema(self) -> None:
+        """A transaction-scoped advisory lock with a fixed key: concurrent ``CREATE TABLE IF NOT
+        EXISTS`` is not safe in PostgreSQL (two creators collide on the catalog's unique index),
+        so every node waits for this lock before it reads or changes the schema."""
+        assert self._depth, "lock_schema() runs inside transaction()"
+        self._run("SELECT pg_advisory_xact_lock(?)", (SCHEMA_LOCK,))
 
     def columns(self, table: str) -> set[str]:
         rows = self._run(

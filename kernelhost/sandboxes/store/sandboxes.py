@@ -1,5 +1,5 @@
 """Sandbox records, in the service's database (``db.py``: SQLite by default, PostgreSQL for a
-cluster), and API key ids.
+cluster), and the cluster's queries on them (what a key or a node holds, a take-over).
 
 Calls are short single-row statements; they run inline on the event loop (sub-millisecond on
 SQLite, a round trip on PostgreSQL). In a shared (PostgreSQL) database every record names the
@@ -8,9 +8,7 @@ SQLite, a round trip on PostgreSQL). In a shared (PostgreSQL) database every rec
 
 from __future__ import annotations
 
-import hashlib
 import json
-import secrets
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -18,59 +16,33 @@ from typing import Any
 
 from ..states import SandboxState
 from .db import Database, SQLite
+from .migrations import ensure_schema, known_columns
 
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS sandboxes (
-    id TEXT PRIMARY KEY,
-    owner TEXT NOT NULL,
-    template TEXT NOT NULL,
-    domain TEXT NOT NULL UNIQUE,
-    state TEXT NOT NULL,
-    created_at REAL NOT NULL,
-    last_active_at REAL NOT NULL,
-    idle_timeout_seconds INTEGER NOT NULL,
-    memory_mib INTEGER NOT NULL,
-    vcpus INTEGER NOT NULL,
-    accel TEXT NOT NULL,
-    image_key TEXT NOT NULL,
-    metadata TEXT NOT NULL DEFAULT '{}',
-    detail TEXT NOT NULL DEFAULT '',
-    network TEXT NOT NULL DEFAULT '{"mode": "none", "allow": []}',
-    auto_checkpoint INTEGER NOT NULL DEFAULT 0,
-    calls INTEGER NOT NULL DEFAULT 0,
-    node TEXT NOT NULL DEFAULT '',
-    access_tokens TEXT NOT NULL DEFAULT '[]',
-    idle_action TEXT NOT NULL DEFAULT '',
-    wake_on_call INTEGER NOT NULL DEFAULT 1
-);
-CREATE INDEX IF NOT EXISTS sandboxes_owner ON sandboxes(owner);
-CREATE INDEX IF NOT EXISTS sandboxes_node ON sandboxes(node)
-"""
-# Columns added after the first release, with their definitions: an older database gains them
-# at start (its sandboxes get the default: network mode "none", what they had).
-MIGRATIONS = {
-    "network": """TEXT NOT NULL DEFAULT '{"mode": "none", "allow": []}'""",
-    "auto_checkpoint": "INTEGER NOT NULL DEFAULT 0",
-    "calls": "INTEGER NOT NULL DEFAULT 0",
-    "node": "TEXT NOT NULL DEFAULT ''",
-    # hashes of the sandbox's access tokens (access.py); an older sandbox has none, and gets
-    # one from its next connect
-    "access_tokens": "TEXT NOT NULL DEFAULT '[]'",
-    # what its idle timeout does ('': the service's idle_action), and whether a call wakes it
-    # when it is hibernated (E2B's lifecycle: on_timeout, auto_resume)
-    "idle_action": "TEXT NOT NULL DEFAULT ''",
-    "wake_on_call": "INTEGER NOT NULL DEFAULT 1",
-}
 JSON_FIELDS = ("metadata", "network", "access_tokens")
 
 
-def key_id(api_key: str) -> str:
-    """Stable, non-secret identifier of an API key (what logs and records carry)."""
-    return "key_" + hashlib.sha256(api_key.encode()).hexdigest()[:12]
+_HIBERNATED = SandboxState.HIBERNATED.value  # a hibernated sandbox holds no VM memory
+
+# The cluster's counts over this table (cluster/quota.py), as subqueries: the quota puts them in
+# one statement with its reservations, so one snapshot sees a record and its reservation once.
+#: VM memory each node's sandboxes hold: ``node``, ``mib``
+COMMITTED_BY_NODE = (
+    f"SELECT node, SUM(memory_mib) AS mib FROM sandboxes WHERE state != '{_HIBERNATED}' GROUP BY node"
+)
+#: VM memory the sandboxes of the node ``?`` hold
+COMMITTED_ON_NODE = (
+    f"SELECT COALESCE(SUM(memory_mib), 0) FROM sandboxes WHERE node = ? AND state != '{_HIBERNATED}'"
+)
 
 
-def new_api_key() -> str:
-    return "kh_" + secrets.token_urlsafe(32)
+def held_by_owner(live_nodes: str) -> str:
+    """A subquery: what the key ``?`` holds, ``n`` sandboxes (hibernated ones, and those on the
+    nodes the subquery ``live_nodes`` selects) and ``mib``, the VM memory its running ones hold."""
+    return (
+        f"SELECT COUNT(*) AS n, COALESCE(SUM(CASE WHEN state != '{_HIBERNATED}' THEN memory_mib "
+        f"ELSE 0 END), 0) AS mib FROM sandboxes WHERE owner = ? AND (state = '{_HIBERNATED}' "
+        f"OR node IN ({live_nodes}))"
+    )
 
 
 @dataclass
@@ -103,11 +75,7 @@ class Store:
         self.db = SQLite(db) if isinstance(db, Path) else db
         self.node = node
         self.shared = self.db.dialect == "postgresql"  # other nodes' records live here too
-        # the sandboxes table is created before the node index on its (possibly migrated) column
-        first, _, rest = SCHEMA.partition("CREATE INDEX IF NOT EXISTS sandboxes_node")
-        self.db.script(first)
-        self.db.migrate("sandboxes", MIGRATIONS)
-        self.db.script("CREATE INDEX IF NOT EXISTS sandboxes_node" + rest)
+        ensure_schema(self.db)
 
     def close(self) -> None:
         self.db.close()
@@ -150,6 +118,25 @@ class Store:
         """The ids of every record, on any node."""
         return {r["id"] for r in self.db.execute("SELECT id FROM sandboxes")}
 
+    def still_here(self, ids: list[str]) -> set[str]:
+        """Which of ``ids`` are still this node's (another node may have taken a hibernated one)."""
+        if not ids:
+            return set()
+        marks = ", ".join("?" for _ in ids)
+        rows = self.db.execute(
+            f"SELECT id FROM sandboxes WHERE node = ? AND id IN ({marks})", (self.node, *ids)
+        )
+        return {r["id"] for r in rows}
+
+    def take_over(self, sandbox_id: str, from_node: str, domain: str) -> bool:
+        """Make a hibernated sandbox of ``from_node`` this node's, under the VM name ``domain``;
+        False if it is no longer hibernated there (another node took it first)."""
+        rows = self.db.execute(
+            "UPDATE sandboxes SET node = ?, domain = ? WHERE id = ? AND node = ? AND state = ? RETURNING id",
+            (self.node, domain, sandbox_id, from_node, _HIBERNATED),
+        )
+        return bool(rows)
+
     def of_owner(self, owner: str) -> list[SandboxRecord]:
         """Every record of ``owner``, on any node."""
         rows = self.db.execute("SELECT * FROM sandboxes WHERE owner = ? ORDER BY created_at", (owner,))
@@ -157,7 +144,7 @@ class Store:
 
 
 def _record(row: dict[str, Any]) -> SandboxRecord:
-    data = dict(row)
+    data = known_columns(SandboxRecord, row)
     data["metadata"] = json.loads(data["metadata"] or "{}")
     data["network"] = json.loads(data.get("network") or '{"mode": "none", "allow": []}')
     tokens = json.loads(data.get("access_tokens") or "[]")

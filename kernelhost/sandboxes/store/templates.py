@@ -13,35 +13,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from .db import Database
-
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS templates (
-    owner TEXT NOT NULL,
-    name TEXT NOT NULL,
-    spec TEXT NOT NULL,
-    state TEXT NOT NULL,
-    image_key TEXT NOT NULL DEFAULT '',
-    build_id TEXT NOT NULL DEFAULT '',
-    error TEXT NOT NULL DEFAULT '',
-    created_at REAL NOT NULL,
-    updated_at REAL NOT NULL,
-    PRIMARY KEY (owner, name)
-);
-CREATE TABLE IF NOT EXISTS template_builds (
-    id TEXT PRIMARY KEY,
-    owner TEXT NOT NULL,
-    name TEXT NOT NULL,
-    key TEXT NOT NULL,
-    state TEXT NOT NULL,
-    stage TEXT NOT NULL DEFAULT '',
-    stages TEXT NOT NULL DEFAULT '[]',
-    error TEXT NOT NULL DEFAULT '',
-    created_at REAL NOT NULL,
-    started_at REAL,
-    finished_at REAL
-);
-CREATE INDEX IF NOT EXISTS template_builds_template ON template_builds(owner, name)
-"""
+from .migrations import ensure_schema, known_columns
 
 
 @dataclass
@@ -61,8 +33,7 @@ class TemplateStore:
     def __init__(self, db: Database, node: str = "") -> None:
         self.db = db
         self.node = node  # builds run on the node that got them; a cluster's others leave them be
-        self.db.script(SCHEMA)
-        self.db.migrate("template_builds", {"node": "TEXT NOT NULL DEFAULT ''"})
+        ensure_schema(db)
 
     # -- templates -------------------------------------------------------------------------------
 
@@ -129,7 +100,7 @@ def _upsert(row: dict[str, Any], key: str) -> str:
 
 
 def _template(row: dict[str, Any]) -> TemplateRecord:
-    data = dict(row)
+    data = known_columns(TemplateRecord, row)
     data["spec"] = json.loads(data["spec"])
     return TemplateRecord(**data)
 
