@@ -75,12 +75,8 @@ BASE_PACKAGES = [
     "bash-static",  # what the agent runs commands in (kernelhost_agent/bash.py)
     "busybox",
     "tini",
-    # what programs written for E2B's images and models' scripts expect (docs/templates.md)
-    "python-is-python3",  # `python script.py`
-    "curl",
-    "git",
-    "sudo",
-    "ca-certificates",
+    # what programs written for E2B's images and models' scripts run: `python script.py`, ...
+    *("python-is-python3", "curl", "git", "sudo", "ca-certificates"),
 ]
 KERNEL_PACKAGE = "linux-image-cloud-amd64"
 EXCLUDED_PATHS = [
