@@ -107,6 +107,10 @@ class Settings:
     )
     max_sandboxes_per_key: int = 100  # live and hibernated sandboxes one API key may hold
     max_memory_mib_per_key: int = 32768  # sum of running sandboxes' VM memory per API key
+    # a create, fork or wake over a key's limit waits this long for room, in the key's queue of
+    # at most create_queue_length calls, before its 429 (docs/limits.md); 0: refused at once
+    create_queue_seconds: float = 30.0
+    create_queue_length: int = 32
     max_hibernated_mib_per_key: int = 65536  # disk one API key's hibernated sandboxes may take
     # docs/checkpoints.md: compressed checkpoint files one key's sandboxes may keep on disk, and
     # the checkpoints (taken by hand) one sandbox may keep
@@ -327,6 +331,11 @@ class Settings:
             raise ConfigError(
                 f"template_build_memory_mib ({self.template_build_memory_mib}) must be at least 512 "
                 f"and template_layer_max_mib ({self.template_layer_max_mib}) at least 64"
+            )
+        if self.create_queue_seconds < 0 or self.create_queue_length < 0:
+            raise ConfigError(
+                f"create_queue_seconds ({self.create_queue_seconds}) and create_queue_length "
+                f"({self.create_queue_length}) must be 0 or more (0: a call over a limit is refused at once)"
             )
         for name in ("header_timeout", "body_timeout"):
             if not getattr(self, name) > 0:

@@ -136,6 +136,8 @@ class Service:
             "KERNELHOST_DOMAIN_PREFIX": prefix,
             "KERNELHOST_API_KEYS": f"{key},{other}",
             "KERNELHOST_LOG_FORMAT": "json",
+            # the tests of limits expect a refusal at once; the queue's own tests set a wait
+            "KERNELHOST_CREATE_QUEUE_SECONDS": "0",
             **env_overrides,
         }
         host = env.get("KERNELHOST_HOST", "127.0.0.1")

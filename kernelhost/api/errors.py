@@ -116,7 +116,10 @@ async def error_middleware(request: web.Request, handler: Handler) -> web.Stream
     try:
         return await handler(request)
     except SandboxError as exc:
-        return web.json_response({"error": error_body(exc)}, status=status_for(exc))
+        response = web.json_response({"error": error_body(exc)}, status=status_for(exc))
+        if isinstance(exc.details.get("retry_after"), int):  # a key's queue of creates: full
+            response.headers["Retry-After"] = str(exc.details["retry_after"])
+        return response
     except web.HTTPException as exc:
         if exc.status < 400 or exc.content_type == "application/json":
             raise

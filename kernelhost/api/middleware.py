@@ -10,6 +10,7 @@ from aiohttp import web
 from aiohttp.typedefs import Middleware
 
 from ..config import Settings
+from ..sandboxes import ADMITTED, MAX_WAIT, InvalidRequest
 from . import cluster, e2b
 from .cluster import peers
 from .console import PATHS as CONSOLE_PATHS
@@ -92,13 +93,41 @@ def request_limits(settings: Settings) -> Middleware:
             )
         open_now[kid] += 1
         try:
-            return await handler(request)
+            MAX_WAIT.set(_queue_wait(request))
+            response = await handler(request)
+            admitted = ADMITTED.get()
+            if admitted is not None and not response.prepared:  # it waited for room: say so
+                response.headers[QUEUE_WAITED] = f"{admitted.waited:.3f}"
+                response.headers[QUEUE_POSITION] = str(admitted.position)
+            return response
         finally:
             open_now[kid] -= 1
             if not open_now[kid]:
                 del open_now[kid]
 
     return limits
+
+
+QUEUE_WAIT = "X-Kernelhost-Queue-Wait"  # request: the longest the caller waits for room
+QUEUE_WAITED = "X-Kernelhost-Queue-Waited"  # answer: seconds it waited for room
+QUEUE_POSITION = "X-Kernelhost-Queue-Position"  # answer: its place in the key's queue then
+
+
+def _queue_wait(request: web.Request) -> float | None:
+    """The caller's bound on waiting for room (docs/limits.md), if it sent one."""
+    raw = request.headers.get(QUEUE_WAIT)
+    if raw is None:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value < 86400:
+        raise InvalidRequest(
+            f"{QUEUE_WAIT}: {raw!r:.40} is not a number of seconds; send 0 (no wait) or more",
+            field=QUEUE_WAIT,
+        )
+    return value
 
 
 async def add_security_headers(request: web.Request, response: web.StreamResponse) -> None:

@@ -106,12 +106,15 @@ class SandboxInfo:
     vcpus: int | None = None
     metadata: dict[str, str] = field(default_factory=dict)
     network: dict[str, Any] = field(default_factory=dict)  # {"mode": ..., "allow": [...]}
+    #: seconds the create waited for room in the key's queue (the key was at a limit), or None
+    queued_seconds: float | None = None
 
     @classmethod
     def from_wire(cls, obj: Any) -> SandboxInfo:
         """Read a sandbox object from the server's JSON."""
         if not isinstance(obj, dict):
             raise TransportError(f"expected a sandbox object, the server sent {obj!r:.300}")
+        queued = obj.get("queued")
         return cls(
             id=str(_require(obj, "id", "sandbox object")),
             template=str(obj.get("template", "")),
@@ -124,6 +127,9 @@ class SandboxInfo:
             vcpus=_optional_int(obj.get("vcpus")),
             metadata={str(k): str(v) for k, v in (obj.get("metadata") or {}).items()},
             network=dict(obj["network"]) if isinstance(obj.get("network"), dict) else {},
+            queued_seconds=_optional_float(queued.get("waited_seconds"))
+            if isinstance(queued, dict)
+            else None,
         )
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import builtins
 import enum
 import inspect
+import logging
 from collections.abc import Callable, Mapping
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
@@ -43,6 +44,8 @@ EXECUTE_DEADLINE_MARGIN = 240.0
 OnText = Callable[[str], object]
 OnResult = Callable[[Result], object]
 OnError = Callable[[ExecutionError], object]
+
+log = logging.getLogger("kernelhost.client")
 
 
 class _State(enum.Enum):
@@ -202,6 +205,13 @@ class AsyncSandbox(CheckpointMethods):
             await self._discard()
             raise
         self._state = _State.OPEN
+        if self._info.queued_seconds is not None:  # the key was at a limit: say what it waited for
+            log.info(
+                "sandbox %s: waited %.1f s for room under this API key's limits "
+                "(max_sandboxes_per_key, max_memory_mib_per_key) before it was made",
+                self._info.id,
+                self._info.queued_seconds,
+            )
 
     async def _discard(self) -> None:
         self._state = _State.CLOSED
@@ -295,10 +305,17 @@ class AsyncSandbox(CheckpointMethods):
         ``download`` (see ``AsyncFiles``)."""
         return AsyncFiles(self)
 
+    @property
+    def queued_seconds(self) -> float | None:
+        """Seconds its create waited for room under the key's limits (None: it did not wait)."""
+        return self._info.queued_seconds if self._info is not None else None
+
     async def info(self) -> SandboxInfo:
         """Fetch the sandbox's current record from the server."""
         self._ensure_open()
+        queued = self.queued_seconds
         self._info = SandboxInfo.from_wire(await self._http.request("GET", sandbox_path(self.id)))
+        self._info.queued_seconds = queued
         return self._info
 
     async def run_code(

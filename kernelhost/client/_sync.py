@@ -259,6 +259,11 @@ class Sandbox:
         ``download``."""
         return Files(self)
 
+    @property
+    def queued_seconds(self) -> float | None:
+        """Seconds its create waited for room under the key's limits (None: it did not wait)."""
+        return self._async.queued_seconds
+
     info = _sync_method(AsyncSandbox.info)
     run_code = _sync_method(AsyncSandbox.run_code)
     interrupt = _sync_method(AsyncSandbox.interrupt)

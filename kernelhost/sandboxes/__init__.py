@@ -40,6 +40,7 @@ from .errors import (
 from .execution import ClearOutput, End, Error, Event, Result, Stream
 from .manager import SandboxManager
 from .processes import Process
+from .registry import ADMITTED, MAX_WAIT
 from .sandbox import Sandbox, sandbox_view
 from .session import KernelSession, SessionClient, SessionEnd
 from .states import ExecutionStatus, Recovery, SandboxState
@@ -49,8 +50,10 @@ from .store.sandboxes import SandboxRecord, Store
 from .templates.views import TemplateView
 
 __all__ = [
+    "ADMITTED",
     "FORWARDED_RESERVATION",
     "HOST_FAILED",
+    "MAX_WAIT",
     "AgentUnresponsive",
     "BackendUnavailable",
     "BootFailed",

@@ -76,7 +76,15 @@ class SandboxManager:
         self.host_network = host_network or HostNetwork(settings)
         settings.state_dir.mkdir(parents=True, exist_ok=True)
         self._token_key = load_token_key(settings.state_dir, settings.cluster_secret)
-        registry = Registry(store, Quota(settings.max_sandboxes_per_key, settings.max_memory_mib_per_key))
+        registry = Registry(
+            store,
+            Quota(
+                settings.max_sandboxes_per_key,
+                settings.max_memory_mib_per_key,
+                settings.create_queue_seconds,
+                settings.create_queue_length,
+            ),
+        )
         self._ctx = ctx = Context(
             settings=settings,
             images=images,

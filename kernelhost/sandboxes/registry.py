@@ -3,16 +3,24 @@ found, changed or removed, in memory and in the store together.
 
 Per-key limits are checked here too, against what a key holds *and* what it is in the middle
 of creating (``reserve``): two concurrent creates cannot both pass a limit that only one fits.
+
+A create, fork or wake that finds its key at a limit waits its turn (``admit``): in the key's
+queue, first come first served, up to ``queue_seconds`` (or less, if the caller said so:
+``MAX_WAIT``), while at most ``queue_length`` wait; it is refused (``CapacityExceeded``, 429)
+only when the queue is full or the wait ends without room. ``ADMITTED`` tells the API how long
+the call waited and at which place it joined, for the answer's headers (docs/limits.md).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import secrets
 import time
-from collections import Counter
-from collections.abc import Iterator
+from collections import Counter, deque
+from collections.abc import AsyncIterator, Iterator
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -74,6 +82,25 @@ def new_record(
 class Quota:
     max_sandboxes: int
     max_memory_mib: int
+    queue_seconds: float = 0.0  # the longest a call waits for room (0: refused at once)
+    queue_length: int = 0  # calls of one key waiting at once
+
+
+@dataclass(frozen=True)
+class Admitted:
+    """How a call got its room: after ``waited`` seconds, having joined the key's queue at
+    ``position`` (1: first in line)."""
+
+    waited: float
+    position: int
+
+
+#: the caller's own bound on waiting for room, in seconds (the API sets it from a header)
+MAX_WAIT: ContextVar[float | None] = ContextVar("kernelhost_max_wait", default=None)
+#: set when a call waited for room (read by the API for the answer's headers)
+ADMITTED: ContextVar[Admitted | None] = ContextVar("kernelhost_admitted", default=None)
+POLL_SECONDS = 1.0  # a waiting call looks again this often (a cluster's room frees elsewhere)
+WAITS_KEPT = 20  # recent waits per key, for the expected wait
 
 
 class Registry:
@@ -87,6 +114,9 @@ class Registry:
         #: set when a sandbox comes, is touched, or its idle timeout changes: the reaper then
         #: looks again at when the next one is due
         self.changed = asyncio.Event()
+        self._room = asyncio.Event()  # set (and replaced) when a key's usage may have dropped
+        self._queues: dict[str, deque[object]] = {}  # waiting calls per key, in order
+        self._waits: dict[str, deque[float]] = {}  # recent waits per key
 
     # -- lookups ---------------------------------------------------------------------------------
 
@@ -154,6 +184,106 @@ class Registry:
             self._reserved_mib[owner] -= want
             if self._reserved[owner] <= 0 and self._reserved_mib[owner] <= 0:
                 del self._reserved[owner], self._reserved_mib[owner]
+            self.notify_room()
+
+    @contextlib.asynccontextmanager
+    async def admit(self, owner: str, count: int, memory_mib: int) -> AsyncIterator[None]:
+        """``reserve``, waiting in the key's queue for room if there is none now."""
+        with contextlib.ExitStack() as stack:
+            queue = self._queues.get(owner)
+            if not queue:
+                try:
+                    stack.enter_context(self.reserve(owner, count, memory_mib))
+                except CapacityExceeded as exc:
+                    await self._wait_in_line(stack, owner, count, memory_mib, exc)
+            else:
+                await self._wait_in_line(stack, owner, count, memory_mib, None)
+            yield
+
+    async def _wait_in_line(
+        self,
+        stack: contextlib.ExitStack,
+        owner: str,
+        count: int,
+        memory_mib: int,
+        refused: CapacityExceeded | None,
+    ) -> None:
+        wanted = MAX_WAIT.get()
+        limit = self.quota.queue_seconds if wanted is None else min(wanted, self.quota.queue_seconds)
+        queue = self._queues.setdefault(owner, deque())
+        if limit <= 0 or len(queue) >= self.quota.queue_length:
+            if refused is None:  # others are in line ahead: room now would be theirs
+                refused = self._refusal(owner, "this key's earlier calls are waiting for room")
+            raise self._full(refused, len(queue), limit, owner)
+        ticket = object()
+        queue.append(ticket)
+        position = len(queue)
+        loop = asyncio.get_running_loop()
+        start = loop.time()
+        try:
+            while True:
+                if queue[0] is ticket:
+                    try:
+                        stack.enter_context(self.reserve(owner, count, memory_mib))
+                        break
+                    except CapacityExceeded as exc:
+                        refused = exc
+                left = start + limit - loop.time()
+                if left <= 0:
+                    raise self._timed_out(refused, owner, limit, position)
+                await self._room_freed(min(left, POLL_SECONDS))
+        finally:
+            queue.remove(ticket)
+            if not queue:
+                del self._queues[owner]
+            self.notify_room()  # the next in line looks again
+        waited = loop.time() - start
+        self._waits.setdefault(owner, deque(maxlen=WAITS_KEPT)).append(waited)
+        ADMITTED.set(Admitted(round(waited, 3), position))
+
+    def expected_wait(self, owner: str) -> float | None:
+        """Seconds a call of ``owner`` joining the queue now may wait (recent waits), or None."""
+        waits = self._waits.get(owner)
+        if not waits:
+            return None
+        return sum(waits) / len(waits) * (len(self._queues.get(owner, ())) + 1)
+
+    def _refusal(self, owner: str, why: str) -> CapacityExceeded:
+        return CapacityExceeded(f"{why}", limit="max_sandboxes_per_key", value=self.quota.max_sandboxes)
+
+    def _full(self, refused: CapacityExceeded, waiting: int, limit: float, owner: str) -> CapacityExceeded:
+        if limit <= 0:
+            return refused
+        expected = self.expected_wait(owner) or limit
+        refused.message = (
+            f"{refused.message}; {waiting} calls of this key already wait for room, the most that "
+            f"may (create_queue_length): try again in about {math.ceil(expected)} s"
+        )
+        refused.details.update(queue_length=waiting, retry_after=math.ceil(expected))
+        return refused
+
+    def _timed_out(
+        self, refused: CapacityExceeded | None, owner: str, limit: float, position: int
+    ) -> CapacityExceeded:
+        exc = refused or self._refusal(owner, "no room for this key's call")
+        exc.message = (
+            f"{exc.message} (waited {limit:g} s in this key's queue, joined at place {position}; "
+            "create_queue_seconds, or the X-Kernelhost-Queue-Wait header, bounds the wait)"
+        )
+        exc.details.update(waited=limit, retry_after=math.ceil(self.expected_wait(owner) or limit))
+        return exc
+
+    def notify_room(self) -> None:
+        """Wake the calls waiting for room: a key's usage may have dropped."""
+        self._room.set()
+        self._room = asyncio.Event()
+
+    async def _room_freed(self, timeout: float) -> None:
+        # asyncio.timeout, not wait_for: 3.11's wait_for loses a cancel that comes as the event
+        # is set (the caller who went away would wait on)
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout):
+                await self._room.wait()
 
     # -- changes ---------------------------------------------------------------------------------
 
@@ -167,6 +297,7 @@ class Registry:
     def forget(self, sandbox_id: str) -> None:
         """Delete a stored record (a sandbox that never became live, or is gone)."""
         self.store.delete(sandbox_id)
+        self.notify_room()
 
     def add(self, sbx: Sandbox) -> None:
         """Make ``sbx`` live: found by lookups, reaped, counted."""
@@ -179,6 +310,7 @@ class Registry:
         if self._live.get(sbx.id) is not sbx:
             return False
         del self._live[sbx.id]
+        self.notify_room()
         return True
 
     def update(self, sbx: Sandbox, **fields: Any) -> None:
@@ -187,6 +319,8 @@ class Registry:
             setattr(sbx.record, name, value)
         self.store.update(sbx.id, **fields)
         self.changed.set()
+        if "state" in fields or "memory_mib" in fields:
+            self.notify_room()  # a hibernated sandbox's memory counts no more
 
     def set_state(self, sbx: Sandbox, state: SandboxState, detail: str | None = None) -> None:
         fields: dict[str, Any] = {"state": state}

@@ -408,7 +408,15 @@ async def open_house(tmp_path: Path, *, snapshots: bool = True, **settings: Any)
         ctx = Context(
             settings=config,
             images=images,
-            registry=Registry(store, Quota(config.max_sandboxes_per_key, config.max_memory_mib_per_key)),
+            registry=Registry(
+                store,
+                Quota(
+                    config.max_sandboxes_per_key,
+                    config.max_memory_mib_per_key,
+                    config.create_queue_seconds,
+                    config.create_queue_length,
+                ),
+            ),
             vms=vms,
             metrics=metrics,
             network=SandboxNetwork(config, host, metrics),

@@ -168,21 +168,41 @@ async def test_missing_or_wrong_key_is_401(service: Service) -> None:
         await AsyncSandbox.list(url=service.url, api_key="wrong-key-wrong-key")
 
 
-async def test_per_key_limits_answer_429_and_other_keys_go_on(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    svc = Service.make(tmp_path, KERNELHOST_MAX_SANDBOXES_PER_KEY="1", KERNELHOST_POOL_SIZE="1")
+async def test_per_key_limits_queue_then_answer_429_and_other_keys_go_on(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A key at its limit: a create waits its turn (one may wait), the next is 429 at once with
+    when to come back, a caller that will not wait is 429 at once; another key goes on."""
+    svc = Service.make(
+        tmp_path,
+        KERNELHOST_MAX_SANDBOXES_PER_KEY="1",
+        KERNELHOST_POOL_SIZE="1",
+        KERNELHOST_CREATE_QUEUE_SECONDS="120",
+        KERNELHOST_CREATE_QUEUE_LENGTH="1",
+    )
     svc.start()
     try:
         first = await AsyncSandbox.create(url=svc.url, api_key=svc.api_key)
-        with pytest.raises(RateLimitError) as err:
-            await AsyncSandbox.create(url=svc.url, api_key=svc.api_key)
-        assert err.value.status == 429 and "max_sandboxes_per_key" in str(err.value)
-        with pytest.raises(RateLimitError):  # a fork makes sandboxes too
+        headers = {"Authorization": f"Bearer {svc.api_key}"}
+        async with aiohttp.ClientSession(headers=headers) as http:
+            now = await http.post(
+                f"{svc.url}/v1/sandboxes", json={}, headers={"X-Kernelhost-Queue-Wait": "0"}
+            )
+            assert now.status == 429 and "max_sandboxes_per_key" in (await now.json())["error"]["message"]
+            waiting = asyncio.create_task(AsyncSandbox.create(url=svc.url, api_key=svc.api_key))
+            await asyncio.sleep(2)  # it joins the key's queue
+            assert not waiting.done()
+            full = await http.post(f"{svc.url}/v1/sandboxes", json={})
+            assert full.status == 429 and int(full.headers["Retry-After"]) >= 1
+            assert "create_queue_length" in (await full.json())["error"]["message"]
+        with pytest.raises(RateLimitError) as err:  # a fork makes sandboxes too: the queue is full
             await first.fork(1)
+        assert err.value.status == 429 and "max_sandboxes_per_key" in str(err.value)
         other = await AsyncSandbox.create(url=svc.url, api_key=svc.other_key)  # its own budget
         assert (await other.run_code("1 + 1")).text == "2"
-        await first.close()
-        again = await AsyncSandbox.create(url=svc.url, api_key=svc.api_key)  # room again
-        await again.close()
+        await first.close()  # room: the waiting create is made
+        second = await asyncio.wait_for(waiting, 120)
+        assert second.queued_seconds is not None and second.queued_seconds > 1, second.queued_seconds
+        assert (await second.run_code("2 + 2")).text == "4"
+        await second.close()
         await other.close()
     finally:
         leaked, leaked_dirs = svc.cleanup()

@@ -11,7 +11,7 @@ from typing import Any
 from aiohttp import web
 
 from ...metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
-from ...sandboxes import End, Event, InvalidRequest, Sandbox, SandboxError
+from ...sandboxes import ADMITTED, End, Event, InvalidRequest, Sandbox, SandboxError
 from ..cluster import remote_views
 from ..errors import error_body, status_for
 from ..state import KEY_ID, RUNTIME, Runtime, json_object
@@ -87,7 +87,11 @@ async def create_sandbox(request: web.Request) -> web.Response:
     sbx = await _runtime(request).manager.create(
         request[KEY_ID], template, idle, metadata, network, auto_checkpoint=auto, checkpoint=checkpoint
     )
-    return web.json_response(sbx.to_dict(), status=201)
+    view = sbx.to_dict()
+    admitted = ADMITTED.get()
+    if admitted is not None:  # it waited for room in its key's queue (docs/limits.md)
+        view["queued"] = {"waited_seconds": admitted.waited, "position": admitted.position}
+    return web.json_response(view, status=201)
 
 
 @routes.get("/v1/sandboxes")

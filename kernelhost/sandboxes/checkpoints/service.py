@@ -413,7 +413,7 @@ class Checkpoints:
         image = self._image(cp)
         net = parse_network(network).to_dict() if network is not None else self._network_of(cp)
         shape = self.ctx.shape_for(image)
-        with self.registry.reserve(owner, 1, shape.memory_mib):
+        async with self.registry.admit(owner, 1, shape.memory_mib):
             rec = new_record(
                 owner=owner,
                 template=cp.template,

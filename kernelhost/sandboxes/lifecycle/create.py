@@ -125,7 +125,7 @@ class Lifecycle:
         # the template's default network when the request names none
         spec = parse_network(network if network is not None else image.manifest.get("network"))
         shape = self.ctx.shape_for(image)
-        with self.registry.reserve(owner, 1, shape.memory_mib):
+        async with self.registry.admit(owner, 1, shape.memory_mib):
             idle = self.idle_timeout(idle_timeout)
             meta = self.check_metadata(metadata)
             rec = new_record(

@@ -120,7 +120,7 @@ class Hibernation:
         t0 = time.monotonic()
         path = self.ctx.hibernation_file(rec)
         # a woken sandbox counts against its key's memory again: checked before it runs
-        with self.registry.reserve(rec.owner, 0, rec.memory_mib):
+        async with self.registry.admit(rec.owner, 0, rec.memory_mib):
             await self._wake_vm(sbx, path, t0)
 
     async def _wake_vm(self, sbx: Sandbox, path: Path, t0: float) -> None:
