@@ -212,8 +212,8 @@ class Registry:
         limit = self.quota.queue_seconds if wanted is None else min(wanted, self.quota.queue_seconds)
         queue = self._queues.setdefault(owner, deque())
         if limit <= 0 or len(queue) >= self.quota.queue_length:
-            if refused is None:  # others are in line ahead: room now would be theirs
-                refused = self._refusal(owner, "this key's earlier calls are waiting for room")
+            if refused is None:  # others are in line ahead: which limit holds them
+                refused = self._limit_now(owner, count, memory_mib)
             raise self._full(refused, len(queue), limit, owner)
         ticket = object()
         queue.append(ticket)
@@ -250,6 +250,19 @@ class Registry:
 
     def _refusal(self, owner: str, why: str) -> CapacityExceeded:
         return CapacityExceeded(f"{why}", limit="max_sandboxes_per_key", value=self.quota.max_sandboxes)
+
+    def _limit_now(self, owner: str, count: int, memory_mib: int) -> CapacityExceeded:
+        """The refusal a call would get now, for one that finds others of its key in line."""
+        try:
+            with self.reserve(owner, count, memory_mib):
+                pass
+        except CapacityExceeded as exc:
+            return exc
+        return self._refusal(
+            owner,
+            "this key's earlier calls are waiting for room under its limits "
+            "(max_sandboxes_per_key, max_memory_mib_per_key)",
+        )
 
     def _full(self, refused: CapacityExceeded, waiting: int, limit: float, owner: str) -> CapacityExceeded:
         if limit <= 0:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 
 import aiohttp
@@ -179,6 +180,7 @@ async def test_per_key_limits_queue_then_answer_429_and_other_keys_go_on(tmp_pat
         KERNELHOST_CREATE_QUEUE_LENGTH="1",
     )
     svc.start()
+    waiting: asyncio.Task[AsyncSandbox] | None = None
     try:
         first = await AsyncSandbox.create(url=svc.url, api_key=svc.api_key)
         headers = {"Authorization": f"Bearer {svc.api_key}"}
@@ -205,6 +207,10 @@ async def test_per_key_limits_queue_then_answer_429_and_other_keys_go_on(tmp_pat
         await second.close()
         await other.close()
     finally:
+        if waiting is not None and not waiting.done():  # the test failed while it waited
+            waiting.cancel()
+            with contextlib.suppress(BaseException):
+                await waiting
         leaked, leaked_dirs = svc.cleanup()
         assert not leaked and not leaked_dirs
 
