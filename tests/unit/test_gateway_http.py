@@ -117,6 +117,14 @@ async def test_the_channels_websocket_takes_a_query_token(client: ApiClient) -> 
 
 
 def test_a_forwarded_call_carries_no_query_token() -> None:
+    from aiohttp.test_utils import make_mocked_request
+
+    from kernelhost.api.cluster import forward
+
+    request = make_mocked_request("GET", "/api/kernels/k/channels?token=kh_x&session_id=s%201")
+    assert str(forward._url("http://node-b:8999", request)) == (
+        "http://node-b:8999/api/kernels/k/channels?session_id=s+1"
+    )
     assert (
         without_token("/api/kernels/k/channels?session_id=s1&token=kh_x")
         == "/api/kernels/k/channels?session_id=s1"
