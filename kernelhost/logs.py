@@ -1,20 +1,45 @@
 """structlog configuration, done once at start-up (``configure``).
 
 JSON lines when stderr is not a terminal, readable console output when it is. Request handlers
-bind ``sandbox_id`` and ``key_id`` with ``structlog.contextvars``; never the key itself.
+bind ``sandbox_id`` and ``key_id`` with ``structlog.contextvars``; never the key itself. A key
+that came in a URL (``?token=``, the Kernel Gateway routes) is redacted from every line
+(``redact``), structlog's and the standard library's alike.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 import sys
-from typing import TextIO, cast
+from collections.abc import MutableMapping
+from typing import Any, TextIO, cast
 
 import structlog
 
 from .progress import TerminalAware
 
 _console = False  # whether logs are rendered for a person at a terminal (not JSON)
+_TOKEN_IN_TEXT = re.compile(r"(?i)(token=)[^&\s#'\"]+")
+
+
+def redact(text: str) -> str:
+    """``text`` with every ``token=<value>`` (``?token=``, ``access_token=``, ...) replaced by
+    ``token=[redacted]``."""
+    return _TOKEN_IN_TEXT.sub(r"\1[redacted]", text)
+
+
+def _redact_event(_: Any, __: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
+    for name, value in event.items():
+        if isinstance(value, str):
+            event[name] = redact(value)
+    return event
+
+
+class RedactingFormatter(logging.Formatter):
+    """The standard library's lines (aiohttp's, say), tracebacks included, redacted."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return redact(super().format(record))
 
 
 def console() -> bool:
@@ -37,6 +62,7 @@ def configure(fmt: str = "auto", level: str = "info") -> None:
             structlog.processors.TimeStamper(fmt="iso", utc=True),
             structlog.processors.StackInfoRenderer(),
             structlog.processors.format_exc_info,
+            _redact_event,  # after the traceback became text: it may quote a URL too
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(lvl),
@@ -46,4 +72,7 @@ def configure(fmt: str = "auto", level: str = "info") -> None:
         ),
         cache_logger_on_first_use=True,
     )
-    logging.basicConfig(level=max(lvl, logging.WARNING), stream=sys.stderr, format="%(name)s: %(message)s")
+    logging.basicConfig(level=max(lvl, logging.WARNING), stream=sys.stderr)
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, logging.StreamHandler) and handler.stream is sys.stderr:
+            handler.setFormatter(RedactingFormatter("%(name)s: %(message)s"))

@@ -11,7 +11,7 @@ from aiohttp.typedefs import Middleware
 
 from ..config import Settings
 from ..sandboxes import ADMITTED, MAX_WAIT, InvalidRequest
-from . import cluster, e2b
+from . import cluster, credentials, e2b
 from .cluster import peers
 from .console import PATHS as CONSOLE_PATHS
 from .errors import Handler, error_response
@@ -51,16 +51,20 @@ async def auth_middleware(request: web.Request, handler: Handler) -> web.StreamR
                 return elsewhere
         refused = e2b.identify(request)  # E2B's headers, and its error shapes
         return refused if refused is not None else await handler(request)
-    header = request.headers.get("Authorization", "")
-    scheme, _, presented = header.partition(" ")
-    if scheme.lower() not in ("bearer", "token") or not presented.strip():
+    presented = credentials.presented_key(request)  # the header's, or a gateway route's ?token=
+    if not presented:
         return error_response(
             401,
             "unauthorized",
             "missing API key: send 'Authorization: Bearer <key>' (the key is printed by "
-            "'kernelhost serve' at first start, or set in KERNELHOST_API_KEYS)",
+            "'kernelhost serve' at first start, or set in KERNELHOST_API_KEYS)"
+            + (
+                "; the Kernel Gateway routes also take ?token=<key>"
+                if credentials.takes_query_token(request.path)
+                else ""
+            ),
         )
-    kid = request.app[KEYS].identify(presented.strip())
+    kid = request.app[KEYS].identify(presented)
     if kid is None:
         return error_response(
             401, "unauthorized", "invalid API key; check KERNELHOST_API_KEY on the client side"

@@ -6,19 +6,22 @@ configuration as one JSON object to its stdin::
 
     {"url": "http://127.0.0.1:8999", "api_key": "...", "kernel_id": "<uuid>",
      "ip": "127.0.0.1", "ports": {"shell_port": 0, ...}, "key": "<hex>",
-     "signature_scheme": "hmac-sha256", "reconnect_seconds": 60}
+     "signature_scheme": "hmac-sha256", "reconnect_seconds": 60,
+     "setup": "<a cell>", "setup_timeout": 120}
 
 It binds the five sockets (a port of 0 picks a free one; a restart passes the previous ports so
 connected clients keep working), connects the WebSocket with the ``v1.kernel.websocket.jupyter.org``
-framing (binary buffers survive), and prints ``{"ports": {...}}`` (or ``{"error": "..."}`` and
-exits 1) as its only line on stdout. Messages from local clients are checked against the session
-key and forwarded as they are; replies come back to the socket identity that sent the request
-(a shell reply only once its request's ``idle`` status is out, or after ``REPLY_HOLD_S``);
-iopub goes to every subscriber. A ``shutdown_request`` on control is answered here and ends the
-process; without ``restart`` it first deletes the kernel (as a local kernel ends when asked), so a
-client with no kernel manager (``jupyter console``) leaves nothing behind. A restart is the
-provisioner's to carry out over HTTP. If the WebSocket drops,
-the bridge reconnects for up to ``reconnect_seconds``; a deleted or dead sandbox ends it at once.
+framing (binary buffers survive), runs ``setup`` (if any: the provisioner's forwarded variables
+and working directory, ``workdir.py``) as a silent cell that stores no history, and prints
+``{"ports": {...}}`` (or ``{"error": "..."}`` and exits 1) as its only line on stdout.
+Messages from local clients are checked against the session key and forwarded as they are;
+replies come back to the socket identity that sent the request (a shell reply only once its
+request's ``idle`` status is out, or after ``REPLY_HOLD_S``); iopub goes to every subscriber.
+A ``shutdown_request`` on control is answered here and ends the process; without ``restart`` it
+first deletes the kernel (as a local kernel ends when asked), so a client with no kernel manager
+(``jupyter console``) leaves nothing behind. A restart is the provisioner's to carry out over
+HTTP. If the WebSocket drops, the bridge reconnects for up to ``reconnect_seconds``; a deleted or
+dead sandbox ends it at once.
 """
 
 from __future__ import annotations
@@ -114,6 +117,45 @@ class Bridge:
             timeout=aiohttp.ClientWSTimeout(ws_close=10.0),
         )
         self.connected.set()
+
+    async def run_setup(self, code: str, timeout: float) -> None:
+        """Run ``code`` in the kernel as a silent cell before any client's message is relayed;
+        raises ``RuntimeError`` naming the kernel's error. What else arrives meanwhile (the
+        cell's own busy and idle) goes to no client: none is served yet."""
+        msg = self.session.msg(
+            "execute_request",
+            {
+                "code": code,
+                "silent": True,
+                "store_history": False,
+                "user_expressions": {},
+                "allow_stdin": False,
+                "stop_on_error": False,
+            },
+        )
+        assert self.ws is not None
+        await self.ws.send_bytes(pack_v1("shell", self.session.serialize(msg)[2:]))
+        async with asyncio.timeout(timeout):
+            async for raw in self.ws:
+                if raw.type != aiohttp.WSMsgType.BINARY:
+                    continue
+                channel, parts = unpack_v1(raw.data)
+                if channel != "shell" or len(parts) < 4:
+                    continue
+                header, parent = json.loads(parts[0]), json.loads(parts[1])
+                if (
+                    parent.get("msg_id") != msg["header"]["msg_id"]
+                    or header.get("msg_type") != "execute_reply"
+                ):
+                    continue
+                content = json.loads(parts[3])
+                if content.get("status") != "ok":
+                    raise RuntimeError(
+                        f"setting the environment and working directory failed in the kernel: "
+                        f"{content.get('ename')}: {content.get('evalue')}"
+                    )
+                return
+        raise RuntimeError(f"the WebSocket closed (code {self.ws.close_code}) before the setup cell ended")
 
     async def run(self) -> int:
         tasks = [
@@ -327,7 +369,9 @@ async def main() -> int:
     try:
         bridge.bind()
         await bridge.connect()
-    except (TimeoutError, aiohttp.ClientError, OSError, zmq.ZMQError) as exc:
+        if cfg.get("setup"):
+            await bridge.run_setup(str(cfg["setup"]), float(cfg.get("setup_timeout") or 120))
+    except (TimeoutError, aiohttp.ClientError, OSError, zmq.ZMQError, RuntimeError, WireError) as exc:
         if isinstance(exc, aiohttp.WSServerHandshakeError):
             answer({"error": f"the service refused the kernel's WebSocket: HTTP {exc.status} {exc.message}"})
         else:

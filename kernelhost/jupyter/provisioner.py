@@ -17,6 +17,12 @@ jupyter_server start that kernel as usual, and its code runs in a kernelhost VM.
   ``launch_kernel`` restarts the sandbox's kernel (``POST .../restart``, fresh state, same VM) and
   starts a new bridge on the same ports with the same key, so connected clients carry on.
 - Shutdown deletes the sandbox (``cleanup(restart=False)``).
+- What the kernel takes from here (``workdir.py``): the environment variables the user names
+  (``forward_env``, ``KERNELHOST_FORWARD_ENV``, and those the kernelspec's ``env`` sets), and the
+  files the user names (``upload``, ``KERNELHOST_UPLOAD``), relative to the notebook's directory
+  (the ``cwd`` jupyter_client launches with), uploaded into ``working_dir`` at the first start.
+  The bridge sets the variables and enters ``working_dir`` with a silent cell on every start and
+  restart, before any client's message.
 
 Where the service is: the ``url`` config (kernelspec ``config``), else ``KERNELHOST_URL``, else
 ``http://127.0.0.1:8999``. The API key: the environment variable named by ``api_key_env``
@@ -34,14 +40,26 @@ import signal
 import subprocess
 import sys
 import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import aiohttp
 from jupyter_client.connect import KernelConnectionInfo
 from jupyter_client.provisioning.provisioner_base import KernelProvisionerBase
-from traitlets import Float, Integer, Unicode
+from traitlets import Float, Integer, List, Unicode
 
 from ..client._http import resolve_config
+from .workdir import (
+    FORWARD_ENV_VAR,
+    UPLOAD_VAR,
+    WorkdirError,
+    forwarded_env,
+    named,
+    remote_path,
+    setup_code,
+    upload_plan,
+)
 
 PROVISIONER_NAME = "kernelhost-provisioner"
 GONE = object()  # what a call answers when the kernel is not there (any more)
@@ -72,6 +90,24 @@ class KernelhostProvisioner(KernelProvisionerBase):
     )
     launch_timeout = Float(120.0, config=True, help="Seconds a start or restart may take")
     request_timeout = Float(30.0, config=True, help="Seconds for interrupt and delete calls")
+    forward_env = List(
+        Unicode(),
+        config=True,
+        help="Environment variables passed to the kernel (names, or patterns like 'AWS_*'); "
+        f"{FORWARD_ENV_VAR} (comma-separated) adds more at run time",
+    )
+    upload = List(
+        Unicode(),
+        config=True,
+        help="Files, directories or glob patterns, relative to the notebook's directory, uploaded "
+        f"into the kernel's working directory at start; {UPLOAD_VAR} (comma-separated) adds more",
+    )
+    working_dir = Unicode(
+        "",
+        config=True,
+        help="The kernel's working directory in the VM, made if missing; empty: its home, "
+        "/home/user (a relative path is under it)",
+    )
 
     process: subprocess.Popen[bytes] | None = None
     remote_id: str | None = None  # the kernel id on the service (also the sandbox)
@@ -85,17 +121,23 @@ class KernelhostProvisioner(KernelProvisionerBase):
         return cfg.url, cfg.api_key
 
     async def _call(
-        self, method: str, path: str, body: Any = None, timeout: float | None = None, missing_ok: bool = False
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        timeout: float | None = None,
+        missing_ok: bool = False,
+        **extra: Any,
     ) -> Any:
-        """One call to the service; a 404 is ``GONE`` with ``missing_ok`` (and for DELETE)."""
+        """One call to the service; a 404 is ``GONE`` with ``missing_ok`` (and for DELETE).
+        ``extra``: more of aiohttp's request arguments (``data``, ``params``, ``headers``)."""
         url, key = self._creds()
         wait = aiohttp.ClientTimeout(total=timeout or self.request_timeout, connect=10.0)
+        headers = {"Authorization": f"token {key}", **extra.pop("headers", {})}
         try:
             async with (
                 aiohttp.ClientSession(timeout=wait) as http,
-                http.request(
-                    method, url + path, json=body, headers={"Authorization": f"token {key}"}
-                ) as resp,
+                http.request(method, url + path, json=body, headers=headers, **extra) as resp,
             ):
                 if resp.status == 404 and (missing_ok or method == "DELETE"):
                     return GONE
@@ -133,6 +175,18 @@ class KernelhostProvisioner(KernelProvisionerBase):
             raise
 
     async def _launch(self, cmd: list[str], kwargs: dict[str, Any]) -> KernelConnectionInfo:
+        env: dict[str, str] = dict(kwargs.get("env") or os.environ)
+        spec_env = (getattr(self.kernel_spec, "env", None) or {}).keys()
+        try:
+            forwarded = forwarded_env(
+                env, named(self.forward_env, env, FORWARD_ENV_VAR), spec_env, keep_out=(self.api_key_env,)
+            )
+            files: list[tuple[Path, str]] = []
+            if self.remote_id is None:  # files outlive a restart; they go at the first start
+                cwd = Path(kwargs.get("cwd") or os.getcwd())
+                files = await asyncio.to_thread(upload_plan, cwd, named(self.upload, env, UPLOAD_VAR))
+        except WorkdirError as exc:  # before anything starts
+            raise KernelhostError(f"kernelhost provisioner: {exc}") from None
         if self.remote_id is None:
             body: dict[str, Any] = {
                 "name": self.template,
@@ -143,11 +197,38 @@ class KernelhostProvisioner(KernelProvisionerBase):
             model = await self._call("POST", "/api/kernels", body, timeout=self.launch_timeout)
             self.remote_id, self.sandbox_id = model["id"], model.get("sandbox_id")
             self.log.info("kernelhost: kernel %s runs in sandbox %s", self.kernel_id, self.sandbox_id)
+            await self._upload(files)
         elif self._restarting:
             await self._call(
                 "POST", f"/api/kernels/{self.remote_id}/restart", {}, timeout=self.launch_timeout
             )
         self._restarting = False
+        if forwarded:
+            self.log.info("kernelhost: passing %s to kernel %s", ", ".join(forwarded), self.kernel_id)
+        return await self._start_bridge(cmd, kwargs, setup_code(forwarded, self.working_dir))
+
+    async def _upload(self, files: list[tuple[Path, str]]) -> None:
+        """Each planned file to its path under the working directory, streamed."""
+        for local, name in files:
+            size = (await asyncio.to_thread(local.stat)).st_size
+            await self._call(
+                "PUT",
+                f"/v1/sandboxes/{self.sandbox_id}/files",
+                timeout=self.launch_timeout,
+                params={"path": remote_path(self.working_dir, name)},
+                data=_chunks(local),
+                headers={"Content-Length": str(size), "Content-Type": "application/octet-stream"},
+            )
+        if files:
+            self.log.info(
+                "kernelhost: uploaded %d files into %s of sandbox %s",
+                len(files),
+                self.working_dir or "/home/user",
+                self.sandbox_id,
+            )
+
+    async def _start_bridge(self, cmd: list[str], kwargs: dict[str, Any], setup: str) -> KernelConnectionInfo:
+        """The local bridge process, its ports and the connection info."""
         info: dict[str, Any] = dict(self.connection_info)
         key = info.get("key") or _session_key(self.parent) or uuid.uuid4().hex.encode()
         ports = {
@@ -169,6 +250,8 @@ class KernelhostProvisioner(KernelProvisionerBase):
             "ports": ports,
             "signature_scheme": scheme,
             "key": key.decode() if isinstance(key, bytes) else key,
+            "setup": setup,
+            "setup_timeout": self.launch_timeout,
         }
         assert self.process.stdin is not None and self.process.stdout is not None
         self.process.stdin.write(json.dumps(config).encode())
@@ -274,6 +357,16 @@ class KernelhostProvisioner(KernelProvisionerBase):
         await super().load_provisioner_info(provisioner_info)
         ours = provisioner_info.get("kernelhost") or {}
         self.remote_id, self.sandbox_id = ours.get("remote_id"), ours.get("sandbox_id")
+
+
+async def _chunks(path: Path, size: int = 1 << 20) -> AsyncIterator[bytes]:
+    """``path``'s bytes, read off the event loop."""
+    f = await asyncio.to_thread(path.open, "rb")
+    try:
+        while chunk := await asyncio.to_thread(f.read, size):
+            yield chunk
+    finally:
+        f.close()
 
 
 def _session_key(km: Any) -> bytes | None:

@@ -32,6 +32,8 @@ async def test_kernel_lifecycle_through_jupyter_server(
             specs = await r.json()
         assert r.status == 200 and specs["default"] == "python"
         assert specs["kernelspecs"]["python"]["spec"]["language"] == "python"
+        # python3, an alias of the python template, passes jupyter_server's own checks too
+        assert specs["kernelspecs"]["python3"]["spec"]["metadata"]["kernelhost"]["alias_of"] == "python"
 
         async with http.post(f"{lab.url}/api/kernels", json={"name": "python"}) as r:
             assert r.status == 201, await r.text()

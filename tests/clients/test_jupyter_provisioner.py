@@ -266,3 +266,114 @@ async def test_a_wrong_key_fails_the_start_naming_the_fix(
     km = AsyncKernelManager(kernel_name=JUPYTER_KERNEL)
     with pytest.raises(KernelhostError, match=r"401.*KERNELHOST_API_KEY"):
         await km.start_kernel()
+
+
+# -- issue 39, item 7: the environment and the working directory ---------------------------------
+
+
+def _workdir_notebook(path: Path) -> None:
+    nb = new_notebook(
+        cells=[
+            new_code_cell("import os\nprint(os.environ.get('KH_DEMO_A'), os.environ.get('KH_DEMO_B'))"),
+            new_code_cell("print(os.environ.get('DATA_URL'), os.environ.get('KH_OTHER'))"),
+            new_code_cell("print(open('data.csv').read().strip(), sorted(os.listdir('lookup')))"),
+            new_code_cell("os.getcwd()"),
+        ]
+    )
+    nb.metadata["kernelspec"] = {"name": JUPYTER_KERNEL, "display_name": "kernelhost", "language": "python"}
+    write_notebook(nb, path)
+
+
+def test_papermill_forwards_named_variables_and_uploads_named_files(
+    jupyter_env: dict[str, str], tmp_path: Path
+) -> None:
+    """papermill run in the notebook's directory: ``KERNELHOST_FORWARD_ENV`` names what the
+    kernel sees of the environment, ``KERNELHOST_UPLOAD`` what it finds in its directory."""
+    project = tmp_path / "project"
+    (project / "lookup").mkdir(parents=True)
+    (project / "data.csv").write_text("a,b\n1,2\n")
+    (project / "lookup" / "k.json").write_text("{}")
+    (project / "not-uploaded.txt").write_text("x")
+    _workdir_notebook(project / "in.ipynb")
+    env = {
+        **jupyter_env,
+        "KERNELHOST_FORWARD_ENV": "KH_DEMO_*, DATA_URL",
+        "KERNELHOST_UPLOAD": "data.csv,lookup",
+        "KH_DEMO_A": "alpha",
+        "KH_DEMO_B": "beta with spaces and 'quotes'",
+        "DATA_URL": "s3://bucket/key",
+        "KH_OTHER": "not forwarded",
+    }
+    run = subprocess.run(
+        [str(BIN / "papermill"), "in.ipynb", "out.ipynb", "-k", JUPYTER_KERNEL, "--execution-timeout", "120"],
+        env=env,
+        cwd=project,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    cells = read_notebook(project / "out.ipynb", as_version=4).cells
+    assert _stdout(cells[0]) == "alpha beta with spaces and 'quotes'\n"
+    assert _stdout(cells[1]) == "s3://bucket/key None\n"
+    assert _stdout(cells[2]) == "a,b\n1,2 ['k.json']\n"
+    assert cells[3].outputs[0]["data"]["text/plain"] == "'/home/user'"
+    # the setup cell is silent: the notebook's cells are counted from 1, as on a local kernel
+    assert [c.execution_count for c in cells] == [1, 2, 3, 4]
+
+
+async def test_kernelspec_config_survives_a_restart(
+    jupyter_env: dict[str, str], jupyter_service: Service, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A kernelspec whose provisioner config names the variables, the files and the VM's
+    working directory (and whose own ``env`` is forwarded), started by jupyter_client in the
+    notebook's directory; a restart (a fresh kernel process) keeps all three."""
+    from jupyter_client.manager import AsyncKernelManager
+
+    from kernelhost.jupyter.kernelspec import kernel_json
+
+    spec = kernel_json("python", "workdir test")
+    spec["env"] = {"KH_FROM_SPEC": "spec-value"}
+    spec["metadata"]["kernel_provisioner"]["config"].update(
+        forward_env=["KH_SPEC_VAR"], upload=["notes.txt"], working_dir="/home/user/project"
+    )
+    kernels = tmp_path / "jupyter" / "kernels" / "kh-workdir"
+    kernels.mkdir(parents=True)
+    (kernels / "kernel.json").write_text(json.dumps(spec))
+    project = tmp_path / "nb"
+    project.mkdir()
+    (project / "notes.txt").write_text("uploaded notes")
+    for name in ("KERNELHOST_URL", "KERNELHOST_API_KEY", "JUPYTER_CONFIG_DIR", "JUPYTER_DATA_DIR"):
+        monkeypatch.setenv(name, jupyter_env[name])
+    monkeypatch.setenv("JUPYTER_RUNTIME_DIR", jupyter_env["JUPYTER_RUNTIME_DIR"])
+    monkeypatch.setenv("JUPYTER_PATH", str(tmp_path / "jupyter"))
+    monkeypatch.setenv("KH_SPEC_VAR", "from the launcher")
+    km = AsyncKernelManager(kernel_name="kh-workdir")
+    await km.start_kernel(cwd=str(project))
+    kc = km.client()
+    kc.start_channels()
+    probe = (
+        "import os\n"
+        "print(os.getcwd(), os.environ['KH_SPEC_VAR'], os.environ['KH_FROM_SPEC'], open('notes.txt').read())"
+    )
+    want = "/home/user/project from the launcher spec-value uploaded notes\n"
+    try:
+        await kc.wait_for_ready(timeout=120)
+        for _ in ("started", "restarted"):
+            seen: list[str] = []
+            reply = await kc.execute_interactive(probe, timeout=60, output_hook=_stdout_into(seen))
+            assert reply["content"]["status"] == "ok", reply["content"]
+            assert "".join(seen) == want and reply["content"]["execution_count"] == 1
+            await km.restart_kernel()
+            await kc.wait_for_ready(timeout=120)
+    finally:
+        kc.stop_channels()
+        await km.shutdown_kernel()
+
+
+def _stdout_into(seen: list[str]) -> Callable[[dict[str, Any]], None]:
+    def hook(msg: dict[str, Any]) -> None:
+        if msg["msg_type"] == "stream" and msg["content"].get("name") == "stdout":
+            seen.append(msg["content"]["text"])
+
+    return hook

@@ -125,9 +125,13 @@ async def test_a_forwarded_call_carries_no_credential_and_cannot_be_replayed_or_
             envd = {"E2b-Sandbox-Id": sid, "X-Access-Token": ENVD_TOKEN}
             async with http.get(f"{cluster.a.url}/e2b/sandbox/files?path=/tmp/x", headers=envd) as r:
                 assert r.status == 404, (r.status, await r.text())
+            # a Kernel Gateway client's key in the URL (?token=, as Open WebUI sends it) is checked
+            # at A and left out of the forwarded call's URL (the wire check below)
+            async with http.get(f"{cluster.a.url}/api/kernels/{sid}?token={key}") as r:
+                assert r.status != 401, (r.status, await r.text())
 
             seen = _forwarded(cluster, sid)
-            assert len(seen) >= 3, [r.target for r in cluster.relay_b.requests()]
+            assert len(seen) >= 4, [r.target for r in cluster.relay_b.requests()]
             wire = cluster.relay_b.sent()
             for req in seen:
                 passed = [k for k, _ in req.headers if k.lower() in CREDENTIAL_HEADERS]

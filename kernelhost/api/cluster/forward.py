@@ -6,7 +6,8 @@ never buffers more of one message than the route it stands for would. A client t
 closes the upstream request with it.
 
 The call to the peer is signed (``signing.py``; the signer gets the body's binding) and carries
-none of the client's credentials (``CREDENTIALS``): the peer acts for the signed owner."""
+none of the client's credentials (``CREDENTIALS``; a Kernel Gateway route's ``?token=`` is taken
+out of the query): the peer acts for the signed owner."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import aiohttp
 from aiohttp import web
 from yarl import URL
 
+from ..credentials import without_token
 from ..state import SETTINGS
 from .signing import body_binding
 
@@ -60,9 +62,9 @@ def _headers(source: Mapping[str, str], extra: Mapping[str, str]) -> dict[str, s
 
 
 def _url(base_url: str, request: web.Request) -> URL:
-    """The peer's URL for ``request``: its path and query exactly as they came (still encoded, as
-    signed)."""
-    return URL(base_url.rstrip("/") + request.rel_url.raw_path_qs, encoded=True)
+    """The peer's URL for ``request``: its path and query as they came (still encoded, as signed),
+    less a key given as ``?token=``."""
+    return URL(base_url.rstrip("/") + without_token(request.rel_url.raw_path_qs), encoded=True)
 
 
 async def _body(request: web.Request) -> AsyncIterator[bytes]:

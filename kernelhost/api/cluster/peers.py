@@ -17,6 +17,7 @@ from typing import Any
 import structlog
 from aiohttp import web
 
+from ..credentials import without_token
 from ..errors import error_response
 from ..state import KEY_ID, KEYS, SETTINGS
 from .signing import BODY, FROM, OWNER, SIGNATURE, Refused, Verifier, sign
@@ -103,7 +104,7 @@ def signer(request: web.Request, owner: str, from_node: str, to_node: str, reser
     """What signs the call that forwards ``request`` to ``to_node``, once its body's binding is
     known."""
     secret = request.app[SETTINGS].cluster_secret
-    path_qs = request.rel_url.raw_path_qs
+    path_qs = without_token(request.rel_url.raw_path_qs)  # as forward.py sends it
 
     def headers(body: str) -> Mapping[str, str]:
         return sign(

@@ -15,15 +15,17 @@ import structlog
 from aiohttp import web
 
 from ...jupyter import wire
-from ...sandboxes import InvalidRequest, Sandbox, SandboxManager, SandboxState
+from ...sandboxes import InvalidRequest, Sandbox, SandboxManager, SandboxState, TemplateView
 from ..state import KEY_ID, RUNTIME, json_object
 from .connection import CLOSE_DETACHED, Connection
-from .kernelspecs import default_spec
+from .kernelspecs import ALIAS, default_spec, ready_templates, template_of
 
 log = structlog.get_logger("kernelhost.gateway")
 
 #: sandbox metadata that marks a sandbox started through ``POST /api/kernels``
 MARK_KEY, MARK_VALUE = "jupyter_gateway", "kernel"
+#: sandbox metadata: the kernelspec name a kernel was started under, when not its template's
+SPEC_KEY = "jupyter_kernelspec"
 KERNEL_ID_NAMESPACE = uuid.UUID("6f1c5e0a-7b3d-4c8e-9a51-2d4b8f0e6c17")
 routes = web.RouteTableDef()
 
@@ -52,7 +54,7 @@ def kernel_model(sbx: Sandbox) -> dict[str, Any]:
     last = max(rec.last_active_at, session.last_activity if session else 0.0)
     model: dict[str, Any] = {
         "id": kernel_id(sbx.id),
-        "name": rec.template,
+        "name": rec.metadata.get(SPEC_KEY) or rec.template,
         "last_activity": iso(last),
         "execution_state": state,
         "connections": len(session.clients) if session else 0,
@@ -84,17 +86,16 @@ async def list_kernels(request: web.Request) -> web.Response:
     return web.json_response([kernel_model(s) for s in _manager(request).owned(request[KEY_ID])])
 
 
-def _start_options(body: dict[str, Any], templates: list[str]) -> dict[str, Any]:
+def _start_options(body: dict[str, Any], ready: dict[str, TemplateView]) -> dict[str, Any]:
     """The create arguments of a ``POST /api/kernels`` body (Kernel Gateway's, plus ours)."""
-    name = body.get("name") or default_spec(templates)
-    if name == "python3" and "python3" not in templates:
-        name = default_spec(templates)  # jupyter_server's and notebooks' usual name
+    name = body.get("name") or default_spec(list(ready))
     env = body.get("env") or {}
     if not isinstance(name, str) or not isinstance(env, dict):
         raise InvalidRequest(
             "'name' must be a kernelspec name (a template) and 'env' an object of strings",
             field="name" if not isinstance(name, str) else "env",
         )
+    template = template_of(name, ready)  # python3: jupyter_server's and notebooks' usual name
     idle = body.get("idle_timeout_seconds", env.get("KERNEL_IDLE_TIMEOUT_SECONDS"))
     if idle is not None:
         try:
@@ -104,7 +105,7 @@ def _start_options(body: dict[str, Any], templates: list[str]) -> dict[str, Any]
                 f"idle_timeout_seconds={idle!r:.40} must be a whole number of seconds",
                 field="idle_timeout_seconds",
             ) from None
-    metadata = {MARK_KEY: MARK_VALUE}
+    metadata = {MARK_KEY: MARK_VALUE} | ({SPEC_KEY: ALIAS} if template != name else {})
     user = env.get("KERNEL_USERNAME")
     if isinstance(user, str) and user:
         metadata["jupyter_user"] = user[:200]
@@ -112,7 +113,7 @@ def _start_options(body: dict[str, Any], templates: list[str]) -> dict[str, Any]
     if network is None and env.get("KERNEL_NETWORK") is not None:
         allow = str(env.get("KERNEL_NETWORK_ALLOW") or "")
         network = {"mode": env["KERNEL_NETWORK"], "allow": [a.strip() for a in allow.split(",") if a.strip()]}
-    return {"template": name, "idle_timeout": idle, "metadata": metadata, "network": network}
+    return {"template": template, "idle_timeout": idle, "metadata": metadata, "network": network}
 
 
 @routes.post("/api/kernels")
@@ -127,9 +128,7 @@ async def start_kernel(request: web.Request) -> web.Response:
     """
     body = await json_object(request, null_is_empty=True)
     manager = _manager(request)
-    options = _start_options(
-        body, [v.name for v in manager.template_list(request[KEY_ID]) if v.state == "ready"]
-    )
+    options = _start_options(body, ready_templates(manager, request[KEY_ID]))
     sbx = await manager.create(request[KEY_ID], **options)
     model = kernel_model(sbx)
     log.info("gateway.kernel_started", sandbox_id=sbx.id, kernel_id=model["id"], template=options["template"])
