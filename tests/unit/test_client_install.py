@@ -11,6 +11,7 @@ tests/clients/agents/test_packaging.py installs the built wheel itself into a fr
 
 from __future__ import annotations
 
+import ast
 import configparser
 import json
 import re
@@ -116,6 +117,40 @@ def test_the_base_install_is_the_client_alone() -> None:
     assert base <= CLIENT_REQUIREMENTS, f"{base - CLIENT_REQUIREMENTS}: a server package belongs in an extra"
     server = _extras()["server"]
     assert {"libvirt", "zstandard", "prometheus_client", "structlog", "msgpack"} <= server
+
+
+#: modules we import that come with a declared package rather than being declared themselves
+PROVIDED_BY = {
+    "yarl": "aiohttp",
+    "libvirt_qemu": "libvirt",
+    "anyio": "mcp",
+    "pydantic": "mcp",
+    "mcp_types": "mcp",
+}
+
+
+def test_every_package_the_code_imports_is_declared() -> None:
+    """A server module importing what only a test or benchmark dependency brought (``packaging``
+    came with ipykernel once) breaks ``pip install 'kernelhost[server]'``: each third-party
+    import of kernelhost/ and hypervisor/ is in install_requires or a non-test extra."""
+    declared = {_module(d) for d in _names(_setup_cfg()["options"]["install_requires"])}
+    declared |= set().union(*_extras().values())
+    undeclared = {}
+    for path in sorted([*(REPO / "kernelhost").rglob("*.py"), *(REPO / "hypervisor").rglob("*.py")]):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+                names = [node.module]
+            else:
+                continue
+            for name in names:
+                top = name.partition(".")[0]
+                if top in sys.stdlib_module_names or top in ("kernelhost", "hypervisor"):
+                    continue
+                if PROVIDED_BY.get(top, top) not in declared:
+                    undeclared[top] = str(path.relative_to(REPO))
+    assert not undeclared, f"imported but in no extra of setup.cfg: {undeclared}"
 
 
 def test_the_commands_hints_name_the_extras_of_setup_cfg() -> None:
