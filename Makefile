@@ -16,8 +16,8 @@ JS := js
 .PHONY: help deps js-deps image libvirt serve test test-unit test-vm test-js lint fmt bench clean
 
 help:
-	@echo "make serve   install, build the guest image, start libvirt and the service"
-	@echo "make test    install, build, start libvirt, run unit + vm + clients tests"
+	@echo "make serve   install (.[server]), build the guest image, start libvirt and the service"
+	@echo "make test    install (.[server,jupyter,dev]), build, start libvirt, run unit + vm + clients tests"
 	@echo "make image   build (or reuse) the guest images in $(IMAGE_DIR)"
 	@echo "make lint    ruff check + ruff format --check + mypy;  make fmt: format"
 	@echo "make bench   benchmarks under bench/"
