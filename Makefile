@@ -6,20 +6,24 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 IMAGE_DIR ?= $(or $(KERNELHOST_IMAGE_DIR),/var/cache/kernelhost/images)
 PYTEST_ARGS ?=
+# The extras of setup.cfg the virtualenv gets: the tests' by default; `make serve` installs only
+# the server's and `make bench` adds the benchmarks' (target-specific values reach `deps`)
+EXTRAS ?= server,jupyter,dev
+export EXTRAS
 
 JS := js
 
 .PHONY: help deps js-deps image libvirt serve test test-unit test-vm test-js lint fmt bench clean
 
 help:
-	@echo "make serve   install, build the guest image, start libvirt and the service"
-	@echo "make test    install, build, start libvirt, run unit + vm + clients tests"
+	@echo "make serve   install (.[server]), build the guest image, start libvirt and the service"
+	@echo "make test    install (.[server,jupyter,dev]), build, start libvirt, run unit + vm + clients tests"
 	@echo "make image   build (or reuse) the guest images in $(IMAGE_DIR)"
 	@echo "make lint    ruff check + ruff format --check + mypy;  make fmt: format"
 	@echo "make bench   benchmarks under bench/"
 
 deps:
-	@scripts/install-deps.sh
+	@VENV=$(VENV) scripts/install-deps.sh
 
 image: deps
 	@python3 guest-image/build.py --image-dir $(IMAGE_DIR)
@@ -27,6 +31,7 @@ image: deps
 libvirt: deps
 	@scripts/start-libvirt.sh
 
+serve: EXTRAS = server
 serve: image libvirt
 	@KERNELHOST_IMAGE_DIR=$(IMAGE_DIR) $(VENV)/bin/kernelhost serve
 
@@ -67,6 +72,7 @@ fmt: deps
 # writes bench/results/bench.{json,md} and rewrites README's Performance block.
 # BENCH_ARGS=--quick for a smoke run.
 BENCH_ARGS ?=
+bench: EXTRAS = server,jupyter,dev,bench
 bench: image libvirt
 	@KERNELHOST_IMAGE_DIR=$(IMAGE_DIR) $(PY) bench/run.py --update-readme $(BENCH_ARGS)
 	@KERNELHOST_IMAGE_DIR=$(IMAGE_DIR) $(PY) bench/bench_speed.py $(SPEED_ARGS)

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Install everything kernelhost needs on a Debian/Ubuntu host: the distribution's
-# packages (QEMU, libvirt, image tools) and a Python virtualenv with the project.
+# packages (QEMU, libvirt, image tools) and a Python virtualenv with the project and the extras
+# named by EXTRAS (setup.cfg): `make serve` asks for `server`, `make test` for `server,jupyter,dev`.
 # Idempotent: a second run installs nothing new.
 set -eu -o pipefail
 
@@ -13,6 +14,7 @@ APT_PACKAGES=(
   strace  # lists what the host runs during a template build (tests/vm/test_template_security.py)
 )
 VENV=${VENV:-.venv}
+EXTRAS=${EXTRAS:-server,jupyter,dev}
 PYTHON=${PYTHON:-python3}
 
 need_apt() {
@@ -58,13 +60,14 @@ install_venv() {
     echo "==> creating virtualenv $VENV"
     "$PYTHON" -m venv "$VENV"
   fi
-  local stamp="$VENV/.kernelhost-deps"
+  # one stamp per set of extras, each redone when the project's metadata changes
+  local stamp="$VENV/.kernelhost-deps-${EXTRAS//,/-}"
   local want
-  want=$(cat setup.cfg pyproject.toml | sha256sum | cut -c1-16)
+  want=$(cat setup.cfg pyproject.toml VERSION | sha256sum | cut -c1-16)
   if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
-    echo "==> installing Python packages into $VENV"
+    echo "==> installing Python packages into $VENV: .[$EXTRAS]"
     "$VENV/bin/pip" install -q --upgrade pip
-    "$VENV/bin/pip" install -q -e '.[dev,bench]'
+    "$VENV/bin/pip" install -q -e ".[$EXTRAS]"
     echo "$want" >"$stamp"
   fi
 }

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..config import ConfigError, Settings
 from .cluster import add_cluster_commands
+from .extras import install_hint, run_command
 from .migrate import add_migrate_command
 from .templates import add_template_commands
 
@@ -75,7 +76,7 @@ def _mcp(args: argparse.Namespace) -> int:
         from ..integrations.mcp_server import create_server, fixed_credentials
         from ..integrations.output import OutputBudget
     except ImportError as exc:
-        print(f"kernelhost mcp: {exc}", file=sys.stderr)
+        print(f"kernelhost mcp: {exc}; {install_hint(exc) or 'pip install kernelhost[mcp]'}", file=sys.stderr)
         return 2
     # stdout carries the protocol: anything else goes to stderr.
     logging.basicConfig(
@@ -111,7 +112,7 @@ def _kernelspec_install(args: argparse.Namespace) -> int:
     try:
         from ..jupyter.kernelspec import install
     except ImportError as exc:
-        print(f"kernelhost kernelspec: {exc}; install jupyter_client", file=sys.stderr)
+        print(f"kernelhost kernelspec: {exc}; pip install 'kernelhost[jupyter]'", file=sys.stderr)
         return 2
     name = args.name or f"kernelhost-{args.template}"
     prefix = sys.prefix if args.sys_prefix else args.prefix
@@ -493,8 +494,4 @@ def main(argv: list[str] | None = None) -> int:
     add_migrate_command(sub)
     add_template_commands(sub, _client_options, _client_call)
     args = parser.parse_args(argv)
-    return int(args.func(args))
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    return run_command(args.func, args)
