@@ -332,28 +332,32 @@ class Settings:
                 f"template_build_memory_mib ({self.template_build_memory_mib}) must be at least 512 "
                 f"and template_layer_max_mib ({self.template_layer_max_mib}) at least 64"
             )
-        if self.create_queue_seconds < 0 or self.create_queue_length < 0:
-            raise ConfigError(
-                f"create_queue_seconds ({self.create_queue_seconds}) and create_queue_length "
-                f"({self.create_queue_length}) must be 0 or more (0: a call over a limit is refused at once)"
-            )
         for name in ("header_timeout", "body_timeout"):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"{name} has value {getattr(self, name)}; use seconds > 0")
         for name in ("max_processes_per_sandbox", "max_processes_per_key", "max_list_entries"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} has value {getattr(self, name)}; use at least 1")
+        if bool(self.tls_cert_file) != bool(self.tls_key_file):
+            raise ConfigError("tls_cert_file and tls_key_file go together: set both, or neither")
+        self._validate_cluster()
+        self._validate_admission()
+        weak = check_secrets(self.api_keys, self.operator_keys, self.cluster_secret, self.store_url)
+        if weak:
+            raise ConfigError(weak)
+
+    def _validate_admission(self) -> None:
+        """What reaches a sandbox: the queue of a key at its limit, the ports' domain."""
+        if self.create_queue_seconds < 0 or self.create_queue_length < 0:
+            raise ConfigError(
+                f"create_queue_seconds ({self.create_queue_seconds}) and create_queue_length "
+                f"({self.create_queue_length}) must be 0 or more (0: a call over a limit is refused at once)"
+            )
         if self.domain and not DOMAIN_RE.fullmatch(self.domain):
             raise ConfigError(
                 f"domain has value {self.domain!r}; use a lower-case DNS name without scheme or "
                 "port (sandboxes.example.com), whose wildcard *.sandboxes.example.com points here"
             )
-        if bool(self.tls_cert_file) != bool(self.tls_key_file):
-            raise ConfigError("tls_cert_file and tls_key_file go together: set both, or neither")
-        self._validate_cluster()
-        weak = check_secrets(self.api_keys, self.operator_keys, self.cluster_secret, self.store_url)
-        if weak:
-            raise ConfigError(weak)
 
     def _validate_cluster(self) -> None:
         if self.store_url and not self.store_url.startswith(("postgresql://", "postgres://", "sqlite:///")):
