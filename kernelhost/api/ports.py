@@ -9,8 +9,8 @@ ports public (``ports_public``). An unknown sandbox, a missing or wrong credenti
 of a key no longer configured get the same 404. kernelhost's own credential headers never reach
 the tenant's server.
 
-HTTP is relayed request by request (the body streamed unless it has a length, the answer
-streamed back as it comes), a WebSocket message by message, each over its own connection into
+HTTP is relayed request by request (the body streamed, with its length when it has one, the
+answer streamed back as it comes), a WebSocket message by message, each over its own connection into
 the guest (``SandboxManager.ports``): the host speaks HTTP to the tenant's server as a client,
 it never runs what the sandbox sends.
 """
@@ -145,13 +145,16 @@ def _session(sock: socket.socket) -> aiohttp.ClientSession:
 
 async def _relay_http(request: web.Request, sock: socket.socket, port: int) -> web.StreamResponse:
     url = f"http://127.0.0.1:{port}{request.raw_path}"
+    headers = _headers(request)
     body: Any = None
-    if request.body_exists:
-        body = await request.read() if request.content_length is not None else request.content
+    if request.body_exists:  # streamed, with its length when it has one (else chunked)
+        body = request.content
+        if request.content_length is not None:
+            headers["Content-Length"] = str(request.content_length)
     async with _session(sock) as session:
         try:
             upstream = await session.request(
-                request.method, url, headers=_headers(request), data=body, allow_redirects=False,
+                request.method, url, headers=headers, data=body, allow_redirects=False,
                 skip_auto_headers=("User-Agent", "Accept", "Accept-Encoding", "Content-Type"),
             )  # fmt: skip
         except aiohttp.ClientError as exc:

@@ -320,7 +320,11 @@ class Echo(tornado.websocket.WebSocketHandler):
     def on_message(self, message):
         self.write_message("echo:" + message)
 
-tornado.web.Application([(r"/ws", Echo)]).listen(8765)
+class Upload(tornado.web.RequestHandler):
+    def post(self):
+        self.write({"bytes": len(self.request.body), "type": self.request.headers.get("Content-Type")})
+
+tornado.web.Application([(r"/ws", Echo), (r"/upload", Upload)]).listen(8765)
 tornado.ioloop.IOLoop.current().start()
 """
 
@@ -389,6 +393,15 @@ def test_12_get_host_carries_a_websocket_to_a_server_in_the_sandbox(e2b: Service
                 return got
 
     assert asyncio.run(talk()) == ["echo:one", "echo:" + "two" * 50000]
+    # a body larger than the service takes for its own API (max_code_bytes + 1 MiB) is streamed
+    body = b"x" * (6 << 20)
+    up = httpx.post(
+        f"{e2b.url}/upload",
+        content=body,
+        headers={**headers, "Content-Type": "application/x-kh"},
+        timeout=120,
+    )
+    assert up.status_code == 200 and up.json() == {"bytes": len(body), "type": "application/x-kh"}, up.text
 
 
 # == the environment ==============================================================================
