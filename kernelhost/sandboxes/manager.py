@@ -102,7 +102,7 @@ class SandboxManager:
         self._recovery = Recoverer(ctx, self._lifecycle, self._hibernation)
         self._forker = Forker(ctx, self._lifecycle, self._hibernation)
         self._checkpoints = Checkpoints(
-            ctx, self._lifecycle, CheckpointStore(store.db), self._recovery.drop_vm
+            ctx, self._lifecycle, CheckpointStore(store.db), self._recovery.swap_vm
         )
         self.files = FileService(settings, self._hibernation.settle)
         self.ports = Ports(ctx, self._hibernation.settle)

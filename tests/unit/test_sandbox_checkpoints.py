@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from hypervisor import HypervisorError
-from kernelhost.sandboxes.errors import BootFailed, CheckpointNotFound, SandboxError
+from kernelhost.sandboxes.errors import BootFailed, CheckpointNotFound, SandboxError, SandboxNotFound
 from kernelhost.sandboxes.sandbox import Sandbox
 from kernelhost.sandboxes.states import SandboxState
 
@@ -87,6 +87,21 @@ async def test_a_delete_during_a_restore_leaves_nothing(tmp_path: Path) -> None:
             await asyncio.wait_for(task, WAIT)
         await until(lambda: house.vms.domains_left() == set())
         assert house.checkpoints.of(sbx) == []  # they went with the sandbox
+        nothing_left(house)
+
+
+async def test_a_delete_before_the_restored_vm_starts_leaves_nothing(tmp_path: Path) -> None:
+    async with open_house(tmp_path) as house:
+        sbx = await house.lifecycle.create("k", "python")
+        cp = await house.checkpoints.checkpoint(sbx)
+        house.vms.hold["restore_start"] = asyncio.Event()
+        task = asyncio.create_task(house.checkpoints.restore(sbx, cp.id))
+        await asyncio.wait_for(house.vms.entered["restore_start"].wait(), WAIT)
+        await house.lifecycle.remove(sbx, reason="deleted")
+        house.vms.hold["restore_start"].set()  # the new VM starts after the delete
+        with pytest.raises(SandboxNotFound):
+            await asyncio.wait_for(task, WAIT)
+        await until(lambda: house.vms.domains_left() == set())
         nothing_left(house)
 
 

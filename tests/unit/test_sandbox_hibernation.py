@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from hypervisor import HypervisorError
-from kernelhost.sandboxes.errors import Remedy, SandboxError, SandboxNotRunning
+from kernelhost.sandboxes.errors import Remedy, SandboxError, SandboxNotFound, SandboxNotRunning
 from kernelhost.sandboxes.states import SandboxState
 
 from .fake_agent import WAIT
@@ -116,10 +116,9 @@ async def test_a_restart_of_a_hibernated_sandbox_wakes_it_first(tmp_path: Path) 
         assert house.vm_of(sbx.id).agent.requests("restart")
 
 
-@pytest.mark.xfail(strict=True, reason="a delete before the woken VM starts: the wake starts it anyway")
 async def test_a_delete_before_the_woken_vm_starts_leaves_nothing(tmp_path: Path) -> None:
-    """``Lifecycle.remove`` takes no ``vm_lock``: its destroy can come before the wake's start,
-    which then starts a VM no sandbox owns (the next service start's reconcile removes it)."""
+    """``Lifecycle.remove`` takes no ``vm_lock``: its destroy can come before the wake's start;
+    the wake then finds the sandbox gone and destroys the VM it started."""
     async with open_house(tmp_path) as house:
         sbx = await house.lifecycle.create("k", "python")
         await house.hibernation.hibernate(sbx)
@@ -128,6 +127,6 @@ async def test_a_delete_before_the_woken_vm_starts_leaves_nothing(tmp_path: Path
         await asyncio.wait_for(house.vms.entered["wake_start"].wait(), WAIT)
         await house.lifecycle.remove(sbx, reason="deleted")
         house.vms.hold["wake_start"].set()
-        with contextlib.suppress(SandboxError, FileNotFoundError):
+        with pytest.raises(SandboxNotFound):
             await asyncio.wait_for(task, WAIT)
         assert house.vms.domains_left() == set()

@@ -40,7 +40,6 @@ from ..errors import (
     CheckpointNotFound,
     CheckpointUnusable,
     InvalidRequest,
-    Remedy,
     SandboxBusy,
     SandboxError,
     SandboxNotFound,
@@ -76,18 +75,19 @@ class Frozen:
     slot: asyncio.Semaphore | None = None  # given back once the state is diffed
 
 
-DropVm = Callable[[Sandbox, bool], Awaitable[None]]
+#: ``Recoverer.swap_vm``: the one way a sandbox changes VM
+SwapVm = Callable[..., Awaitable[bool]]
 
 
 class Checkpoints:
     keep_of = staticmethod(keep_of)  # the create option ``auto_checkpoint``
 
-    def __init__(self, ctx: Context, lifecycle: Lifecycle, store: CheckpointStore, drop_vm: DropVm) -> None:
+    def __init__(self, ctx: Context, lifecycle: Lifecycle, store: CheckpointStore, swap_vm: SwapVm) -> None:
         self.ctx = ctx
         self.lifecycle = lifecycle
         self.registry = ctx.registry
         self.store = store
-        self.drop_vm = drop_vm
+        self.swap_vm = swap_vm
         self.files = ctx.vms.checkpoint_files(ctx.settings.checkpoint_dir, ctx.settings.live_checkpoints)
         self._writing: dict[str, set[asyncio.Task[CheckpointRecord]]] = {}
         self.auto = AutoCheckpoints(self)
@@ -318,25 +318,14 @@ class Checkpoints:
             t0 = time.monotonic()
             image = self._image(cp)
             self.files.check(image, Path(cp.path), cp.base)  # an unusable one loses nothing
-            await self.drop_vm(sbx, False)  # the old VM goes while the new one loads
-            if not self.registry.holds(sbx):
-                return False
-            self.registry.update(
-                sbx, domain=self.ctx.vms.new_name(), state=SandboxState.REPLACING, image_key=cp.image_key
-            )
-            try:
+
+            async def start() -> None:
+                self.registry.update(sbx, image_key=cp.image_key)
                 await self._launch(sbx, cp, image)
-            except Exception as exc:
-                detail = f"restoring checkpoint {cp.id} failed: {exc or type(exc).__name__}"
-                log.error("checkpoint.restore_failed", sandbox_id=sbx.id, error=detail)
-                if self.registry.holds(sbx):
-                    self.registry.set_state(sbx, SandboxState.DEAD, detail=detail)
-                if isinstance(exc, SandboxError):
-                    raise
-                raise BootFailed(
-                    f"sandbox {sbx.id}: {detail}", remedy=Remedy.RECREATE, sandbox_id=sbx.id
-                ) from exc
-            self.registry.update(sbx, state=SandboxState.RUNNING, detail="")
+
+            # the old VM goes while the new one loads
+            if not await self.swap_vm(sbx, start, f"restoring checkpoint {cp.id}", wait=False):
+                return False
             self.registry.touch(sbx)
             log.info(
                 "checkpoint.restored",
@@ -425,17 +414,7 @@ class Checkpoints:
                 network=net,
             )
             sbx = Sandbox(rec)
-            self.registry.record(rec)
-            try:
-                await self._launch(sbx, cp, image)
-            except BaseException:
-                if sbx.agent is not None:
-                    await sbx.agent.close()
-                await self.ctx.vms.destroy(rec.domain)
-                self.registry.forget(rec.id)
-                raise
-            self.registry.set_state(sbx, SandboxState.RUNNING)
-            self.registry.add(sbx)
+            await self.lifecycle.admit(sbx, lambda: self._launch(sbx, cp, image))
         log.info("checkpoint.branched", sandbox_id=rec.id, checkpoint_id=cp.id)
         return sbx
 

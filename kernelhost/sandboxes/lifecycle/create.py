@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 import structlog
 
@@ -31,6 +31,7 @@ from ..states import SandboxState
 from ..vm.pool import Clone
 
 log = structlog.get_logger("kernelhost.sandboxes")
+T = TypeVar("T")
 
 
 class SandboxWatch(ChannelListener):
@@ -163,42 +164,57 @@ class Lifecycle:
         )
         return sbx
 
-    async def _adopt(self, sbx: Sandbox, clone: Clone) -> None:
-        """Hand a pooled clone over to ``sbx``; on failure nothing of it is left."""
-        rec = sbx.record
-        rec.domain, rec.state = clone.domain, SandboxState.RUNNING
-        self.registry.record(rec)
-        self.bind(sbx, clone.agent)
-        try:
-            await self.ctx.network.configure(sbx, strict=True)
-        except BaseException:
-            await clone.agent.close()
-            await self.ctx.vms.destroy(rec.domain)
-            self.registry.forget(rec.id)
-            raise
-        self.registry.add(sbx)
-        meta = {"sandbox": rec.id, "template": rec.template}
-        self.ctx.tasks.spawn(self.ctx.vms.label(rec.domain, meta), name=f"label:{sbx.id}")
-
-    async def _create_vm(self, sbx: Sandbox, image: GuestImage) -> str:
-        """Launch a VM for ``sbx``; how it came (clone or boot). Nothing is left on failure,
-        cancellation (the client went away) included."""
+    async def admit(
+        self,
+        sbx: Sandbox,
+        start: Callable[[], Awaitable[T]],
+        on_failure: Callable[[BaseException], BaseException] | None = None,
+    ) -> T:
+        """The one way a sandbox comes to life (a create, a pooled VM handed over, a branch of a
+        checkpoint): its record is stored (``starting``), ``start`` gives it a VM and binds its
+        channel, then it runs and is live. If ``start`` fails or is cancelled (the client went
+        away) nothing is left: its channel closed, its VM destroyed, its record forgotten.
+        ``on_failure`` maps the error; it runs before the VM is destroyed (its console is
+        still there to read)."""
         rec = sbx.record
         self.registry.record(rec)
         try:
-            how = await self.launch(sbx, image)
+            result = await start()
         except BaseException as exc:
-            self.ctx.metrics.count_create_failure(rec.template)
-            tail = self.ctx.vms.console_tail(rec.domain)
+            mapped = on_failure(exc) if on_failure is not None else exc
+            if sbx.agent is not None:
+                await sbx.agent.close()
             await self.ctx.vms.destroy(rec.domain)
             self.registry.forget(rec.id)
-            mapped = self._boot_error(exc, rec.id, rec.domain, tail)
             if mapped is exc:
                 raise
             raise mapped from exc
         self.registry.set_state(sbx, SandboxState.RUNNING)
         self.registry.add(sbx)
-        return how
+        return result
+
+    async def _adopt(self, sbx: Sandbox, clone: Clone) -> None:
+        """Hand a pooled clone over to ``sbx``; on failure nothing of it is left."""
+        rec = sbx.record
+        rec.domain = clone.domain
+
+        async def start() -> None:
+            self.bind(sbx, clone.agent)
+            await self.ctx.network.configure(sbx, strict=True)
+
+        await self.admit(sbx, start)
+        meta = {"sandbox": rec.id, "template": rec.template}
+        self.ctx.tasks.spawn(self.ctx.vms.label(rec.domain, meta), name=f"label:{sbx.id}")
+
+    async def _create_vm(self, sbx: Sandbox, image: GuestImage) -> str:
+        """Launch a VM for ``sbx``; how it came (clone or boot)."""
+        rec = sbx.record
+
+        def failed(exc: BaseException) -> BaseException:
+            self.ctx.metrics.count_create_failure(rec.template)
+            return self._boot_error(exc, rec.id, rec.domain, self.ctx.vms.console_tail(rec.domain))
+
+        return await self.admit(sbx, lambda: self.launch(sbx, image), failed)
 
     def _boot_error(self, exc: BaseException, sandbox_id: str, domain: str, tail: str) -> BaseException:
         if isinstance(exc, LibvirtUnavailable):

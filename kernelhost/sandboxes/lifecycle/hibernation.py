@@ -20,7 +20,7 @@ from hypervisor import HypervisorError
 from ...channel import ChannelError
 from ...ratelimit import TokenBucket
 from ..context import Context
-from ..errors import CapacityExceeded, Remedy, SandboxNotRunning, StoreRowRefused
+from ..errors import CapacityExceeded, Remedy, SandboxNotFound, SandboxNotRunning, StoreRowRefused
 from ..processes import stop_processes
 from ..sandbox import Sandbox, wait_replacement
 from ..states import SandboxState
@@ -136,6 +136,10 @@ class Hibernation:
                 state=rec.state.value,
                 sandbox_id=rec.id,
             ) from exc
+        if not self.registry.holds(sbx):  # deleted before its VM started: it must not run on
+            await launched.agent.close()
+            await self.ctx.vms.destroy(rec.domain)
+            raise SandboxNotFound(rec.id)
         self.lifecycle.bind(sbx, launched.agent)
         await self.ctx.network.configure(sbx, strict=False)  # drops the saved guest's tunnels
         self.registry.set_state(sbx, SandboxState.RUNNING)

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable, Callable
 
 import structlog
 
 from ...channel import ChannelError
 from ...channel.protocol import Capability, Op
 from ..context import Context
-from ..errors import AgentUnresponsive, BootFailed, Remedy, SandboxNotFound
+from ..errors import AgentUnresponsive, BootFailed, Remedy, SandboxError, SandboxNotFound
 from ..sandbox import Sandbox, ensure_usable, wait_replacement
 from ..states import Recovery, SandboxState
 from .create import Lifecycle
@@ -110,16 +111,15 @@ class Recoverer:
                 return False
             log.warning("sandbox.replacing_vm", sandbox_id=sbx.id, domain=sbx.record.domain, reason=reason)
             t0 = time.monotonic()
-            await self.drop_vm(sbx)
-            if not self.registry.holds(sbx):
+
+            async def start() -> None:
+                image = self.ctx.images.get(sbx.record.template)
+                # the new VM runs the template's current image: later forks and wakes must use it
+                self.registry.update(sbx, image_key=image.key)
+                await self.lifecycle.launch(sbx, image)
+
+            if not await self.swap_vm(sbx, start, f"replacing its VM ({reason})"):
                 return False
-            await self._launch_new_vm(sbx, reason)
-            if not self.registry.holds(sbx):  # deleted while the new VM came up
-                if sbx.agent is not None:
-                    await sbx.agent.close()
-                await self.ctx.vms.destroy(sbx.record.domain)
-                return False
-            self.registry.update(sbx, state=SandboxState.RUNNING, detail="")
             log.info(
                 "sandbox.vm_replaced",
                 sandbox_id=sbx.id,
@@ -127,6 +127,42 @@ class Recoverer:
                 ms=round((time.monotonic() - t0) * 1000),
             )
             return True
+
+    async def swap_vm(
+        self, sbx: Sandbox, start: Callable[[], Awaitable[None]], what: str, *, wait: bool = True
+    ) -> bool:
+        """Give ``sbx`` another VM, the one way a sandbox changes VM (a replacement, a restore).
+        The caller holds ``sbx.vm_lock``. The old VM is dropped (``wait=False``: destroyed in
+        the background while the new one comes), the sandbox gets a new domain name (state
+        ``replacing``), ``start`` starts that VM and binds its channel, then it runs again.
+
+        False if the sandbox was deleted meanwhile: nothing of the new VM is left, whenever the
+        delete came. If ``start`` fails, the sandbox is ``dead`` with ``what`` and the cause
+        as its detail, and the error is raised (a ``SandboxError`` as it is, any other as
+        ``BootFailed``)."""
+        await self.drop_vm(sbx, wait)
+        if not self.registry.holds(sbx):
+            return False
+        self.registry.update(sbx, domain=self.ctx.vms.new_name(), state=SandboxState.REPLACING, detail="")
+        try:
+            await start()
+        except Exception as exc:
+            detail = f"{what} failed: {exc or type(exc).__name__}"
+            log.error("sandbox.swap_failed", sandbox_id=sbx.id, error=detail)
+            if self.registry.holds(sbx):
+                self.registry.set_state(sbx, SandboxState.DEAD, detail=detail)
+            if isinstance(exc, SandboxError):
+                raise
+            raise BootFailed(
+                f"sandbox {sbx.id}: {detail}", remedy=Remedy.RECREATE, sandbox_id=sbx.id
+            ) from exc
+        if not self.registry.holds(sbx):  # deleted while the new VM came up
+            if sbx.agent is not None:
+                await sbx.agent.close()
+            await self.ctx.vms.destroy(sbx.record.domain)
+            return False
+        self.registry.update(sbx, state=SandboxState.RUNNING, detail="")
+        return True
 
     async def drop_vm(self, sbx: Sandbox, wait: bool = True) -> None:
         """Close the sandbox's channel and destroy its VM (or its hibernated state); the
@@ -146,20 +182,3 @@ class Recoverer:
             await self.ctx.vms.destroy(sbx.record.domain)
         else:
             self.ctx.vms.destroy_later(sbx.record.domain)
-
-    async def _launch_new_vm(self, sbx: Sandbox, reason: str) -> None:
-        rec = sbx.record
-        self.registry.update(sbx, domain=self.ctx.vms.new_name(), state=SandboxState.REPLACING, detail="")
-        try:
-            image = self.ctx.images.get(rec.template)
-            # the new VM runs the template's current image: later forks and wakes must use it
-            self.registry.update(sbx, image_key=image.key)
-            await self.lifecycle.launch(sbx, image)
-        except Exception as exc:
-            detail = f"replacing its VM ({reason}) failed: {exc or type(exc).__name__}"
-            log.error("sandbox.replace_failed", sandbox_id=sbx.id, error=detail)
-            if self.registry.holds(sbx):
-                self.registry.set_state(sbx, SandboxState.DEAD, detail=detail)
-            raise BootFailed(
-                f"sandbox {sbx.id}: {detail}", remedy=Remedy.RECREATE, sandbox_id=sbx.id
-            ) from exc
