@@ -21,7 +21,7 @@ import socket
 from typing import Any
 
 from ...channel import AgentClient, ChannelError, ChannelListener, NotSupportedByAgent, ProtocolViolation
-from ...channel.protocol import NET_CHUNK, NET_WINDOW, Capability, NetFrame
+from ...channel.protocol import NET_CHUNK, Capability, NetFrame
 from ...ratelimit import TokenBucket
 from ...tasks import TaskSet
 from .pump import Pumps, Tunnel
@@ -109,22 +109,7 @@ class Ingress(Pumps, ChannelListener):
             if not self._strays.take():
                 raise ProtocolViolation("the guest floods its channel with frames for host tunnels")
             return
-        if kind == NetFrame.DATA:
-            data = frame.get("data")
-            if not isinstance(data, bytes) or tun.inbox_bytes + len(data) > NET_WINDOW:
-                if tun.task is not None:
-                    tun.task.cancel()  # flow control broken: the tunnel ends
-                return
-            tun.inbox_bytes += len(data)
-            tun.inbox.put_nowait(data)
-        elif kind == NetFrame.ACK:
-            n = frame.get("n")
-            if isinstance(n, int) and not isinstance(n, bool) and n > 0:
-                tun.credit = min(NET_WINDOW, tun.credit + n)
-                tun.room.set()
-        elif kind == NetFrame.CLOSE:
-            tun.guest_closed = True
-            tun.inbox.put_nowait(None)
+        self._take(tun, kind, frame)  # broken flow control ends the tunnel
 
     def on_close(self, reason: str, violation: bool) -> None:
         self.close()

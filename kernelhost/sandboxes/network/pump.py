@@ -32,6 +32,27 @@ class Pumps:
 
     agent: AgentClient
 
+    def _take(self, tun: Tunnel, kind: Any, frame: dict[str, Any]) -> bool:
+        """A guest's data, ack or close frame for an open tunnel (on the channel's reader: never
+        blocks). False when its data breaks flow control: the tunnel is ended."""
+        if kind == NetFrame.DATA:
+            data = frame.get("data")
+            if not isinstance(data, bytes) or tun.inbox_bytes + len(data) > NET_WINDOW:
+                if tun.task is not None:
+                    tun.task.cancel()
+                return False
+            tun.inbox_bytes += len(data)
+            tun.inbox.put_nowait(data)
+        elif kind == NetFrame.ACK:
+            n = frame.get("n")
+            if isinstance(n, int) and not isinstance(n, bool) and n > 0:
+                tun.credit = min(NET_WINDOW, tun.credit + n)
+                tun.room.set()
+        elif kind == NetFrame.CLOSE:
+            tun.guest_closed = True
+            tun.inbox.put_nowait(None)
+        return True
+
     async def _send(self, kind: NetFrame, tunnel_id: int, **fields: Any) -> None:
         await self.agent.send_net(
             {"op": Frame.NET.value, "t": kind.value, "tunnel": tunnel_id, **fields}, timeout=SEND_TIMEOUT

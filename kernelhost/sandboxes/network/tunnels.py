@@ -27,7 +27,7 @@ from typing import Any
 import structlog
 
 from ...channel import AgentClient, ChannelError, ChannelListener, ProtocolViolation
-from ...channel.protocol import NET_CHUNK, NET_WINDOW, Frame, NetFrame, NetRefusal
+from ...channel.protocol import NET_CHUNK, Frame, NetFrame, NetRefusal
 from ...ratelimit import TokenBucket
 from ...tasks import TaskSet
 from .policy import CONNECT_TIMEOUT, IPAddress, Policy, Refused
@@ -93,22 +93,8 @@ class Tunnels(Pumps, ChannelListener):
             self._stray("frames for tunnels that do not exist")
             if kind != NetFrame.CLOSE:  # a tunnel of an earlier host, or one we ended
                 self._answer_unknown(tunnel_id)
-        elif kind == NetFrame.DATA:
-            data = frame.get("data")
-            if not isinstance(data, bytes) or tun.inbox_bytes + len(data) > NET_WINDOW:
-                self.log.warning("network.flow_control_broken", tunnel=tunnel_id)
-                self._end(tun)
-                return
-            tun.inbox_bytes += len(data)
-            tun.inbox.put_nowait(data)
-        elif kind == NetFrame.ACK:
-            n = frame.get("n")
-            if isinstance(n, int) and not isinstance(n, bool) and n > 0:
-                tun.credit = min(NET_WINDOW, tun.credit + n)
-                tun.room.set()
-        elif kind == NetFrame.CLOSE:
-            tun.guest_closed = True
-            tun.inbox.put_nowait(None)
+        elif not self._take(tun, kind, frame):
+            self.log.warning("network.flow_control_broken", tunnel=tunnel_id)
 
     def on_close(self, reason: str, violation: bool) -> None:
         self.close()
@@ -176,10 +162,6 @@ class Tunnels(Pumps, ChannelListener):
         with contextlib.suppress(ChannelError):
             while self._outbox:
                 await self.agent.send_net(self._outbox.popleft(), timeout=SEND_TIMEOUT)
-
-    def _end(self, tun: Tunnel) -> None:
-        if tun.task is not None:
-            tun.task.cancel()
 
     def close(self) -> None:
         """End every tunnel (the sandbox closes, hibernates, forks away or changes VM)."""
