@@ -187,18 +187,30 @@ class Registry:
             self.notify_room()
 
     @contextlib.asynccontextmanager
-    async def admit(self, owner: str, count: int, memory_mib: int) -> AsyncIterator[None]:
-        """``reserve``, waiting in the key's queue for room if there is none now."""
+    async def admit(
+        self, owner: str, count: int, memory_mib: int, *, alongside: int = 0
+    ) -> AsyncIterator[None]:
+        """``reserve``, waiting in the key's queue for room if there is none now; refused at
+        once if no wait could make room: over the key's limits with only the ``alongside``
+        sandboxes the call keeps (a fork's parent) left running."""
         with contextlib.ExitStack() as stack:
             queue = self._queues.get(owner)
             if not queue:
                 try:
                     stack.enter_context(self.reserve(owner, count, memory_mib))
                 except CapacityExceeded as exc:
+                    if self._never_fits(count, memory_mib, alongside):
+                        raise  # no wait would make room for it: say so now
                     await self._wait_in_line(stack, owner, count, memory_mib, exc)
             else:
                 await self._wait_in_line(stack, owner, count, memory_mib, None)
             yield
+
+    def _never_fits(self, count: int, memory_mib: int, alongside: int) -> bool:
+        """Whether a call is over its key's limits even with nothing else of the key running."""
+        q = self.quota
+        mib = (max(count, 1) + alongside) * memory_mib
+        return count + alongside > q.max_sandboxes or mib > q.max_memory_mib
 
     async def _wait_in_line(
         self,

@@ -108,3 +108,18 @@ async def test_another_keys_queue_does_not_hold_a_key_with_room(tmp_path: Path) 
         waiting.cancel()
         with pytest.raises(asyncio.CancelledError):
             await waiting
+
+
+async def test_a_call_no_wait_could_admit_is_refused_at_once_not_queued(tmp_path: Path) -> None:
+    """A fork of more sandboxes than the key may ever hold, or a key whose limit is 0, is told so
+    at once: waiting in line for room that can never come would only delay the same 429."""
+    async with open_house(tmp_path, **ONE) as house:
+        started = time.monotonic()
+        with pytest.raises(CapacityExceeded, match="max_sandboxes_per_key"):
+            async with house.ctx.registry.admit("k", 2, 256):
+                pass
+        with pytest.raises(CapacityExceeded, match="max_memory_mib_per_key"):
+            async with house.ctx.registry.admit("k", 1, 10**9):
+                pass
+        assert time.monotonic() - started < 2, "queued for room that can never come"
+        assert house.ctx.registry._queues == {}

@@ -48,7 +48,7 @@ class Forker:
         n = self._check_count(n)
         parent = self.registry.get(owner, sandbox_id)
         prec = parent.record
-        async with self.registry.admit(owner, n, prec.memory_mib):
+        async with self.registry.admit(owner, n, prec.memory_mib, alongside=1):
             async with parent.lock.hold("fork"), parent.vm_lock:
                 ensure_usable(parent)
                 await self.hibernation.wake(parent)
