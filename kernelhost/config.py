@@ -21,6 +21,8 @@ from urllib.parse import urlsplit
 from .secret_rules import MIN_CLUSTER_SECRET_CHARS, check_secrets
 
 DEFAULT_CONFIG_FILE = Path("/etc/kernelhost/config.toml")
+#: a template's name (as sandboxes/templates/spec.py checks it)
+TEMPLATE_NAME_RE = re.compile(r"[a-z][a-z0-9-]{0,39}")
 #: a DNS name of at least two labels, lower case, no trailing dot (docs/ports.md)
 DOMAIN_RE = re.compile(
     r"(?=.{1,200}$)([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?\.)+[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?"
@@ -130,6 +132,12 @@ class Settings:
     # docs/ports.md: a request for {port}-{sandbox id}.{domain} goes to that port in the sandbox
     domain: str = ""  # the wildcard DNS name in front of the service; empty: no port routing
     ports_public: bool = False  # true: a sandbox's ports answer without its traffic token
+    # docs/e2b.md: E2B's template names (what its SDKs create by default) and ours they start
+    e2b_templates: tuple[str, ...] = (
+        "base=python",
+        "code-interpreter=python-datasci",
+        "code-interpreter-v1=python-datasci",
+    )
     tls_cert_file: str = ""  # serve HTTPS with this certificate chain (PEM) and tls_key_file
     tls_key_file: str = ""
     max_frame_bytes: int = 64 * 1024 * 1024
@@ -346,6 +354,12 @@ class Settings:
         if weak:
             raise ConfigError(weak)
 
+    @property
+    def e2b_template_map(self) -> dict[str, str]:
+        """``e2b_templates`` as E2B's name -> ours."""
+        pairs = (entry.partition("=") for entry in self.e2b_templates)
+        return {alias.strip(): template.strip() for alias, _, template in pairs}
+
     def _validate_admission(self) -> None:
         """What reaches a sandbox: the queue of a key at its limit, the ports' domain."""
         if self.create_queue_seconds < 0 or self.create_queue_length < 0:
@@ -353,6 +367,13 @@ class Settings:
                 f"create_queue_seconds ({self.create_queue_seconds}) and create_queue_length "
                 f"({self.create_queue_length}) must be 0 or more (0: a call over a limit is refused at once)"
             )
+        for entry in self.e2b_templates:
+            names = [name.strip() for name in entry.partition("=")[::2]]
+            if not all(TEMPLATE_NAME_RE.fullmatch(name) for name in names):
+                raise ConfigError(
+                    f"e2b_templates has the entry {entry!r}; use e2b-name=our-template, such as "
+                    "code-interpreter-v1=python-datasci (lower-case names, comma-separated)"
+                )
         if self.domain and not DOMAIN_RE.fullmatch(self.domain):
             raise ConfigError(
                 f"domain has value {self.domain!r}; use a lower-case DNS name without scheme or "

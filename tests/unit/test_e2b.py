@@ -479,3 +479,24 @@ def test_the_new_limits_are_validated_and_documented(name: str, value: str) -> N
     docs = Path(__file__).resolve().parents[2] / "docs"
     for page in ("configuration.md", "limits.md"):
         assert f"`{name}`" in (docs / page).read_text(), (name, page)
+
+
+async def test_e2b_template_names_start_the_templates_the_setting_names(tmp_path: Path) -> None:
+    """``code-interpreter-v1`` is the data-science built-in by default (this image dir has only
+    ``python``, so the create names the template it looked for); the operator can point it
+    elsewhere, and a malformed entry is refused at start naming it."""
+    images = fake_image_dir(tmp_path)
+    for mapping, wanted in (((), "python-datasci"), (("code-interpreter-v1=custom-ds",), "custom-ds")):
+        extra = {"e2b_templates": mapping} if mapping else {}
+        settings = offline_settings(tmp_path, image_dir=images, pool_size=0, api_keys=(KEY,), **extra)
+        async with TestClient(TestServer(init_app(settings))) as c:
+            r = await c.post(
+                "/e2b/v2/sandboxes", json={"templateID": "code-interpreter-v1"}, headers={"X-API-KEY": KEY}
+            )
+            assert r.status == 400 and f"unknown template {wanted!r}" in (await r.json())["message"]
+    assert Settings.load({"KERNELHOST_E2B_TEMPLATES": "base=python, x=y"}).e2b_template_map == {
+        "base": "python",
+        "x": "y",
+    }
+    with pytest.raises(ConfigError, match=r"e2b_templates has the entry 'code-interpreter-v1'"):
+        Settings.load({"KERNELHOST_E2B_TEMPLATES": "code-interpreter-v1"})

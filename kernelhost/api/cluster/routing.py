@@ -37,7 +37,7 @@ from ...sandboxes import (
 from ...sandboxes.cluster import Node
 from ..e2b import common as e2b_common
 from ..e2b import snapshots as e2b_snapshots
-from ..e2b.common import TEMPLATE_ALIASES
+from ..e2b.common import our_template
 from ..errors import Handler
 from ..gateway.kernels import kernel_id
 from ..state import KEY_ID, KEYS, RUNTIME
@@ -178,7 +178,7 @@ def _template_of(request: web.Request, fields: dict[str, Any]) -> str | None:
             owner = request[KEY_ID]
             if e2b_snapshots.find(request.app[RUNTIME].manager, owner, template) is not None:
                 return None
-            template = TEMPLATE_ALIASES.get(template, template)
+            template = our_template(request, template)
     return template if isinstance(template, str) else None
 
 

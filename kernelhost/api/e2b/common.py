@@ -41,8 +41,6 @@ HEALTH_PATH = SANDBOX_PREFIX + "/health"
 #: (0.6.3) and watching network mounts (0.6.4)
 ENVD_VERSION = "0.6.1"
 ENVD_PORT, INTERPRETER_PORT = "49983", "49999"
-#: E2B's default templates (the code interpreter's and the bare SDK's) are our python built-in
-TEMPLATE_ALIASES = {"code-interpreter-v1": "python", "code-interpreter": "python", "base": "python"}
 MAX_PAGE = 1000  # items in one page of a list
 
 #: the sandbox ``identify`` found for an in-sandbox call (its views read it, never look it up again)
@@ -116,6 +114,12 @@ def lifecycle_view(view: View) -> View:
 
 def runtime(request: web.Request) -> Runtime:
     return request.app[RUNTIME]
+
+
+def our_template(request: web.Request, name: str) -> str:
+    """The template of ours an E2B template name stands for (the ``e2b_templates`` setting:
+    ``code-interpreter-v1`` is the data-science built-in, as E2B's has the data stack)."""
+    return runtime(request).settings.e2b_template_map.get(name, name)
 
 
 def access_token(request: web.Request, sbx: Sandbox) -> str:

@@ -26,10 +26,10 @@ from . import snapshots
 from .common import (
     ENVD_VERSION,
     MAX_PAGE,
-    TEMPLATE_ALIASES,
     E2BError,
     access_token,
     lifecycle_view,
+    our_template,
     paginate,
     read_body,
     runtime,
@@ -128,7 +128,7 @@ async def create(request: web.Request) -> web.Response:
     if snapshot is not None:  # a new sandbox holding the snapshot's state: a branch
         sbx = await manager.branch(owner, snapshot, timeout, metadata, _network(body))
     else:
-        template = TEMPLATE_ALIASES.get(template, template)
+        template = our_template(request, template)
         sbx = await manager.create(owner, template, timeout, metadata, _network(body))
     env = _strings(body, "envVars")
     try:
@@ -247,7 +247,7 @@ def _filtered(request: web.Request) -> list[Sandbox]:
             continue
         if any(rec.metadata.get(k) != v for k, v in wanted.items()):
             continue
-        if template and TEMPLATE_ALIASES.get(template, template) != rec.template.split("@", 1)[0]:
+        if template and our_template(request, template) != rec.template.split("@", 1)[0]:
             continue
         out.append(sbx)
     return out

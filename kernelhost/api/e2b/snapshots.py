@@ -27,7 +27,7 @@ from aiohttp import web
 from ...sandboxes import CheckpointNotFound, Sandbox, SandboxManager
 from ...sandboxes.store.checkpoints import CheckpointRecord
 from ..state import KEY_ID
-from .common import TEMPLATE_ALIASES, E2BError, lifecycle_view, paginate, read_body, runtime
+from .common import E2BError, lifecycle_view, paginate, read_body, runtime
 
 NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 CHECKPOINT_ID = re.compile(r"^cp_[0-9a-f]{16}$")
@@ -53,11 +53,12 @@ def find(manager: SandboxManager, owner: str, template_id: str) -> str | None:
     return named[-1].id if named else None
 
 
-def _templates(manager: SandboxManager, owner: str) -> set[str]:
-    return {v.name for v in manager.template_list(owner)} | set(TEMPLATE_ALIASES)
+def _templates(request: web.Request, owner: str) -> set[str]:
+    rt = runtime(request)
+    return {v.name for v in rt.manager.template_list(owner)} | set(rt.settings.e2b_template_map)
 
 
-def _name(manager: SandboxManager, owner: str, body: dict[str, Any]) -> str | None:
+def _name(request: web.Request, owner: str, body: dict[str, Any]) -> str | None:
     name = body.get("name")
     if name is None or name == "":
         return None
@@ -67,7 +68,7 @@ def _name(manager: SandboxManager, owner: str, body: dict[str, Any]) -> str | No
             f"name={str(name)[:60]!r}: a snapshot's name is 1 to 100 letters, digits, '.', '_' and "
             "'-', starting with a letter or digit (kernelhost has no namespaces or tags)",
         )
-    if name in _templates(manager, owner):
+    if name in _templates(request, owner):
         raise E2BError(409, f"{name!r} is the name of a template; give the snapshot another name")
     return name
 
@@ -101,7 +102,7 @@ async def create_snapshot(request: web.Request) -> web.Response:
     body = await read_body(request)
     manager, owner = runtime(request).manager, request[KEY_ID]
     _check_memory(body)
-    name = _name(manager, owner, body)
+    name = _name(request, owner, body)
     sbx = manager.get(owner, request.match_info["sandbox_id"])
     # shielded: once the VM is frozen, the snapshot is written whether or not the client waits
     cp = await asyncio.shield(_take(manager, sbx, name))
@@ -127,7 +128,7 @@ async def delete_snapshot(request: web.Request) -> web.Response:
     ref = request.match_info["template_id"]
     gone = _named(manager, owner, ref)
     if not gone:
-        if ref in _templates(manager, owner):
+        if ref in _templates(request, owner):
             raise E2BError(
                 501,
                 f"deleting template {ref!r} through E2B's API is not supported by kernelhost's E2B "

@@ -239,7 +239,7 @@ async def test_lifecycle_list_timeout_pause_and_connect(e2b: Service) -> None:
         listed = await AsyncSandbox.list(query=SandboxQuery(metadata={"run": "lifecycle"})).next_items()
         assert [s.sandbox_id for s in listed] == [sbx.sandbox_id], listed
         info = await sbx.get_info()
-        assert info.metadata == {"run": "lifecycle"} and info.template_id == "python", info
+        assert info.metadata == {"run": "lifecycle"} and info.template_id == "python-datasci", info
         await sbx.set_timeout(900)
         assert (await sbx.get_info()).end_at > info.end_at
         await sbx.run_code("kept = [1, 2, 3]")

@@ -416,3 +416,23 @@ def test_17_the_commands_of_e2bs_images_are_there(sandbox: Any) -> None:
     lines = result.stdout.splitlines()
     assert lines[0] == "3" and lines[1].startswith("git version") and lines[2].startswith("curl ")
     assert lines[-1] == "sudo-ok", result.stdout
+
+
+def test_17_code_interpreter_has_e2bs_data_stack_and_base_not(e2b: Service, sandbox: Any) -> None:
+    """``code-interpreter-v1`` (the code interpreter SDK's default) starts our data-science
+    built-in, as E2B's image has the data stack; ``base`` (the bare SDK's) the minimal one."""
+    from e2b import CommandExitException
+    from e2b import Sandbox as BaseSandbox
+
+    stack = "pandas, numpy, matplotlib, PIL, scipy, sklearn, seaborn, openpyxl"
+    result = sandbox.run_code(f"import {stack}\nlen([{stack}])")
+    assert result.error is None and result.text == "8", (result.error, result.text)
+    assert sandbox.get_info().template_id == "python-datasci"
+    base = BaseSandbox.create()
+    try:
+        assert base.get_info().template_id == "python"
+        with pytest.raises(CommandExitException) as refused:
+            base.commands.run("python -c 'import pandas'")
+    finally:
+        base.kill()
+    assert "No module named 'pandas'" in refused.value.stderr, refused.value
