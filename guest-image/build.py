@@ -61,6 +61,7 @@ KERNEL_FILES = (
     "kernel_interrupt.py",
     "kernel_reseed.py",
     "kernel_wire.py",
+    "kernel_displays.py",
 )
 DEFAULT_IMAGE_DIR = "/var/cache/kernelhost/images"
 

@@ -12,6 +12,7 @@ from typing import Any
 # thread wakes every second, in every idle sandbox (ipykernel reads this at import).
 os.environ.pop("JPY_PARENT_PID", None)
 
+import kernel_displays
 import kernel_interrupt
 import kernel_limits
 import kernel_reseed
@@ -65,5 +66,6 @@ IPythonKernel.do_history = do_history  # type: ignore[method-assign]
 
 kernel_limits.install()
 kernel_reseed.install()
+kernel_displays.install()  # E2B's e2b/data and e2b/chart, PIL images shown
 kernel_interrupt.install()  # outermost: it answers what escapes the rest
 kernelapp.launch_new_instance()

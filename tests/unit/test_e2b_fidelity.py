@@ -102,6 +102,12 @@ def test_a_string_result_loses_one_pair_of_quotes() -> None:
     assert line["text"] == "hi" and line["html"] == "'x'"
 
 
+def test_the_kernels_e2b_formats_are_the_results_data_and_chart() -> None:
+    chart = {"type": "line", "title": "T", "elements": []}
+    line = result_line(Result({"e2b/data": {"a": [1, 2]}, "e2b/chart": chart}, is_main_result=False))
+    assert line["data"] == {"a": [1, 2]} and line["chart"] == chart and "extra" not in line
+
+
 async def test_signed_urls_that_do_not_check_out_are_refused(client: ApiClient) -> None:
     r = await client.get("/files", params={"path": "/etc/passwd"})
     assert r.status == 401 and "signature" in (await r.json())["message"]

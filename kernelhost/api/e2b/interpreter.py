@@ -33,7 +33,12 @@ MIME_FIELDS = {
     "text/latex": "latex",
     "application/json": "json",
     "application/javascript": "javascript",
+    # the guest kernel's E2B formatters (guest-image/agent/kernel_displays.py): a DataFrame's
+    # columns, a matplotlib figure's chart; objects, as E2B's interpreter sends them
+    "e2b/data": "data",
+    "e2b/chart": "chart",
 }
+OBJECT_FIELDS = ("json", "data", "chart")
 
 
 def _text_error(status: int, message: str) -> web.Response:
@@ -67,7 +72,7 @@ def result_line(event: Result) -> dict[str, Any]:
             value = strip_quotes(value)
         if field is None:
             extra[mime] = value
-        elif field == "json":
+        elif field in OBJECT_FIELDS:
             line[field] = value if isinstance(value, dict) else {"value": value}
         else:
             line[field] = value if isinstance(value, str) else json.dumps(value)

@@ -436,3 +436,39 @@ def test_17_code_interpreter_has_e2bs_data_stack_and_base_not(e2b: Service, sand
     finally:
         base.kill()
     assert "No module named 'pandas'" in refused.value.stderr, refused.value
+
+
+CHART_AND_FRAME = """
+import matplotlib.pyplot as plt
+import pandas as pd
+fig, ax = plt.subplots()
+ax.plot([1, 2, 3], [4, 5, 6], label="rise")
+ax.set_title("Rise")
+ax.set_xlabel("time (s)")
+plt.show()
+pd.DataFrame({"a": [1, 2], "b": ["x", None], "c": [0.5, float("nan")]})
+"""
+
+
+def test_14_a_figure_is_a_chart_a_frame_is_data_and_a_saved_pil_image_shows(sandbox: Any) -> None:
+    """E2B's interpreter: a matplotlib figure carries its chart (``e2b/chart``), a DataFrame its
+    columns (``e2b/data``), and a PIL image saved to a file is displayed."""
+    from e2b_code_interpreter.charts import ChartType, LineChart
+
+    execution = sandbox.run_code(CHART_AND_FRAME)
+    assert execution.error is None, execution.error
+    figure, frame = execution.results
+    assert figure.png and isinstance(figure.chart, LineChart), figure.formats()
+    chart = figure.chart
+    assert (chart.type, chart.title, chart.x_label, chart.x_unit) == (ChartType.LINE, "Rise", "time (s)", "s")
+    assert [(e.label, [tuple(p) for p in e.points]) for e in chart.elements] == [
+        ("rise", [(1.0, 4.0), (2.0, 5.0), (3.0, 6.0)])
+    ]
+    assert (
+        frame.is_main_result
+        and frame.html
+        and frame.data == {"a": [1, 2], "b": ["x", None], "c": [0.5, None]}
+    )
+    saved = sandbox.run_code("from PIL import Image\nImage.new('RGB', (4, 4), 'red').save('/tmp/red.png')")
+    assert saved.error is None and len(saved.results) == 1 and saved.results[0].png, saved.results
+    assert sandbox.files.read("/tmp/red.png", format="bytes")[:4] == b"\x89PNG"
