@@ -1,5 +1,6 @@
 """Fixtures shared by the unit tests: a scriptable fake guest agent on a short UNIX socket path
-(``tests/unit/fake_agent.py``); for the store's tests, a throwaway PostgreSQL server
+(``tests/unit/fake_agent.py``); the SDK's fake kernelhost server (``client_fake.py``: ``fake``,
+``threaded_fake``); for the store's tests, a throwaway PostgreSQL server
 (``tests/pg.py``; started once, by the first test that asks for it) and ``db``, a fresh database
 on each backend."""
 
@@ -15,7 +16,11 @@ import pytest
 from kernelhost.sandboxes.store.db import Database, PostgreSQL, SQLite
 from tests.pg import PostgresServer, running_postgres
 
+from .client_fake import fake, no_env, sdk_thread_baseline, threaded_fake
 from .fake_agent import FakeAgent, short_socket_dir
+
+#: the SDK's fake kernelhost server and its fixtures (tests/unit/client_fake.py)
+__all__ = ["fake", "no_env", "sdk_thread_baseline", "threaded_fake"]
 
 
 @pytest.fixture(scope="session")
