@@ -194,6 +194,15 @@ class SandboxManager:
         name, image = self._templates.resolve(owner, template)
         return self.cluster.place(owner, name, count, self._ctx.shape_for(image).memory_mib)
 
+    def release_placement(self, placement: Placement) -> None:
+        """Give back the room ``place`` reserved (idempotent: the create that used it released it)."""
+        if self.cluster is not None:
+            self.cluster.quota.release(placement.reservation)
+
+    def cluster_nodes(self) -> list[Node]:
+        """Every node of the cluster, as the store has them (empty: not a cluster node)."""
+        return self.cluster.nodes.all() if self.cluster is not None else []
+
     def wake_node(self, loc: Location) -> Node | None:
         """The node a movable sandbox (hibernated on a dead or draining node) should wake on."""
         return self.cluster.wake_node(loc) if self.cluster is not None else None

@@ -204,7 +204,7 @@ async def _create(request: web.Request, handler: Handler, manager: SandboxManage
             return await handler(request)
         return await _forward(request, manager, placement.node, rid, body)
     finally:
-        await asyncio.to_thread(manager.cluster.quota.release, rid)  # idempotent: the maker released it
+        await asyncio.to_thread(manager.release_placement, placement)  # idempotent: the maker released it
 
 
 async def forward_e2b_sandbox(request: web.Request) -> web.StreamResponse | None:
@@ -270,7 +270,7 @@ async def list_nodes(request: web.Request) -> web.Response:
     manager = _operator(request)
     if manager.cluster is None:
         return web.json_response({"cluster": False, "nodes": []})
-    nodes = await asyncio.to_thread(manager.cluster.nodes.all)
+    nodes = await asyncio.to_thread(manager.cluster_nodes)
     views = [n.to_dict() for n in nodes]
     return web.json_response({"cluster": True, "node": manager.cluster.id, "nodes": views})
 
