@@ -95,6 +95,21 @@ class Service:
         finally:
             hv.close()
 
+    def wait_pool(self, template: str, timeout: float = 900.0) -> None:
+        """Until the service's pool holds a ready clone of ``template`` (its snapshot is built):
+        an SDK whose first create has a request timeout of its own does not then wait out a
+        cold snapshot build (at once when an earlier tier built it: snapshots are shared)."""
+        deadline = time.monotonic() + timeout
+        auth = {"Authorization": f"Bearer {self.api_key}"}
+        request = urllib.request.Request(f"{self.url}/healthz", headers=auth)
+        while True:
+            with urllib.request.urlopen(request, timeout=30) as answer:
+                if json.load(answer).get("pool", {}).get(template, 0) >= 1:
+                    return
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no ready {template} sandbox in the pool within {timeout} s")
+            time.sleep(0.5)
+
     def log_events(self, event: str) -> list[dict[str, Any]]:
         """The service log's lines of ``event`` (structlog's JSON), in order."""
         lines = self.log_path.read_text(errors="replace").splitlines()

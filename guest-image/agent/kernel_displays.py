@@ -6,7 +6,7 @@
   ``e2b-charts`` package where the template has it (``python-datasci``); the SDKs' ``Result.chart``;
 - a PIL image saved to a file, or shown, is displayed as well (there is no screen to show it on).
 
-The formatters are registered by type name: nothing is imported until a user's cell makes a
+The formatters know their types by name: nothing is imported until a user's cell makes a
 DataFrame or a figure. A formatter that fails adds nothing (the other formats still go out).
 """
 
@@ -34,9 +34,23 @@ class DataFormatter(BaseFormatter):
 
 
 class ChartFormatter(BaseFormatter):
+    """A figure is recognised by its class's name when it is displayed: a printer registered
+    for it by type does not survive in a kernel whose matplotlib runs the inline backend
+    (measured in the guest: the lookup misses), as E2B's interpreter found too."""
+
     format_type = Unicode(CHART_MIME)
     print_method = ObjectName("_repr_e2b_chart_")
     _return_type = (dict,)
+
+    def __call__(self, obj: Any) -> Any:
+        if self.enabled and _is_figure(obj):
+            return figure_chart(obj)
+        return super().__call__(obj)
+
+
+def _is_figure(obj: Any) -> bool:
+    """Whether ``obj`` is a matplotlib Figure (of any subclass), without importing matplotlib."""
+    return any(c.__name__ == "Figure" and c.__module__ == "matplotlib.figure" for c in type(obj).__mro__)
 
 
 def frame_data(frame: Any) -> dict[str, Any] | None:
@@ -93,7 +107,6 @@ def register(shell: Any) -> None:
     chart: Any = ChartFormatter(parent=display)
     display.formatters[DATA_MIME], display.formatters[CHART_MIME] = data, chart
     data.for_type_by_name("pandas.core.frame", "DataFrame", frame_data)
-    chart.for_type_by_name("matplotlib.figure", "Figure", figure_chart)
     if importlib.util.find_spec("PIL") is not None:
         _hook_pil()
 
@@ -117,8 +130,8 @@ def _hook_pil() -> None:
         display(self)
 
     save_and_show._kernelhost = True  # type: ignore[attr-defined]
-    Image.Image.save = save_and_show
-    Image.Image.show = show
+    setattr(Image.Image, "save", save_and_show)  # noqa: B010  (mypy: methods are not assigned)
+    setattr(Image.Image, "show", show)  # noqa: B010
 
 
 def install() -> None:

@@ -72,6 +72,9 @@ def agents_sync_sandbox(agents_service: Service) -> Iterator[Sandbox]:
 
 
 def e2b_env(svc: Service, key: str | None = None) -> dict[str, str]:
+    """The SDKs' environment for ``svc``, once E2B's default template (``code-interpreter-v1``:
+    our ``python-datasci``) has a ready sandbox."""
+    svc.wait_pool("python-datasci")
     return {
         "E2B_API_URL": f"{svc.url}/e2b",
         "E2B_SANDBOX_URL": f"{svc.url}/e2b/sandbox",

@@ -18,6 +18,7 @@ import subprocess
 import pytest
 
 from ...harness import REPO, Service
+from .conftest import e2b_env
 
 pytestmark = pytest.mark.clients
 
@@ -38,9 +39,7 @@ def test_npm_package_against_the_service(agents_service: Service) -> None:
         "KERNELHOST_URL": agents_service.url,
         "KERNELHOST_API_KEY": agents_service.api_key,
         # E2B's JS SDK (js/test/e2b.test.ts), configured as its users do
-        "E2B_API_URL": f"{agents_service.url}/e2b",
-        "E2B_SANDBOX_URL": f"{agents_service.url}/e2b/sandbox",
-        "E2B_API_KEY": agents_service.api_key,
+        **e2b_env(agents_service),
         "NO_COLOR": "1",
     }
     proc = subprocess.run(
