@@ -33,6 +33,7 @@ __all__ = [
     "Attr",
     "TracingConfigError",
     "client_span",
+    "current_ids",
     "detached_span",
     "disable",
     "enable",
@@ -147,6 +148,17 @@ def mark_error(target: Any, description: str) -> None:
     """End ``target`` (a span from ``server_span``) as an error, saying why."""
     if isinstance(target, trace.Span) and target.is_recording():
         target.set_status(trace.StatusCode.ERROR, description)
+
+
+def current_ids() -> tuple[str, str] | None:
+    """The current span's trace and span ids (hex), for a log line to name; None when off or
+    outside any span."""
+    if _tracer is None:
+        return None
+    context = trace.get_current_span().get_span_context()
+    if not context.is_valid:
+        return None
+    return f"{context.trace_id:032x}", f"{context.span_id:016x}"
 
 
 def inject(headers: MutableMapping[str, str]) -> None:

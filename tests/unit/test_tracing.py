@@ -343,3 +343,17 @@ def test_an_exporter_or_protocol_kernelhost_lacks_is_refused_by_name(env: dict[s
     with pytest.raises(tracing.TracingConfigError, match=says.replace("(", r"\(")):
         tracing.setup(env=env)
     assert not tracing.enabled()
+
+
+def test_a_log_line_inside_a_span_names_its_trace(spans: InMemorySpanExporter) -> None:
+    from kernelhost import logs
+
+    assert logs._trace_context(None, "info", {"event": "outside"}) == {"event": "outside"}
+    with tracing.span("sandbox.wake") as inside:
+        line = logs._trace_context(None, "info", {"event": "sandbox.woken"})
+    context = inside.get_span_context()
+    assert line == {
+        "event": "sandbox.woken",
+        "trace_id": f"{context.trace_id:032x}",
+        "span_id": f"{context.span_id:016x}",
+    }
