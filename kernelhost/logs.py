@@ -1,7 +1,8 @@
 """structlog configuration, done once at start-up (``configure``).
 
 JSON lines when stderr is not a terminal, readable console output when it is. Request handlers
-bind ``sandbox_id`` and ``key_id`` with ``structlog.contextvars``; never the key itself. A key
+bind ``sandbox_id`` and ``key_id`` with ``structlog.contextvars``; never the key itself. With
+tracing on, a line written inside a span names its ``trace_id`` and ``span_id`` (docs/tracing.md). A key
 that came in a URL (``?token=``, the Kernel Gateway routes) is redacted from every line
 (``redact``), structlog's and the standard library's alike.
 """
@@ -16,6 +17,7 @@ from typing import Any, TextIO, cast
 
 import structlog
 
+from . import tracing
 from .progress import TerminalAware
 
 _console = False  # whether logs are rendered for a person at a terminal (not JSON)
@@ -32,6 +34,15 @@ def _redact_event(_: Any, __: str, event: MutableMapping[str, Any]) -> MutableMa
     for name, value in event.items():
         if isinstance(value, str):
             event[name] = redact(value)
+    return event
+
+
+def _trace_context(_: Any, __: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
+    """The span a line was written in, so a trace and its log lines find each other."""
+    ids = tracing.current_ids()
+    if ids is not None:
+        event.setdefault("trace_id", ids[0])
+        event.setdefault("span_id", ids[1])
     return event
 
 
@@ -58,6 +69,7 @@ def configure(fmt: str = "auto", level: str = "info") -> None:
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,
+            _trace_context,
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True),
             structlog.processors.StackInfoRenderer(),

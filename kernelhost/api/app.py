@@ -23,7 +23,7 @@ from .e2b import read_bodies_in_time, setup_e2b
 from .errors import error_middleware
 from .gateway import setup_gateway
 from .mcp_http import setup_mcp
-from .middleware import add_security_headers, auth_middleware, request_limits
+from .middleware import add_security_headers, auth_middleware, request_limits, trace_middleware
 from .pip_index import serving as serving_pip_index
 from .ports import port_routing
 from .state import KEYS, RUNTIME, SETTINGS, Runtime
@@ -99,6 +99,7 @@ def init_app(settings: Settings, keys: KeyRing | None = None) -> web.Application
     app = web.Application(
         middlewares=[
             port_routing(settings.domain),  # {port}-{sandbox id}.{domain}: a server in a sandbox
+            trace_middleware,  # a span per call (off unless OTEL_TRACES_EXPORTER says)
             error_middleware,
             auth_middleware,
             request_limits(settings),

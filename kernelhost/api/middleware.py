@@ -1,5 +1,5 @@
-"""The request path before a view runs: who is calling (API keys), how much one key may have open
-at once, and the headers every response carries."""
+"""The request path before a view runs: its trace span, who is calling (API keys), how much one
+key may have open at once, and the headers every response carries."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import structlog
 from aiohttp import web
 from aiohttp.typedefs import Middleware
 
+from .. import tracing
 from ..config import Settings
 from ..sandboxes import ADMITTED, MAX_WAIT, InvalidRequest
 from . import cluster, credentials, e2b
@@ -23,6 +24,39 @@ log = structlog.get_logger("kernelhost.api")
 PUBLIC_PATHS = frozenset({"/openapi.json"}) | CONSOLE_PATHS
 #: tenant-wide counts, public unless the operator sets metrics_require_key
 HEALTH_PATHS = frozenset({"/healthz", "/metrics"})
+
+
+@web.middleware
+async def trace_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """One server span per call (docs/tracing.md), named by the route's canonical path
+    (``POST /v1/sandboxes/{sandbox_id}/execute``), child of the caller's ``traceparent``; it
+    ends when the answer has been sent, a streamed one included. Carries the key's id, never
+    the key. A no-op with tracing off."""
+    if not tracing.enabled():
+        return await handler(request)
+    resource = request.match_info.route.resource
+    route = resource.canonical if resource is not None else None
+    name = f"{request.method} {route}" if route else request.method
+    with tracing.server_span(
+        name,
+        request.headers,
+        **{
+            "http.request.method": request.method,
+            "http.route": route,
+            "url.path": request.path,
+            "url.scheme": request.scheme,
+            "user_agent.original": request.headers.get("User-Agent"),
+        },
+        sandbox_id=request.match_info.get("sandbox_id"),
+    ) as span:
+        try:
+            response = await handler(request)
+        finally:
+            tracing.set_attributes(span, key_id=request.get(KEY_ID))
+        tracing.set_attributes(span, **{"http.response.status_code": response.status})
+        if response.status >= 500:
+            tracing.mark_error(span, f"HTTP {response.status}")
+        return response
 
 
 @web.middleware

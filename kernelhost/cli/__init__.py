@@ -15,58 +15,11 @@ from ..config import ConfigError, Settings
 from .cluster import add_cluster_commands
 from .extras import install_hint, run_command
 from .migrate import add_migrate_command
+from .serve import serve_command
 from .templates import add_template_commands
 
 if TYPE_CHECKING:
     from ..client import AsyncSandbox, Execution
-
-
-def _serve(args: argparse.Namespace) -> int:
-    from .. import logs
-    from ..api import init_app
-    from ..api.auth import KeyRing
-    from ..api.server import serve
-    from ..sandboxes import BackendUnavailable
-    from ..servicelock import ServiceLocked
-
-    overrides = {k: v for k, v in (("host", args.host), ("port", args.port)) if v is not None}
-    try:
-        settings = Settings.load(**overrides)
-    except ConfigError as exc:
-        print(f"kernelhost: configuration error: {exc}", file=sys.stderr)
-        return 2
-    logs.configure(settings.log_format, settings.log_level)
-    keys = KeyRing.from_settings(settings)
-    app = init_app(settings, keys)
-
-    def ready() -> None:
-        print(f"kernelhost: serving on {settings.url}", file=sys.stderr, flush=True)
-        if keys.dev_key_created:  # once: the key must not land in every start's log
-            print(
-                f"kernelhost: development API key (stored in {settings.dev_key_file}):\n"
-                f"  export KERNELHOST_URL={settings.url}\n"
-                f"  export KERNELHOST_API_KEY={keys.dev_key}",
-                file=sys.stderr,
-                flush=True,
-            )
-        elif keys.dev_key:
-            print(
-                f"kernelhost: the development API key is in {settings.dev_key_file}:\n"
-                f"  export KERNELHOST_URL={settings.url}\n"
-                f"  export KERNELHOST_API_KEY=$(cat {settings.dev_key_file})",
-                file=sys.stderr,
-                flush=True,
-            )
-
-    try:
-        asyncio.run(serve(app, settings, ready))
-    except (BackendUnavailable, ServiceLocked) as exc:
-        print(f"kernelhost: {exc}", file=sys.stderr)
-        return 1
-    except OSError as exc:  # the port: in use, or not ours to bind
-        print(f"kernelhost: cannot listen on {settings.host}:{settings.port}: {exc}", file=sys.stderr)
-        return 1
-    return 0
 
 
 def _mcp(args: argparse.Namespace) -> int:
@@ -435,7 +388,7 @@ def main(argv: list[str] | None = None) -> int:
     serve = sub.add_parser("serve", help="run the HTTP service")
     serve.add_argument("--host", help="listen address (default 127.0.0.1, KERNELHOST_HOST)")
     serve.add_argument("--port", type=int, help="listen port (default 8999, KERNELHOST_PORT)")
-    serve.set_defaults(func=_serve)
+    serve.set_defaults(func=serve_command)
     mcp = sub.add_parser(
         "mcp",
         help="run an MCP server over stdio (for MCP clients)",

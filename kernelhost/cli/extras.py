@@ -15,6 +15,7 @@ EXTRA_OF_MODULE = {
     "structlog": "server",
     "prometheus_client": "server",
     "zstandard": "server",
+    "opentelemetry": "server",
     "psycopg": "postgres",
     "jupyter_client": "jupyter",
     "zmq": "jupyter",

@@ -3,12 +3,17 @@
 Nothing here knows what a sandbox is beyond its REST path (``sandbox_path``); ``_sandbox.py``
 builds on it. Every request runs under ``_translate_errors``, so callers only ever see the SDK's
 exception tree.
+
+Each request carries the caller's trace context (``traceparent``) when the application has
+``opentelemetry-api`` and a span is current, so the service's spans join the caller's trace
+(docs/tracing.md); the SDK needs no OpenTelemetry package and imports none at its own import.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import inspect
 import json
 import os
@@ -89,6 +94,31 @@ def _user_agent() -> str:
     return f"kernelhost-python/{version}"
 
 
+@functools.cache
+def _opentelemetry() -> tuple[Any, Any] | None:
+    """OpenTelemetry's ``trace`` and ``propagate`` modules, imported on the first request; None
+    when the application does not have ``opentelemetry-api``."""
+    try:
+        from opentelemetry import propagate, trace
+    except ImportError:
+        return None
+    return trace, propagate
+
+
+def trace_headers() -> dict[str, str]:
+    """The current span's W3C trace context (``traceparent``, and whatever else the
+    application's propagators add) as headers; empty with no OpenTelemetry or no valid span."""
+    modules = _opentelemetry()
+    if modules is None:
+        return {}
+    trace, propagate = modules
+    if not trace.get_current_span().get_span_context().is_valid:
+        return {}
+    headers: dict[str, str] = {}
+    propagate.inject(headers)
+    return headers
+
+
 class HTTPClient:
     """One ``aiohttp.ClientSession`` bound to a service URL and API key.
 
@@ -116,6 +146,9 @@ class HTTPClient:
     async def _send(self, method: str, url: str, replayable: bool, **kwargs: Any) -> aiohttp.ClientResponse:
         """Send a request; a kept-alive connection the server had closed meanwhile (it restarted)
         fails before any response, so a ``replayable`` request is sent once more on a new one."""
+        context = trace_headers()
+        if context:
+            kwargs["headers"] = {**(kwargs.get("headers") or {}), **context}
         try:
             return await self._get_session().request(method, url, **kwargs)
         except (aiohttp.ServerDisconnectedError, aiohttp.ClientConnectionResetError):

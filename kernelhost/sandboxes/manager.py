@@ -23,6 +23,7 @@ import structlog
 
 from hypervisor import Hypervisor, HypervisorError, ImageStore
 
+from .. import tracing
 from ..channel import ChannelError
 from ..config import Settings
 from ..metrics import Metrics
@@ -462,6 +463,8 @@ class SandboxManager:
             registry.update(sbx, calls=sbx.record.calls + 1)
             registry.touch(sbx)
             t0 = time.monotonic()
+            # detached: its block spans the yields (the consumer's code runs between them)
+            running = tracing.detached_span("kernel.execute", sandbox_id=sbx.id, language=cell.language)
             try:
                 gen = run_cell(
                     agent,
@@ -471,13 +474,16 @@ class SandboxManager:
                     sbx.session_id,
                     replace_vm=lambda reason: self._recovery.replace_vm(sbx, reason),
                 )
-                async with contextlib.aclosing(gen):
-                    async for event in gen:
-                        if isinstance(event, End):
-                            self.metrics.observe_end(
-                                cell.language, event.status, event.recovery, time.monotonic() - t0
-                            )
-                        yield event
+                with running as span:
+                    async with contextlib.aclosing(gen):
+                        async for event in gen:
+                            if isinstance(event, End):
+                                self.metrics.observe_end(
+                                    cell.language, event.status, event.recovery, time.monotonic() - t0
+                                )
+                                recovery = event.recovery.value if event.recovery else None
+                                tracing.set_attributes(span, status=event.status.value, recovery=recovery)
+                            yield event
             finally:
                 sbx.call = None
                 registry.touch(sbx)

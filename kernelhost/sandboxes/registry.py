@@ -24,6 +24,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from .. import tracing
 from .errors import CapacityExceeded, SandboxNotFound
 from .sandbox import Sandbox
 from .states import SandboxState
@@ -232,23 +233,25 @@ class Registry:
         position = len(queue)
         loop = asyncio.get_running_loop()
         start = loop.time()
-        try:
-            while True:
-                if queue[0] is ticket:
-                    try:
-                        stack.enter_context(self.reserve(owner, count, memory_mib))
-                        break
-                    except CapacityExceeded as exc:
-                        refused = exc
-                left = start + limit - loop.time()
-                if left <= 0:
-                    raise self._timed_out(refused, owner, limit, position)
-                await self._room_freed(min(left, POLL_SECONDS))
-        finally:
-            queue.remove(ticket)
-            if not queue:
-                del self._queues[owner]
-            self.notify_room()  # the next in line looks again
+        # a stage of the call's trace (docs/tracing.md): the wait for room
+        with tracing.span("sandbox.queue", position=position, wait_limit_seconds=limit):
+            try:
+                while True:
+                    if queue[0] is ticket:
+                        try:
+                            stack.enter_context(self.reserve(owner, count, memory_mib))
+                            break
+                        except CapacityExceeded as exc:
+                            refused = exc
+                    left = start + limit - loop.time()
+                    if left <= 0:
+                        raise self._timed_out(refused, owner, limit, position)
+                    await self._room_freed(min(left, POLL_SECONDS))
+            finally:
+                queue.remove(ticket)
+                if not queue:
+                    del self._queues[owner]
+                self.notify_room()  # the next in line looks again
         waited = loop.time() - start
         self._waits.setdefault(owner, deque(maxlen=WAITS_KEPT)).append(waited)
         ADMITTED.set(Admitted(round(waited, 3), position))

@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator, Set
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
+from .. import tracing
 from ..channel import AgentClient
 from .errors import Remedy, SandboxError, SandboxNotRunning
 from .network.policy import NetworkSpec
@@ -91,12 +92,17 @@ class ExecutionLock:
 
     @contextlib.asynccontextmanager
     async def hold(self, holder: str) -> AsyncIterator[None]:
-        async with self._lock:
-            self.holder = holder
-            try:
-                yield
-            finally:
-                self.holder = None
+        if self._lock.locked():  # behind another call: the wait is a stage of this one's trace
+            with tracing.span("sandbox.wait_turn", behind=self.holder):
+                await self._lock.acquire()
+        else:
+            await self._lock.acquire()
+        self.holder = holder
+        try:
+            yield
+        finally:
+            self.holder = None
+            self._lock.release()
 
     async def lease(self, holder: str) -> None:
         await self._lock.acquire()

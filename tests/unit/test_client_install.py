@@ -31,7 +31,14 @@ REPO = Path(__file__).resolve().parents[2]
 CLIENT_REQUIREMENTS = {"aiohttp"}
 
 #: a distribution whose top-level module is not its name, lowercased with ``-`` as ``_``
-MODULE_OF = {"libvirt-python": "libvirt", "pyzmq": "zmq", "openai-agents": "agents"}
+MODULE_OF = {
+    "libvirt-python": "libvirt",
+    "pyzmq": "zmq",
+    "openai-agents": "agents",
+    "opentelemetry-api": "opentelemetry",
+    "opentelemetry-sdk": "opentelemetry",
+    "opentelemetry-exporter-otlp-proto-http": "opentelemetry",
+}
 
 #: each client entry point, and the extras it may use (beside the base install)
 ENTRY_POINTS = {
@@ -96,8 +103,14 @@ def _extras() -> dict[str, set[str]]:
     }
 
 
+#: what an extra's packages bring themselves that another extra also names (the mcp package
+#: depends on opentelemetry-api, which the server extra names for its traces)
+BROUGHT_BY = {"mcp": {"opentelemetry"}}
+
+
 def _refused(allowed: tuple[str, ...]) -> set[str]:
     refused = set().union(*(mods for name, mods in _extras().items() if name not in allowed))
+    refused -= set().union(*(BROUGHT_BY.get(name, set()) for name in allowed))
     return refused - {_module(d) for d in _names(_setup_cfg()["options"]["install_requires"])}
 
 

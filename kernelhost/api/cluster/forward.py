@@ -7,7 +7,9 @@ closes the upstream request with it.
 
 The call to the peer is signed (``signing.py``; the signer gets the body's binding) and carries
 none of the client's credentials (``CREDENTIALS``; a Kernel Gateway route's ``?token=`` is taken
-out of the query): the peer acts for the signed owner."""
+out of the query): the peer acts for the signed owner. It carries this node's ``traceparent``
+(a ``cluster.forward`` span's, when tracing is on), so the peer's spans join the client's trace;
+a node that does not trace passes the client's own on."""
 
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ import aiohttp
 from aiohttp import web
 from yarl import URL
 
+from ... import tracing
 from ..credentials import without_token
 from ..state import SETTINGS
 from .signing import body_binding
@@ -58,6 +61,7 @@ def _headers(source: Mapping[str, str], extra: Mapping[str, str]) -> dict[str, s
         if k.lower() not in HOP and k.lower() not in CREDENTIALS and not k.lower().startswith("x-kernelhost-")
     }
     out.update(extra)
+    tracing.inject(out)  # the current span's traceparent, in place of the client's
     return out
 
 
@@ -81,8 +85,19 @@ async def forward(
 ) -> web.StreamResponse:
     """Send ``request`` to the node at ``base_url`` and stream its answer back (``body``: the
     request's body, when it was read already: signed whole)."""
-    if request.headers.get("Upgrade", "").lower() == "websocket":
-        return await _bridge(session, request, base_url, signer("none"))
+    with tracing.client_span("cluster.forward", **{"server.address": URL(base_url).host}):
+        if request.headers.get("Upgrade", "").lower() == "websocket":
+            return await _bridge(session, request, base_url, signer("none"))
+        return await _forward(session, request, base_url, signer, body)
+
+
+async def _forward(
+    session: aiohttp.ClientSession,
+    request: web.Request,
+    base_url: str,
+    signer: Signer,
+    body: bytes | None,
+) -> web.StreamResponse:
     data: bytes | AsyncIterator[bytes] | None = body
     streamed = data is None and request.body_exists
     extra = dict(signer(body_binding(body, streamed=streamed, length=request.content_length)))

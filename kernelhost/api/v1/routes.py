@@ -5,12 +5,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator
+import time
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 from aiohttp import web
 
+from ... import tracing
 from ...metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from ...metrics import Metrics
 from ...sandboxes import ADMITTED, End, Event, InvalidRequest, Sandbox, SandboxError
 from ..cluster import remote_views
 from ..errors import error_body, status_for
@@ -87,6 +90,7 @@ async def create_sandbox(request: web.Request) -> web.Response:
     sbx = await _runtime(request).manager.create(
         request[KEY_ID], template, idle, metadata, network, auto_checkpoint=auto, checkpoint=checkpoint
     )
+    tracing.set_attributes(sandbox_id=sbx.id)  # the call's span: the sandbox it made
     view = sbx.to_dict()
     admitted = ADMITTED.get()
     if admitted is not None:  # it waited for room in its key's queue (docs/limits.md)
@@ -136,24 +140,42 @@ async def execute(request: web.Request) -> web.StreamResponse:
         }
     )
     await resp.prepare(request)
-    last = b""
+    # the stream out, beside the kernel's run (detached: the events' generator runs inside it);
+    # write_seconds: how long the client's reading held the stream back
+    with tracing.detached_span("execute.stream", sandbox_id=sbx.id) as streaming:
+        last, sent, blocked = await _stream(resp, events, manager.metrics)
+        # The end event and the end of the chunked body in one write: a client that stops
+        # reading at "end" (the SDKs do) then finds the response complete and keeps its
+        # connection for the next call, instead of connecting again (bench/results/profile.md).
+        t0 = time.monotonic()
+        await resp.write_eof(last)
+        blocked += time.monotonic() - t0
+        tracing.set_attributes(streaming, events=sent + 1, write_seconds=round(blocked, 6))
+    return resp
+
+
+async def _stream(
+    resp: web.StreamResponse, events: AsyncGenerator[Event, None], metrics: Metrics
+) -> tuple[bytes, int, float]:
+    """Write each event but the last as an NDJSON line; the last line, how many were written,
+    and the seconds spent waiting on the writes."""
+    last, sent, blocked = b"", 0, 0.0
     try:
         async with contextlib.aclosing(events):
             async for event in events:
                 line = _ndjson(event)
-                manager.metrics.count_relayed("execute", "out", len(line))
+                metrics.count_relayed("execute", "out", len(line))
                 if isinstance(event, End):  # always the last event
                     last = line
                     continue
+                t0 = time.monotonic()
                 await resp.write(line)
+                blocked += time.monotonic() - t0
+                sent += 1
     except SandboxError as exc:  # after the stream began (a wake refused, say): said in-band
         failure = {"type": "failure", "status": status_for(exc), "error": error_body(exc)}
         last = json.dumps(failure, separators=(",", ":")).encode() + b"\n"
-    # The end event and the end of the chunked body in one write: a client that stops reading at
-    # "end" (the SDKs do) then finds the response complete and keeps its connection for the next
-    # call, instead of closing it and connecting again (bench/results/profile.md).
-    await resp.write_eof(last)
-    return resp
+    return last, sent, blocked
 
 
 def _ndjson(event: Event) -> bytes:

@@ -19,6 +19,7 @@ import structlog
 
 from hypervisor import GuestImage, HypervisorError, ImageNotFound, LibvirtUnavailable
 
+from ... import tracing
 from ...channel import AgentClient, ChannelError, ChannelListener, Event
 from ...channel.client import CLOSED_BY_HOST
 from ...ratelimit import TokenBucket
@@ -126,32 +127,34 @@ class Lifecycle:
         # the template's default network when the request names none
         spec = parse_network(network if network is not None else image.manifest.get("network"))
         shape = self.ctx.shape_for(image)
-        async with self.registry.admit(owner, 1, shape.memory_mib):
-            idle = self.idle_timeout(idle_timeout)
-            meta = self.check_metadata(metadata)
-            rec = new_record(
-                owner=owner,
-                template=name,
-                domain=self.ctx.vms.new_name(),
-                image_key=image.key,
-                shape=shape,
-                idle_timeout=idle,
-                metadata=meta,
-                network=spec.to_dict(),
-            )
-            rec.auto_checkpoint = auto_checkpoint
-            sbx = Sandbox(rec)
-            vms = self.ctx.vms
-            # a shared template's pool fills once it is used (idempotent); a key's own template
-            # has none: no VM runs on a key's behalf but its sandboxes (they clone its snapshot)
-            clone = vms.take_clone(name, refill="@" not in name)
-            if clone is not None and clone.image_key == image.key:
-                await self._adopt(sbx, clone)
-                how = "pool"
-            else:
-                if clone is not None:  # made from an image that has since been rebuilt
-                    self.ctx.tasks.spawn(vms.discard(clone), name=f"discard:{clone.domain}")
-                how = await self._create_vm(sbx, image)
+        with tracing.span("sandbox.create", template=name) as creating:
+            async with self.registry.admit(owner, 1, shape.memory_mib):
+                idle = self.idle_timeout(idle_timeout)
+                meta = self.check_metadata(metadata)
+                rec = new_record(
+                    owner=owner,
+                    template=name,
+                    domain=self.ctx.vms.new_name(),
+                    image_key=image.key,
+                    shape=shape,
+                    idle_timeout=idle,
+                    metadata=meta,
+                    network=spec.to_dict(),
+                )
+                rec.auto_checkpoint = auto_checkpoint
+                sbx = Sandbox(rec)
+                vms = self.ctx.vms
+                # a shared template's pool fills once it is used (idempotent); a key's own template
+                # has none: no VM runs on a key's behalf but its sandboxes (they clone its snapshot)
+                clone = vms.take_clone(name, refill="@" not in name)
+                if clone is not None and clone.image_key == image.key:
+                    await self._adopt(sbx, clone)
+                    how = "pool"
+                else:
+                    if clone is not None:  # made from an image that has since been rebuilt
+                        self.ctx.tasks.spawn(vms.discard(clone), name=f"discard:{clone.domain}")
+                    how = await self._create_vm(sbx, image)
+            tracing.set_attributes(creating, sandbox_id=sbx.id, how=how)
         seconds = time.monotonic() - t0
         self.ctx.metrics.observe_create(name, how, seconds)
         log.info(
@@ -199,8 +202,9 @@ class Lifecycle:
         rec.domain = clone.domain
 
         async def start() -> None:
-            self.bind(sbx, clone.agent)
-            await self.ctx.network.configure(sbx, strict=True)
+            with tracing.span("sandbox.pool_handover", sandbox_id=sbx.id, template=rec.template):
+                self.bind(sbx, clone.agent)
+                await self.ctx.network.configure(sbx, strict=True)
 
         await self.admit(sbx, start)
         meta = {"sandbox": rec.id, "template": rec.template}
@@ -236,9 +240,12 @@ class Lifecycle:
         came. The one way a sandbox gets a VM, for a create and for a replacement alike. On
         failure the caller destroys the domain."""
         rec = sbx.record
-        launched = await self.ctx.vms.launch(rec.domain, image, {"sandbox": rec.id, "template": rec.template})
-        self.bind(sbx, launched.agent)
-        await self.ctx.network.configure(sbx, strict=True)
+        with tracing.span("vm.launch", sandbox_id=rec.id, template=rec.template) as launching:
+            meta = {"sandbox": rec.id, "template": rec.template}
+            launched = await self.ctx.vms.launch(rec.domain, image, meta)
+            tracing.set_attributes(launching, how=launched.timings.how)
+            self.bind(sbx, launched.agent)
+            await self.ctx.network.configure(sbx, strict=True)
         return launched.timings.how
 
     def bind(self, sbx: Sandbox, agent: AgentClient) -> None:

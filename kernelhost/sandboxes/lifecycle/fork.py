@@ -15,6 +15,7 @@ import structlog
 
 from hypervisor import HypervisorError
 
+from ... import tracing
 from ...channel import AgentClient, ChannelError
 from ...channel.protocol import Op
 from ..context import Context
@@ -48,12 +49,13 @@ class Forker:
         n = self._check_count(n)
         parent = self.registry.get(owner, sandbox_id)
         prec = parent.record
-        async with self.registry.admit(owner, n, prec.memory_mib, alongside=1):
-            async with parent.lock.hold("fork"), parent.vm_lock:
-                ensure_usable(parent)
-                await self.hibernation.wake(parent)
-                ensure_usable(parent)
-                return await self._fork_locked(parent, owner, n)
+        with tracing.span("sandbox.fork", sandbox_id=prec.id, children=n):
+            async with self.registry.admit(owner, n, prec.memory_mib, alongside=1):
+                async with parent.lock.hold("fork"), parent.vm_lock:
+                    ensure_usable(parent)
+                    await self.hibernation.wake(parent)
+                    ensure_usable(parent)
+                    return await self._fork_locked(parent, owner, n)
 
     async def _fork_locked(self, parent: Sandbox, owner: str, n: int) -> list[Sandbox]:
         prec = parent.record
@@ -77,11 +79,12 @@ class Forker:
             self.registry.record(kid.record)
         t0 = time.monotonic()
         try:
-            forked = await self.ctx.vms.fork(
-                prec.domain,
-                self.ctx.image_of(prec),
-                [(k.record.domain, {"sandbox": k.id, "template": prec.template}) for k in kids],
-            )
+            with tracing.span("vm.fork", sandbox_id=prec.id, children=n):
+                forked = await self.ctx.vms.fork(
+                    prec.domain,
+                    self.ctx.image_of(prec),
+                    [(k.record.domain, {"sandbox": k.id, "template": prec.template}) for k in kids],
+                )
         except BaseException as exc:
             for kid in kids:
                 self.registry.forget(kid.id)

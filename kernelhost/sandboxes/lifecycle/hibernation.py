@@ -17,6 +17,7 @@ import structlog
 
 from hypervisor import HypervisorError
 
+from ... import tracing
 from ...channel import ChannelError
 from ...ratelimit import TokenBucket
 from ..context import Context
@@ -120,8 +121,9 @@ class Hibernation:
         t0 = time.monotonic()
         path = self.ctx.hibernation_file(rec)
         # a woken sandbox counts against its key's memory again: checked before it runs
-        async with self.registry.admit(rec.owner, 0, rec.memory_mib):
-            await self._wake_vm(sbx, path, t0)
+        with tracing.span("sandbox.wake", sandbox_id=rec.id, template=rec.template):
+            async with self.registry.admit(rec.owner, 0, rec.memory_mib):
+                await self._wake_vm(sbx, path, t0)
 
     async def _wake_vm(self, sbx: Sandbox, path: Path, t0: float) -> None:
         rec = sbx.record
