@@ -203,7 +203,8 @@ class Lifecycle:
             await self.ctx.network.configure(sbx, strict=True)
 
         await self.admit(sbx, start)
-        meta = {"sandbox": rec.id, "template": rec.template}
+        # the key's from now on: its metadata, its CPU partition
+        meta = {"sandbox": rec.id, "template": rec.template, "key": rec.owner}
         self.ctx.tasks.spawn(self.ctx.vms.label(rec.domain, meta), name=f"label:{sbx.id}")
 
     async def _create_vm(self, sbx: Sandbox, image: GuestImage) -> str:
@@ -236,7 +237,8 @@ class Lifecycle:
         came. The one way a sandbox gets a VM, for a create and for a replacement alike. On
         failure the caller destroys the domain."""
         rec = sbx.record
-        launched = await self.ctx.vms.launch(rec.domain, image, {"sandbox": rec.id, "template": rec.template})
+        meta = {"sandbox": rec.id, "template": rec.template, "key": rec.owner}
+        launched = await self.ctx.vms.launch(rec.domain, image, meta)
         self.bind(sbx, launched.agent)
         await self.ctx.network.configure(sbx, strict=True)
         return launched.timings.how
