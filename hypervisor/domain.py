@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from xml.sax.saxutils import escape, quoteattr
@@ -11,6 +12,7 @@ CHANNEL_NAME = "org.kernelhost.0"
 METADATA_NS = "urn:kernelhost:domain:1"
 MEM_ID = "khram"  # id of the file-backed RAM object; must match between a save and a load
 MAX_LAYERS = 8
+PARTITION = re.compile(r"^/machine/[A-Za-z0-9][A-Za-z0-9_-]*$")
 
 
 @dataclass(frozen=True)
@@ -28,6 +30,9 @@ class DomainSpec:
     vcpus: int = 1
     # CPU time each vCPU may use, in percent of one host CPU (libvirt cputune); 0: no cap
     cpu_quota_percent: int = 0
+    # libvirt resource partition (``/machine/NAME``, made first: ``cgroups.Partitions``) whose
+    # cgroup holds this VM's; "" for libvirt's default (``/machine``)
+    partition: str = ""
     accel: str = "tcg"  # "tcg" or "kvm"
     writable_size: str = "50%"  # size of the tmpfs that holds the guest's writable layer
     cmdline_extra: str = ""
@@ -60,6 +65,8 @@ class DomainSpec:
             raise ValueError(
                 f"cpu_quota_percent must be between 0 (no cap) and 100, got {self.cpu_quota_percent}"
             )
+        if self.partition and not PARTITION.fullmatch(self.partition):
+            raise ValueError(f"partition must be /machine/NAME, got {self.partition!r}")
         if len(self.layers) > MAX_LAYERS:
             raise ValueError(f"at most {MAX_LAYERS} layers over a root image, got {len(self.layers)}")
         if len(str(self.channel_socket)) > 100:
@@ -99,7 +106,7 @@ class DomainSpec:
   <uuid>{escape(self.uuid)}</uuid>
   <metadata><kh:vm xmlns:kh='{METADATA_NS}'{meta}/></metadata>
   <memory unit='MiB'>{self.memory_mib}</memory>
-  <vcpu>{self.vcpus}</vcpu>{self._cputune()}
+  <vcpu>{self.vcpus}</vcpu>{self._cputune()}{self._resource()}
   <os>
     <type arch='x86_64' machine='pc'>hvm</type>{self._boot()}
   </os>
@@ -191,6 +198,11 @@ class DomainSpec:
         period = 100_000  # microseconds; the quota is per vCPU thread
         quota = period * self.cpu_quota_percent // 100
         return f"\n  <cputune><period>{period}</period><quota>{quota}</quota></cputune>"
+
+    def _resource(self) -> str:
+        if not self.partition:
+            return ""
+        return f"\n  <resource><partition>{escape(self.partition)}</partition></resource>"
 
     def _qemu_args(self) -> str:
         args: list[str] = []

@@ -157,6 +157,7 @@ class Hypervisor:
         incoming: bool = False,
         cpu_quota_percent: int = 0,
         writable_size: str = "50%",
+        partition: str = "",
     ) -> DomainSpec:
         """A DomainSpec whose per-VM files live under ``vm_dir(name)``, created here."""
         self._check_name(name)
@@ -177,6 +178,7 @@ class Hypervisor:
             memory_mib=memory_mib,
             vcpus=vcpus,
             cpu_quota_percent=cpu_quota_percent,
+            partition=partition,
             writable_size=writable_size,
             accel=accel,
             cmdline_extra=cmdline_extra,

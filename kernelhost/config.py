@@ -84,6 +84,9 @@ class Settings:
     vm_memory_mib: int = 512
     vm_vcpus: int = 1
     vm_cpu_quota_percent: int = 0  # CPU time per vCPU, percent of one host CPU; 0: no cap
+    # each API key's VMs share one CPU weight (a cgroup partition; docs/limits.md), as cgroup
+    # v2's cpu.weight (1-10000, 100 the default); 0: no partitions, a VM's weight is its own
+    cpu_weight_per_key: int = 100
     boot_timeout: float = 120.0
     max_concurrent_boots: int = 2
     default_idle_timeout: int = 600
@@ -301,6 +304,11 @@ class Settings:
             raise ConfigError(
                 f"vm_cpu_quota_percent has value {self.vm_cpu_quota_percent}; use "
                 "1-100 (percent of one host CPU per vCPU), or 0 for no cap"
+            )
+        if not 0 <= self.cpu_weight_per_key <= 10000:
+            raise ConfigError(
+                f"cpu_weight_per_key has value {self.cpu_weight_per_key}; use 1-10000 (a key's CPU "
+                "weight; 100 is cgroup v2's default), or 0 for no partitions"
             )
         for name in ("max_output_bytes", "max_result_bytes", "max_file_bytes"):
             if getattr(self, name) < 1024:

@@ -26,7 +26,9 @@ async def test_a_create_launches_a_vm_and_the_sandbox_runs(tmp_path: Path) -> No
         sbx = await house.lifecycle.create("k", "python")
         assert state_of(sbx) == SandboxState.RUNNING and sbx.live_agent is not None
         assert house.vms.domains_left() == {sbx.record.domain}
-        assert house.vms.vms[sbx.record.domain].meta == {"sandbox": sbx.id, "template": "python"}
+        # the key's id: its CPU partition (hypervisor/cgroups.py)
+        meta = {"sandbox": sbx.id, "template": "python", "key": "k"}
+        assert house.vms.vms[sbx.record.domain].meta == meta
         assert house.ctx.registry.store.get(sbx.id) is not None
 
 
@@ -36,7 +38,8 @@ async def test_a_pooled_vm_is_handed_over_and_labelled(tmp_path: Path) -> None:
         sbx = await house.lifecycle.create("k", "python")
         assert sbx.record.domain == clone.domain and sbx.agent is clone.agent
         await until(lambda: clone.domain in house.vms.labels)
-        assert house.vms.labels[clone.domain] == {"sandbox": sbx.id, "template": "python"}
+        # handed to the key: its metadata and its CPU partition from now on
+        assert house.vms.labels[clone.domain] == {"sandbox": sbx.id, "template": "python", "key": "k"}
 
 
 async def test_a_pooled_vm_of_an_older_image_is_discarded_and_a_vm_launched(tmp_path: Path) -> None:

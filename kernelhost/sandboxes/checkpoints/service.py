@@ -347,7 +347,7 @@ class Checkpoints:
 
     async def _launch(self, sbx: Sandbox, cp: CheckpointRecord, image: GuestImage) -> None:
         rec = sbx.record
-        meta = {"sandbox": rec.id, "template": rec.template}
+        meta = {"sandbox": rec.id, "template": rec.template, "key": rec.owner}
         try:
             launched = await self.files.launch(rec.domain, image, Path(cp.path), cp.base, meta)
         except (HypervisorError, ChannelError, TimeoutError, OSError) as exc:

@@ -207,7 +207,8 @@ class Lifecycle:
                 await self.ctx.network.configure(sbx, strict=True)
 
         await self.admit(sbx, start)
-        meta = {"sandbox": rec.id, "template": rec.template}
+        # the key's from now on: its metadata, its CPU partition
+        meta = {"sandbox": rec.id, "template": rec.template, "key": rec.owner}
         self.ctx.tasks.spawn(self.ctx.vms.label(rec.domain, meta), name=f"label:{sbx.id}")
 
     async def _create_vm(self, sbx: Sandbox, image: GuestImage) -> str:
@@ -241,7 +242,7 @@ class Lifecycle:
         failure the caller destroys the domain."""
         rec = sbx.record
         with tracing.span("vm.launch", sandbox_id=rec.id, template=rec.template) as launching:
-            meta = {"sandbox": rec.id, "template": rec.template}
+            meta = {"sandbox": rec.id, "template": rec.template, "key": rec.owner}
             launched = await self.ctx.vms.launch(rec.domain, image, meta)
             tracing.set_attributes(launching, how=launched.timings.how)
             self.bind(sbx, launched.agent)

@@ -129,7 +129,10 @@ class Hibernation:
         rec = sbx.record
         try:
             launched = await self.ctx.vms.wake(
-                rec.domain, self.ctx.image_of(rec), path, {"sandbox": rec.id, "template": rec.template}
+                rec.domain,
+                self.ctx.image_of(rec),
+                path,
+                {"sandbox": rec.id, "template": rec.template, "key": rec.owner},
             )
         except (HypervisorError, ChannelError) as exc:
             raise SandboxNotRunning(

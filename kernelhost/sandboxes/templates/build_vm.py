@@ -99,7 +99,7 @@ async def _in_vm(
         what = f"{image.template}, {memory} MiB, network: {indexes.describe()}"
         await build.note({"stage": "vm", "detail": what})
         t0 = time.monotonic()
-        meta = {"role": "build", "build": build.id}
+        meta = {"role": "build", "build": build.id, "key": build.owner}  # "": the operator's
         agent, device = await ctx.vms.boot_builder(domain, image, memory, disk, meta)
         await build.note({"log": f"build VM {domain}: booted in {time.monotonic() - t0:.1f} s"})
         tunnels = Tunnels(indexes.policy(), agent, build.id, count=ctx.metrics.count_connection)

@@ -30,6 +30,7 @@ from ...channel.protocol import Capability, Op, jupyter_message
 from ...config import Settings
 from ...tasks import TaskSet, to_thread_to_the_end
 from .backend import Children
+from .cpu import KeyPartitions
 from .fork import VmForker
 from .launched import Launched, VmTimings
 from .pool import Clone, WarmPool
@@ -65,6 +66,8 @@ class VmFactory:
         self.pool = WarmPool(settings.pool_size, self._pool_clone, self.discard)
         self.background = TaskSet("vms")
         self.forker = VmForker(self)
+        # each key's VMs in a CPU partition of their own (docs/limits.md)
+        self.cpu = KeyPartitions(hv.prefix, settings.cpu_weight_per_key)
 
     async def prepare(self) -> None:
         """Create the RAM directories and remove what a killed predecessor left in them."""
@@ -83,6 +86,7 @@ class VmFactory:
                 if time.time() - path.stat().st_mtime > 3600:
                     shutil.rmtree(path, ignore_errors=True)
         await asyncio.to_thread(self.prune_snapshots)
+        await asyncio.to_thread(self.cpu.start)
 
     def prune_snapshots(self) -> int:
         """Remove template snapshots no clone will start from again (an older image build,
@@ -114,6 +118,7 @@ class VmFactory:
         # let cleanups finish: they remove domains and files
         await self.background.wait(self.timeouts.cleanup)
         self.forker.spares.clear()
+        await asyncio.to_thread(self.cpu.close)  # the partitions of keys with no VM left
         with contextlib.suppress(OSError):  # this service's fork directory, once empty
             self.forks_dir.rmdir()
 
@@ -172,6 +177,7 @@ class VmFactory:
             mem_share=mem_share,
             incoming=incoming,
             cpu_quota_percent=self.settings.vm_cpu_quota_percent,
+            partition=self.cpu.place(domain, meta),
         )  # sandboxes only: not templates
 
     async def snapshot_for(self, image: GuestImage) -> Snapshot | None:
@@ -255,11 +261,16 @@ class VmFactory:
             await asyncio.to_thread(self.hv.destroy, domain)
         except HypervisorError as exc:  # remembered by the hypervisor, retried by the reaper
             log.error("vm.destroy_failed", domain=domain, error=str(exc))
+            return
+        await asyncio.to_thread(self.cpu.release, domain)
 
     async def retry_destroys(self) -> list[str]:
         if not self.hv.pending_destroys:
             return []
-        return await asyncio.to_thread(self.hv.retry_destroys)
+        done = await asyncio.to_thread(self.hv.retry_destroys)
+        for domain in done:
+            await asyncio.to_thread(self.cpu.release, domain)
+        return done
 
     # -- pool ----------------------------------------------------------------------------------
 
@@ -373,6 +384,8 @@ class VmFactory:
             await asyncio.to_thread(self.hv.set_metadata, domain, meta)
         except HypervisorError as exc:
             log.warning("vm.label_failed", domain=domain, error=str(exc))
+        if meta.get("key"):
+            await asyncio.to_thread(self.cpu.move, domain, meta["key"])
 
     async def reattach(self, domain: str, timeout: float) -> AgentClient:
         return await self.connect_agent(self.hv.vm_dir(domain) / "agent.sock", timeout)
@@ -381,7 +394,10 @@ class VmFactory:
         return {d.name for d in await asyncio.to_thread(self.hv.domains) if d.running}
 
     async def reconcile(self, keep: set[str]) -> list[str]:
-        return await asyncio.to_thread(self.hv.reconcile, keep)
+        removed = await asyncio.to_thread(self.hv.reconcile, keep)
+        for domain in removed:
+            await asyncio.to_thread(self.cpu.release, domain)
+        return removed
 
     async def cpu_time(self, domain: str) -> tuple[int, int]:
         return await asyncio.to_thread(self.hv.cpu_time, domain)
@@ -418,6 +434,7 @@ class VmFactory:
             domain, image, accel=self.accel, memory_mib=memory_mib, vcpus=max(1, self.settings.vm_vcpus),
             metadata=meta, mem_path=self.anon_dir, mem_share=True,
             writable_size="25%", cmdline_extra="kh.build",  # its agent starts no Jupyter kernel
+            partition=self.cpu.place(domain, meta),
         )  # fmt: skip
         spec = dataclasses.replace(spec, scratch_disk=scratch)
         try:

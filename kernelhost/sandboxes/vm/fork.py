@@ -15,7 +15,6 @@ QEMU's memory) the whole RAM is copied into an intermediate VM frozen like a tem
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import shutil
 import time
 import uuid
@@ -25,7 +24,7 @@ from typing import Protocol
 
 import structlog
 
-from hypervisor import DomainSpec, GuestImage, Hypervisor, HypervisorError, PageForkUnavailable
+from hypervisor import DomainSpec, GuestImage, Hypervisor, PageForkUnavailable
 from hypervisor.forkram import RamMapping, make_ram_file
 from hypervisor.host import PageCopy
 from hypervisor.ownership import give_to_qemu
@@ -77,6 +76,8 @@ class VmFactory(Protocol):
     ) -> Launched: ...
 
     async def destroy(self, domain: str) -> None: ...
+
+    async def label(self, domain: str, meta: dict[str, str]) -> None: ...
 
     def destroy_later(self, domain: str) -> asyncio.Task[None]: ...
 
@@ -222,14 +223,9 @@ class VmForker:
         self.spares.drop_vms([d for d, up in zip(offered, running, strict=True) if not up])
         for i, domain in enumerate(alive):
             domains[i] = domain
-            self.vms.background.spawn(self._label(domain, children[i][1]), name=f"label:{domain}")
+            # the child's metadata, and its key's CPU partition
+            self.vms.background.spawn(self.vms.label(domain, children[i][1]), name=f"label:{domain}")
         return len(alive)
-
-    async def _label(self, domain: str, meta: dict[str, str]) -> None:
-        try:
-            await asyncio.to_thread(self.hv.set_metadata, domain, meta)
-        except HypervisorError as exc:
-            log.warning("vm.fork_label_failed", domain=domain, error=str(exc))
 
     async def _copy_whole(self, parent: str, mid: str, image: GuestImage, snap: Snapshot) -> None:
         """The parent's whole RAM into an intermediate VM ``mid`` with ``snap.ram`` as its shared
@@ -264,8 +260,7 @@ class VmForker:
 
     async def _drop(self, domain: str | None, work: Path) -> None:
         try:
-            if domain is not None:
-                with contextlib.suppress(HypervisorError):
-                    await asyncio.to_thread(self.hv.destroy, domain)
+            if domain is not None:  # its CPU partition is released with it
+                await self.vms.destroy(domain)
         finally:
             shutil.rmtree(work, ignore_errors=True)
