@@ -12,6 +12,7 @@ pytest. No case is left out; the docs (docs/jupyter.md) say the same.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -48,6 +49,14 @@ def _python3_kernelspec(env: dict[str, str], home: Path) -> str:
     return str(prefix / "share" / "jupyter")
 
 
+def _guest_ipykernel(service: Service) -> str:
+    """The python template's ipykernel, as its image's manifest lists the Debian package."""
+    image_dir = Path(service.env.get("KERNELHOST_IMAGE_DIR", "/var/cache/kernelhost/images"))
+    manifest = json.loads((image_dir / "python" / "manifest.json").read_text())
+    (package,) = [p for p in manifest["packages"] if p.startswith("python3-ipykernel ")]
+    return str(package.split()[1].split("-")[0])
+
+
 def _sandboxes_created(service: Service) -> int:
     return service.log_path.read_text().count('"event": "sandbox.created"')
 
@@ -55,6 +64,8 @@ def _sandboxes_created(service: Service) -> int:
 def test_ipykernel_message_spec_suite_passes_against_a_vm_kernel(
     jupyter_env: dict[str, str], jupyter_service: Service, tmp_path: Path
 ) -> None:
+    # a new guest ipykernel needs its own suite (6.29's wheel has no tests: its sdist does)
+    assert _guest_ipykernel(jupyter_service) == GUEST_IPYKERNEL, "the guest's ipykernel changed"
     suite = unpacked_wheel("ipykernel", GUEST_IPYKERNEL)
     path = [str(REPO), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
     env = {**jupyter_env, "PYTHONPATH": os.pathsep.join(path)}
