@@ -29,6 +29,8 @@ from xml.etree import ElementTree
 #: what every suite run gets: no cache written next to the suite, short tracebacks, and
 #: pytest's own output for the log
 PYTEST_INI = "[pytest]\naddopts = -p no:cacheprovider -rfEs --tb=short\n"
+#: each run's count line, for the terminal summary (tests/clients/conftest.py)
+SUMMARY: list[str] = []
 
 
 def cache_dir() -> Path:
@@ -112,11 +114,15 @@ class Counts:
     skips: dict[str, str] = field(default_factory=dict)
     output: str = ""
 
-    def line(self, suite: str) -> str:
-        return (
+    def report(self, suite: str) -> str:
+        """The count line of ``suite``: printed, and kept for the session's summary."""
+        line = (
             f"{suite}: {self.passed} passed, {self.failed} failed, {self.errors} errors, "
             f"{self.skipped} skipped, {self.deselected} deselected in {self.seconds:.0f}s"
         )
+        print(line)
+        SUMMARY.append(line)
+        return line
 
 
 def _first_line(text: str | None) -> str:

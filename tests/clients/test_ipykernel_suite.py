@@ -78,8 +78,9 @@ def test_ipykernel_message_spec_suite_passes_against_a_vm_kernel(
         env=env,
         report=tmp_path / "ipykernel.xml",
         deselect=DESELECTED,
+        timeout=900,  # under the test's own limit: a hung suite is killed and reported
     )
-    print(counts.line(f"ipykernel {GUEST_IPYKERNEL} test_message_spec.py"))
+    counts.report(f"ipykernel {GUEST_IPYKERNEL} test_message_spec.py")
     assert _sandboxes_created(jupyter_service) == created + 1  # its kernel was a VM of the service
     assert not counts.problems, counts.problems
     assert counts.deselected == len(DESELECTED) and not counts.skips, counts.skips

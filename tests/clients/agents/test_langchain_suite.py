@@ -38,8 +38,9 @@ def test_langchain_standard_sandbox_suite_passes(agents_service: Service, tmp_pa
         env={**env, **e2b_env(agents_service)},
         report=tmp_path / "langchain.xml",
         ini=INI,
+        timeout=1500,  # under the test's own limit: a hung suite is killed and reported
     )
-    print(counts.line("langchain-tests 1.1.9 SandboxIntegrationTests (langchain-e2b 0.0.6)"))
+    counts.report("langchain-tests 1.1.9 SandboxIntegrationTests (langchain-e2b 0.0.6)")
     assert not counts.problems, "\n".join(f"{k}: {v}" for k, v in counts.problems.items())
     assert not counts.skips, counts.skips
     assert counts.passed == CASES, counts.output[-3000:]
