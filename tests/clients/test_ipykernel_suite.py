@@ -58,7 +58,7 @@ def _guest_ipykernel(service: Service) -> str:
 
 
 def _sandboxes_created(service: Service) -> int:
-    return service.log_path.read_text().count('"event": "sandbox.created"')
+    return len(service.log_events("sandbox.created"))
 
 
 def test_ipykernel_message_spec_suite_passes_against_a_vm_kernel(
