@@ -35,6 +35,10 @@ serve: EXTRAS = server
 serve: image libvirt
 	@KERNELHOST_IMAGE_DIR=$(IMAGE_DIR) $(VENV)/bin/kernelhost serve
 
+# The clients tier also runs other projects' suites (ipykernel's message-spec tests, LangChain's
+# sandbox tests): their packages come from the registry at test time, LangChain's into a
+# virtualenv of its own, cached in $${KERNELHOST_SUITES_CACHE:-~/.cache/kernelhost/suites}
+# (tests/clients/suite_support.py)
 test: image libvirt js-deps
 	@KERNELHOST_IMAGE_DIR=$(IMAGE_DIR) $(PY) -m pytest -m "unit or vm or clients or cluster" $(PYTEST_ARGS)
 

@@ -194,3 +194,19 @@ def vm_kernel(jupyter_env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> I
     finally:
         kc.stop_channels()
         km.shutdown_kernel(now=True)
+
+
+# == Other projects' suites: tests/clients/test_ipykernel_suite.py, agents/test_langchain_suite.py ===
+# Their counts (suite_support.SUMMARY) in pytest's terminal summary, so a passing run shows them
+# too (pytest keeps a passing test's output to itself), and in results/suites.txt.
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    from .suite_support import SUMMARY
+
+    if SUMMARY:
+        terminalreporter.write_sep("=", "other projects' suites")
+        for line in SUMMARY:
+            terminalreporter.write_line(line)
+        RESULTS.mkdir(exist_ok=True)
+        (RESULTS / "suites.txt").write_text("\n".join(SUMMARY) + "\n")

@@ -1,0 +1,1 @@
+"""pytest plugins loaded (``-p``) into the runs of other projects' suites (suite_support.py)."""
