@@ -83,7 +83,10 @@ class Forker:
                 forked = await self.ctx.vms.fork(
                     prec.domain,
                     self.ctx.image_of(prec),
-                    [(k.record.domain, {"sandbox": k.id, "template": prec.template, "key": owner}) for k in kids],
+                    [
+                        (k.record.domain, {"sandbox": k.id, "template": prec.template, "key": owner})
+                        for k in kids
+                    ],
                 )
         except BaseException as exc:
             for kid in kids:

@@ -8,7 +8,8 @@
 - ``spares``: ``Spares``: a ready copy of a forked template's RAM file, with paused QEMUs on it;
 - ``prune``: stale template snapshots and guest image builds;
 - ``saves``: ``CheckpointFiles``: a VM's state frozen, diffed against its template snapshot, zstd, loaded;
-- ``launched``: ``Launched``: what a launch hands back (the fresh agent, the timings).
+- ``launched``: ``Launched``: what a launch hands back (the fresh agent, the timings);
+- ``cpu``: ``KeyPartitions``: each key's VMs in a CPU partition of their own (``hypervisor/cgroups.py``).
 """
 
 from .backend import StateFiles, VmBackend
