@@ -33,6 +33,8 @@ MAX_SESSIONS_PER_KEY = 32
 MANAGER_TIMEOUT = 10.0
 #: Bytes of request body handed to the ASGI app per ``http.request`` message.
 BODY_CHUNK = 64 * 1024
+#: How long the ASGI app may take to finish a request after its client went away.
+DISCONNECT_GRACE = 5.0
 
 Message = MutableMapping[str, Any]
 ASGIApp = Callable[
@@ -191,7 +193,7 @@ async def _asgi_call(asgi: ASGIApp, request: web.Request, extra_scope: dict[str,
     }
     response: web.StreamResponse | None = None
     body_done = False
-    never = asyncio.Event()
+    gone = asyncio.Event()  # the client went away
 
     async def receive() -> Message:
         nonlocal body_done
@@ -199,12 +201,19 @@ async def _asgi_call(asgi: ASGIApp, request: web.Request, extra_scope: dict[str,
             chunk = await request.content.read(BODY_CHUNK)
             body_done = request.content.at_eof()
             return {"type": "http.request", "body": chunk, "more_body": not body_done}
-        # After the body there is only the disconnect, which aiohttp delivers by cancelling this
-        # handler's task; until then there is nothing to receive.
-        await never.wait()
+        # After the body there is only the disconnect; until then there is nothing to receive.
+        await gone.wait()
         return {"type": "http.disconnect"}
 
     async def send(message: Message) -> None:
+        if gone.is_set():
+            return  # nothing reaches a client that went away
+        try:
+            await _send(message)
+        except ConnectionResetError:
+            gone.set()
+
+    async def _send(message: Message) -> None:
         nonlocal response
         if message["type"] == "http.response.start":
             response = web.StreamResponse(status=message["status"])
@@ -220,7 +229,21 @@ async def _asgi_call(asgi: ASGIApp, request: web.Request, extra_scope: dict[str,
             if not message.get("more_body", False):
                 await response.write_eof()
 
-    await asgi(scope, receive, send)
+    # aiohttp cancels this handler when the client goes away. The app is not cancelled with it: it
+    # is told (``http.disconnect``) and may finish. Cancelled in the middle, the transport drops a
+    # session whose opening request the client had already read the answer to (an MCP 1.x client
+    # closes that stream as soon as it has the answer), and the client's next request gets a 404.
+    app = asyncio.ensure_future(asgi(scope, receive, send))
+    try:
+        await asyncio.shield(app)
+    except asyncio.CancelledError:
+        gone.set()
+        await asyncio.wait({app}, timeout=DISCONNECT_GRACE)
+        if not app.done():
+            app.cancel()
+        elif not app.cancelled() and app.exception() is not None:
+            log.warning("mcp.request_failed_after_disconnect", error=repr(app.exception()))
+        raise
     if response is None:
         return error_response(500, "internal_error", "the MCP transport sent no response")
     return response
