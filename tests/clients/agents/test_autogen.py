@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import pytest
 
-from kernelhost import AsyncSandbox
+from kernelhost import Sandbox
 
 from ...harness import Service
 from .isolated import AUTOGEN, framework_python, run_driver
@@ -22,11 +22,9 @@ from .isolated import AUTOGEN, framework_python, run_driver
 pytestmark = [pytest.mark.clients, pytest.mark.timeout(900)]
 
 
-async def test_assistant_agent_runs_two_steps_in_one_gateway_kernel(agents_service: Service) -> None:
+def test_assistant_agent_runs_two_steps_in_one_gateway_kernel(agents_service: Service) -> None:
     python = framework_python("autogen", AUTOGEN)
-    before = {
-        info.id for info in await AsyncSandbox.list(url=agents_service.url, api_key=agents_service.api_key)
-    }
+    before = {info.id for info in Sandbox.list(url=agents_service.url, api_key=agents_service.api_key)}
     seen = run_driver(python, "drive_autogen.py", agents_service)
     [[first], [second]] = seen["outputs"]
     assert first == {"content": "stored\n", "is_error": False}, first
@@ -35,7 +33,5 @@ async def test_assistant_agent_runs_two_steps_in_one_gateway_kernel(agents_servi
     assert any("content='42'" in message for message in seen["last_request"]), seen["last_request"]
     assert seen["calls"] == 3 and seen["final"] == "done"
     # the executor's stop deleted its kernel, and with it the sandbox the gateway had started
-    after = {
-        info.id for info in await AsyncSandbox.list(url=agents_service.url, api_key=agents_service.api_key)
-    }
+    after = {info.id for info in Sandbox.list(url=agents_service.url, api_key=agents_service.api_key)}
     assert after <= before, after - before

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from kernelhost import AsyncSandbox
+from kernelhost import Sandbox
 
 from ...harness import Service
 from .isolated import LANGCHAIN_MCP, framework_python, run_driver
@@ -19,7 +19,7 @@ from .isolated import LANGCHAIN_MCP, framework_python, run_driver
 pytestmark = [pytest.mark.clients, pytest.mark.timeout(900)]
 
 
-async def test_adapters_tools_keep_state_across_calls_in_one_sandbox(agents_service: Service) -> None:
+def test_adapters_tools_keep_state_across_calls_in_one_sandbox(agents_service: Service) -> None:
     python = framework_python("langchain-mcp", LANGCHAIN_MCP)
     seen = run_driver(python, "drive_langchain_mcp.py", agents_service)
     assert {"run_code", "create_sandbox", "close_sandbox", "fork_sandbox"} <= set(seen["tools"])
@@ -30,5 +30,5 @@ async def test_adapters_tools_keep_state_across_calls_in_one_sandbox(agents_serv
     assert f"[sandbox_id: {first['sandbox_id']}]" in str(seen["texts"][1])  # the model's text
     assert closed == {"sandbox_id": first["sandbox_id"], "closed": True}
     assert seen["final"] == "total is 42"
-    remaining = await AsyncSandbox.list(url=agents_service.url, api_key=agents_service.api_key)
+    remaining = Sandbox.list(url=agents_service.url, api_key=agents_service.api_key)
     assert first["sandbox_id"] not in {info.id for info in remaining}

@@ -20,7 +20,7 @@ from smolagents import CodeAgent
 from smolagents.models import ChatMessage, MessageRole, Model
 from smolagents.monitoring import TokenUsage
 
-from kernelhost import AsyncSandbox
+from kernelhost import Sandbox
 
 from ...harness import Service
 
@@ -55,20 +55,20 @@ class ScriptedModel(Model):  # type: ignore[misc]  # smolagents has no type info
         return ChatMessage(role=MessageRole.ASSISTANT, content=text, token_usage=TokenUsage(1, 1))
 
 
-async def test_code_agent_runs_two_steps_in_one_e2b_sandbox(e2b: Service) -> None:
+def test_code_agent_runs_two_steps_in_one_e2b_sandbox(e2b: Service) -> None:
     model = ScriptedModel([STEP_1, STEP_2])
     agent = CodeAgent(
         tools=[],
         model=model,
         executor_type="e2b",
         # to Sandbox.create: a first python-datasci VM boots slowly where QEMU falls back to TCG
-        executor_kwargs={"request_timeout": 300},
+        executor_kwargs={"request_timeout": 500},
         max_steps=4,
         verbosity_level=0,
     )
     try:
         sandbox_id = agent.python_executor.sandbox.sandbox_id
-        listed = await AsyncSandbox.list(url=e2b.url, api_key=e2b.api_key)
+        listed = Sandbox.list(url=e2b.url, api_key=e2b.api_key)
         assert sandbox_id in {info.id for info in listed}  # a kernelhost VM
         answer = agent.run("Store 40 and 2 in the sandbox, then add them up.")
     finally:
@@ -76,5 +76,5 @@ async def test_code_agent_runs_two_steps_in_one_e2b_sandbox(e2b: Service) -> Non
     assert answer == 42  # the value the VM computed, deserialized by the executor
     assert not model.actions, "the agent stopped before the script's end"
     assert "Execution logs:\nstored 40\n" in model.seen[1], model.seen[1]  # step 1's output, from the VM
-    remaining = await AsyncSandbox.list(url=e2b.url, api_key=e2b.api_key)
+    remaining = Sandbox.list(url=e2b.url, api_key=e2b.api_key)
     assert sandbox_id not in {info.id for info in remaining}
