@@ -1,7 +1,7 @@
 """Frameworks whose pins conflict with the project's virtualenv run in a virtualenv of their own.
 
 LangChain's MCP adapters need ``mcp<2`` (the service serves ``/mcp`` with ``mcp`` 2); AutoGen's
-``autogen-core`` needs ``protobuf~=5.29``. Each such framework gets a virtualenv built from its
+``autogen-core`` needs ``protobuf~=5.29`` (the project's is 7.x). Each such framework gets a virtualenv built from its
 requirements (below, pinned: what the tests declare, like ``setup.cfg``'s ``dev`` extra) under
 ``results/framework-venvs/<name>-<hash>``, once per requirement set and Python version, and reused
 by later runs until ``make clean``. A driver script of this directory, run with that virtualenv's
