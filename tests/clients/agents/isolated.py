@@ -1,29 +1,26 @@
 """Frameworks whose pins conflict with the project's virtualenv run in a virtualenv of their own.
 
 LangChain's MCP adapters need ``mcp<2`` (the service serves ``/mcp`` with ``mcp`` 2); AutoGen's
-``autogen-core`` needs ``protobuf~=5.29`` (the project's is 7.x). Each such framework gets a virtualenv built from its
-requirements (below, pinned: what the tests declare, like ``setup.cfg``'s ``dev`` extra) under
-``results/framework-venvs/<name>-<hash>``, once per requirement set and Python version, and reused
-by later runs until ``make clean``. A driver script of this directory, run with that virtualenv's
-Python, drives the framework against the service and prints one JSON line for the test to check.
+``autogen-core`` needs ``protobuf~=5.29`` (the project's is 7.x). Each such framework gets a
+virtualenv built from its pinned requirements (below: what the tests declare, like
+``setup.cfg``'s ``dev`` extra) by ``suite_support.suite_venv``, cached by their hash outside the
+repository (``~/.cache/kernelhost/suites``). A driver script of this directory, run with that
+virtualenv's Python, drives the framework against the service and prints one JSON line for the
+test to check.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
-import shutil
 import subprocess
-import sys
-import time
 from pathlib import Path
 from typing import Any
 
-from ...harness import REPO, Service
+from ...harness import Service
+from ..suite_support import suite_venv
 
 HERE = Path(__file__).resolve().parent
-VENVS = REPO / "results" / "framework-venvs"
 
 #: the LangChain MCP adapters and the MCP client version they accept
 LANGCHAIN_MCP = ["langchain-mcp-adapters==0.3.2", "langchain-core>=1.3.3,<2", "mcp>=1.24,<2"]
@@ -32,21 +29,9 @@ AUTOGEN = ["autogen-agentchat==0.7.5", "autogen-ext[docker-jupyter-executor]==0.
 
 
 def framework_python(name: str, requirements: list[str]) -> Path:
-    """The Python of a virtualenv that has exactly ``requirements`` installed (built now if
-    missing: about half a minute from the package index)."""
-    key = hashlib.sha256(json.dumps([sys.version, sorted(requirements)]).encode()).hexdigest()[:12]
-    root = VENVS / f"{name}-{key}"
-    python = root / "bin" / "python"
-    done = root / "installed.json"
-    if done.exists():
-        return python
-    shutil.rmtree(root, ignore_errors=True)
-    started = time.monotonic()
-    subprocess.run([sys.executable, "-m", "venv", str(root)], check=True, timeout=120)
-    pip = [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
-    subprocess.run([*pip, *requirements], check=True, timeout=900)
-    done.write_text(json.dumps({"requirements": requirements, "seconds": time.monotonic() - started}))
-    return python
+    """The Python of a virtualenv that has ``requirements`` installed (built now if missing:
+    30 to 40 s from the package index)."""
+    return suite_venv(f"framework-{name}", requirements)
 
 
 def run_driver(python: Path, script: str, service: Service, timeout: float = 300) -> dict[str, Any]:
