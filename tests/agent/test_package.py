@@ -52,6 +52,7 @@ def test_overlay_holds_the_package_and_the_shared_modules(overlay: Path) -> None
     opt = overlay / "opt" / "kernelhost"
     assert sorted(p.name for p in opt.iterdir()) == [
         "codec.py",
+        "kernel_displays.py",
         "kernel_interrupt.py",
         "kernel_limits.py",
         "kernel_reseed.py",
