@@ -9,8 +9,6 @@ tests run it on a loop in a thread of its own, since a blocking test never yield
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import json
 import socket
 import threading
@@ -21,7 +19,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from .offline import serving
+from .offline import serving, serving_in_thread
 
 pytestmark = pytest.mark.unit
 
@@ -168,18 +166,8 @@ async def fake() -> AsyncIterator[FakeKernelHost]:
 @pytest.fixture
 def threaded_fake() -> Iterator[FakeKernelHost]:
     server = FakeKernelHost()
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_forever, name="fake-kernelhost", daemon=True)
-    thread.start()
-    stack = contextlib.AsyncExitStack()
-    asyncio.run_coroutine_threadsafe(stack.enter_async_context(serving(server)), loop).result(10)
-    try:
+    with serving_in_thread(server):
         yield server
-    finally:
-        asyncio.run_coroutine_threadsafe(stack.aclose(), loop).result(10)
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(10)
-        loop.close()
 
 
 def _closed_port_url() -> str:

@@ -3,9 +3,11 @@ directory under the test's ``tmp_path``, and (optionally) a fake built image of 
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
-from collections.abc import AsyncIterator
+import threading
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -60,3 +62,23 @@ async def serving(fake: FakeServer) -> AsyncIterator[None]:
         yield
     finally:
         await runner.cleanup()
+
+
+@contextlib.contextmanager
+def serving_in_thread(fake: FakeServer) -> Iterator[None]:
+    """``serving`` on an event loop in a thread of its own, for blocking (sync SDK) tests, which
+    never yield to a loop of theirs."""
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, name="fake-kernelhost", daemon=True)
+    thread.start()
+    stack = contextlib.AsyncExitStack()
+    try:
+        asyncio.run_coroutine_threadsafe(stack.enter_async_context(serving(fake)), loop).result(10)
+        try:
+            yield
+        finally:
+            asyncio.run_coroutine_threadsafe(stack.aclose(), loop).result(10)
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
+        loop.close()

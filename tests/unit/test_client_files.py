@@ -3,11 +3,8 @@
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import io
 import json
-import threading
 import warnings
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -19,7 +16,7 @@ from aiohttp import web
 from kernelhost import AsyncSandbox, FileInfo, Files, NotFoundError, Sandbox, TransportError
 from kernelhost.client import AsyncFiles
 
-from .offline import serving
+from .offline import serving, serving_in_thread
 
 pytestmark = pytest.mark.unit
 
@@ -235,18 +232,8 @@ async def test_interrupt_and_restart_answers(sbx):
 @pytest.fixture
 def threaded_fake() -> Iterator[FakeFiles]:
     server = FakeFiles()
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
-    stack = contextlib.AsyncExitStack()
-    asyncio.run_coroutine_threadsafe(stack.enter_async_context(serving(server)), loop).result(10)
-    try:
+    with serving_in_thread(server):
         yield server
-    finally:
-        asyncio.run_coroutine_threadsafe(stack.aclose(), loop).result(10)
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(10)
-        loop.close()
 
 
 def test_sync_files_are_derived_from_the_async_ones(threaded_fake: FakeFiles, tmp_path: Path) -> None:

@@ -4,12 +4,10 @@ one node forwards to another carries that node's span, so both nodes' spans are 
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import subprocess
 import sys
-import threading
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,7 +25,7 @@ from kernelhost.api.cluster.forward import forward, new_session
 from kernelhost.api.middleware import trace_middleware
 
 from .client_fake import KEY, FakeKernelHost
-from .offline import serving
+from .offline import serving, serving_in_thread
 
 pytestmark = pytest.mark.unit
 
@@ -84,21 +82,11 @@ def test_the_sync_sdk_sends_the_callers_traceparent_from_its_loop_thread(
     provider: tuple[TracerProvider, InMemorySpanExporter],
 ) -> None:
     server = FakeKernelHost()
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=loop.run_forever, name="fake-kernelhost", daemon=True)
-    thread.start()
-    stack = contextlib.AsyncExitStack()
-    asyncio.run_coroutine_threadsafe(stack.enter_async_context(serving(server)), loop).result(10)
-    try:
+    with serving_in_thread(server):
         with provider[0].get_tracer("app").start_as_current_span("notebook cell") as cell:
             with Sandbox(url=server.url, api_key=KEY) as sbx:
                 assert sbx.run_code("1+1").text == "2"
         assert [h.get("traceparent") for h in server.headers] == [traceparent_of(cell)] * 3
-    finally:
-        asyncio.run_coroutine_threadsafe(stack.aclose(), loop).result(10)
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(10)
-        loop.close()
 
 
 def test_without_opentelemetry_the_sdk_sends_no_trace_context() -> None:
