@@ -21,8 +21,8 @@ from urllib.parse import urlsplit
 from .secret_rules import MIN_CLUSTER_SECRET_CHARS, check_secrets
 
 DEFAULT_CONFIG_FILE = Path("/etc/kernelhost/config.toml")
-#: a template's name (as sandboxes/templates/spec.py checks it)
-TEMPLATE_NAME_RE = re.compile(r"[a-z][a-z0-9-]{0,39}")
+#: a template's name (a spec's, sandboxes/templates/spec.py; an alias of e2b_templates)
+TEMPLATE_NAME_RE = re.compile(r"^[a-z][a-z0-9-]{0,39}$")
 #: a DNS name of at least two labels, lower case, no trailing dot (docs/ports.md)
 DOMAIN_RE = re.compile(
     r"(?=.{1,200}$)([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?\.)+[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?"

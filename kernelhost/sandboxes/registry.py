@@ -200,11 +200,9 @@ class Registry:
                 try:
                     stack.enter_context(self.reserve(owner, count, memory_mib))
                 except CapacityExceeded as exc:
-                    if self._never_fits(count, memory_mib, alongside):
-                        raise  # no wait would make room for it: say so now
-                    await self._wait_in_line(stack, owner, count, memory_mib, exc)
+                    await self._wait_in_line(stack, owner, count, memory_mib, exc, alongside)
             else:
-                await self._wait_in_line(stack, owner, count, memory_mib, None)
+                await self._wait_in_line(stack, owner, count, memory_mib, None, alongside)
             yield
 
     def _never_fits(self, count: int, memory_mib: int, alongside: int) -> bool:
@@ -220,7 +218,10 @@ class Registry:
         count: int,
         memory_mib: int,
         refused: CapacityExceeded | None,
+        alongside: int,
     ) -> None:
+        if self._never_fits(count, memory_mib, alongside):  # no wait would make room: say so now
+            raise refused if refused is not None else self._limit_now(owner, count, memory_mib)
         wanted = MAX_WAIT.get()
         limit = self.quota.queue_seconds if wanted is None else min(wanted, self.quota.queue_seconds)
         queue = self._queues.setdefault(owner, deque())

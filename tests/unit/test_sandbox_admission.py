@@ -123,3 +123,13 @@ async def test_a_call_no_wait_could_admit_is_refused_at_once_not_queued(tmp_path
                 pass
         assert time.monotonic() - started < 2, "queued for room that can never come"
         assert house.ctx.registry._queues == {}
+        first = await house.lifecycle.create("k", "python")
+        waiting = asyncio.create_task(_create(house))  # in line for the one sandbox's room
+        await until(_waiting(house, 1))
+        started = time.monotonic()
+        with pytest.raises(CapacityExceeded, match="max_sandboxes_per_key"):
+            async with house.ctx.registry.admit("k", 2, 256):  # behind it, and never to fit
+                pass
+        assert time.monotonic() - started < 2 and len(house.ctx.registry._queues["k"]) == 1
+        await house.lifecycle.delete("k", first.id)
+        await asyncio.wait_for(waiting, 10)

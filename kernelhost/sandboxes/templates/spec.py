@@ -16,6 +16,8 @@ from typing import Any
 
 from packaging.requirements import InvalidRequirement, Requirement
 
+from ...config import TEMPLATE_NAME_RE
+
 __all__ = [
     "BUILTIN_KERNELS",
     "DISTRIBUTION_PREFIX",
@@ -31,7 +33,7 @@ DISTRIBUTION_PREFIX = "debian:"
 BUILTIN_KERNELS = ("python", "r", "bash")
 NETWORK_MODES = ("none", "allowlist", "outbound")
 
-NAME = re.compile(r"^[a-z][a-z0-9-]{0,39}$")
+NAME = TEMPLATE_NAME_RE
 SUITE = re.compile(r"^[a-z]{3,20}$")
 APT_PACKAGE = re.compile(r"^[a-z0-9][a-z0-9+.-]{0,99}(=[A-Za-z0-9.+~:-]{1,60})?$")
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,99}$")
