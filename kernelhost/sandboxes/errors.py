@@ -26,6 +26,7 @@ its tool). ``kernelhost/api/errors.py`` maps each error to an HTTP status in one
     ├── AgentUnresponsive       the guest agent did not answer in time
     ├── NotSupportedByImage     the sandbox's guest image predates the feature
     ├── PathNotFound            no such file or directory in the sandbox, names the path
+    ├── PortNotOpen             nothing in the sandbox accepts connections on the routed port
     ├── FileTooLarge            over max_file_bytes, names the limit and the setting
     ├── SandboxDiskFull         the guest's RAM-backed disk is full
     └── FileOperationFailed     any other refusal of the guest's filesystem, with errno

@@ -116,8 +116,8 @@ async def test_an_execute_is_one_trace_with_the_kernels_run_in_it(tmp_path: Path
     with running_service(
         tmp_path,
         "tracing",
-        # one VM: no template snapshot or pool (the host is shared), the sandbox cold-boots
-        KERNELHOST_SNAPSHOTS="off",
+        # one VM: no pool, so the create launches it (a clone of the python template's snapshot,
+        # shared with the services before this one; built by this create when run alone)
         KERNELHOST_POOL_SIZE="0",
         KERNELHOST_BOOT_TIMEOUT="300",
         OTEL_TRACES_EXPORTER="otlp",
