@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import time
 
 import pytest
 
@@ -54,6 +55,23 @@ async def test_a_restart_swaps_in_the_standby(host: HostEnd, running: Running) -
     # ...and a next standby is started behind it, a process of its own
     assert await ready_standby(running) not in (standby_pid, old_pid)
     assert host.strays() == []
+
+
+async def test_a_restart_while_the_standby_starts_waits_for_it(host: HostEnd, running: Running) -> None:
+    await ready_standby(running)
+    await restart(host)  # swaps it in; the next one starts kernel.STANDBY_AFTER_SWAP later
+    kernel = running.agent.kernel
+    deadline = time.monotonic() + 3 * WAIT
+    while kernel.standby is None:
+        assert time.monotonic() < deadline, "no next standby was started"
+        await asyncio.sleep(0.01)
+    starting = kernel.standby
+    assert not starting.ready.is_set(), "the next standby answered before the restart was sent"
+    await restart(host)
+    # the starting standby was waited for and promoted: no third Python started beside it
+    assert kernel.pid() == getattr(starting.km.provisioner, "pid", None)
+    run = await host.execute("6 * 7")
+    assert run.of_type("execute_result")[0]["content"]["data"]["text/plain"] == "42"
 
 
 async def test_the_promoted_standby_gets_the_environment_set_since(host: HostEnd, running: Running) -> None:

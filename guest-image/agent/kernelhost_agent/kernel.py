@@ -167,6 +167,11 @@ class Kernel:
             self._restarting = True
             self.ready.clear()  # shell messages wait for the new kernel instead of reaching the old
             try:
+                if self.standby is not None and not self.standby.ready.is_set():
+                    # A standby is starting: it is further along than a new process would be,
+                    # and two Pythons starting at once halve the guest's CPU for each (under
+                    # emulation, a restart then outlasted the host's deadline).
+                    await self.until_standby(self.config.ready_timeout)
                 swapped = await self._swap_in_standby()
                 if not swapped:
                     await asyncio.wait_for(self.km.restart_kernel(now=True), self.config.ready_timeout)
