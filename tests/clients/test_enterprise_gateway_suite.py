@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from ..harness import Service
-from .suite_support import run_pytest, unpacked_wheel
+from .suite_support import SUMMARY, run_pytest, unpacked_wheel
 from .token_proxy import serve
 
 pytestmark = [pytest.mark.clients, pytest.mark.timeout(900)]
@@ -87,6 +87,15 @@ TCG_DESELECTED = {
 CASES = 15
 
 
+def _deselected_lines(deselect: dict[str, str]) -> list[str]:
+    """Every deselected case, one line per class and reason, for the session's closing summary."""
+    groups: dict[tuple[str, str], list[str]] = {}
+    for node, why in deselect.items():
+        where, _, name = node.removeprefix(ITESTS + "/").rpartition("::")
+        groups.setdefault((where, why), []).append(name)
+    return [f"  deselected {where}: {', '.join(names)}: {why}" for (where, why), names in groups.items()]
+
+
 def _accelerator(service: Service) -> str:
     (chosen, *_) = service.log_events("accel.chosen")
     return str(chosen["accel"])
@@ -112,6 +121,7 @@ def test_enterprise_gateway_itests_pass_against_the_gateway_api(
             timeout=600,  # under the test's own limit: a hung suite is killed and reported
         )
     counts.report(f"jupyter_enterprise_gateway {VERSION} itests")
+    SUMMARY.extend(_deselected_lines(deselect))
     assert not counts.problems, "\n".join(f"{k}: {v}" for k, v in counts.problems.items())
     assert counts.deselected == len(deselect) and not counts.skips, counts.skips
     assert counts.passed + len(deselect) - len(DESELECTED) == CASES, counts.output[-3000:]
