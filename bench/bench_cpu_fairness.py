@@ -22,14 +22,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from common import RESULTS, machine_facts, now_utc, run_main, service
+from common import RESULTS, machine_facts, now_utc, run_main, service, spin_code
 
 from kernelhost import AsyncSandbox
 from tests.harness import Service
-
-
-def _spin(seconds: float) -> str:
-    return f"import time\nt = time.time()\nwhile time.time() - t < {seconds}:\n    pass"
 
 
 async def _domains(svc: Service, sandboxes: list[AsyncSandbox]) -> list[str]:
@@ -65,7 +61,7 @@ async def _run(tmp: Path, weight: int, args: argparse.Namespace) -> dict[str, An
         try:
             doms_busy, doms_lone = await _domains(svc, busy), await _domains(svc, [lone])
             await asyncio.sleep(2)  # a hand-over's move into the key's partition
-            spin = _spin(args.seconds + 2 * args.step)
+            spin = spin_code(args.seconds + 2 * args.step)
             runs = [asyncio.create_task(s.run_code(spin, timeout=args.seconds * 4)) for s in [*busy, lone]]
             await asyncio.sleep(args.step)  # every loop spinning
             shares, cores = [], []

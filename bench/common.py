@@ -49,6 +49,17 @@ def summary(samples: list[float]) -> dict[str, float]:
     }
 
 
+def percentile(samples: list[float], q: float) -> float:
+    """The ``q`` quantile (0..1) of some samples, by nearest rank."""
+    s = sorted(samples)
+    return s[min(len(s) - 1, round(q * (len(s) - 1)))]
+
+
+def spin_code(seconds: float) -> str:
+    """A cell that keeps its vCPU busy for ``seconds``."""
+    return f"import time\nt = time.time()\nwhile time.time() - t < {seconds}:\n    pass"
+
+
 def ms(fig: dict[str, float]) -> str:
     return f"{fig['median'] * 1000:9.1f} ms {fig['p95'] * 1000:9.1f} ms  n={fig['n']}"
 
