@@ -23,7 +23,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from common import RESULTS, machine_facts, now_utc, percentile, run_main, service
+from common import RESULTS, machine_facts, now_utc, percentile, run_main, service, spin_code
 
 from kernelhost import AsyncSandbox
 from tests.harness import Service
