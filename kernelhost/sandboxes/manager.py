@@ -39,7 +39,7 @@ from .lifecycle.create import Lifecycle
 from .lifecycle.fork import Forker
 from .lifecycle.hibernation import Hibernation, Reaper
 from .lifecycle.recovery import Recoverer
-from .network import HostNetwork, SandboxNetwork
+from .network import HostNetwork, NetworkSpec, SandboxNetwork
 from .ports import Ports
 from .processes import Processes
 from .registry import Quota, Registry
@@ -49,6 +49,7 @@ from .states import Recovery
 from .store.checkpoints import CheckpointRecord, CheckpointStore
 from .store.sandboxes import SandboxRecord, Store
 from .store.templates import TemplateStore
+from .templates import TemplateSpec
 from .templates.builds import Build
 from .templates.service import OperatorTemplates, TemplateService
 from .templates.views import TemplateView
@@ -254,8 +255,14 @@ class SandboxManager:
             for row in self._templates.store.builds(rec.owner, name)
         ]
 
-    async def build_template(self, owner: str, spec: Any, archive: bytes | None = None) -> Build:
-        """Check ``spec`` and build it off the request path; the build (a cache hit is one too)."""
+    def template_spec(self, data: Any) -> TemplateSpec:
+        """A template spec as a request gives it (a JSON object), checked into a ``TemplateSpec``:
+        every field, and its base and name against this service's built-in templates."""
+        return self._templates.parse(data)
+
+    async def build_template(self, owner: str, spec: TemplateSpec, archive: bytes | None = None) -> Build:
+        """Build ``spec`` (``template_spec``'s) off the request path; the build (a cache hit is one
+        too)."""
         return await self._templates.submit(owner, spec, archive)
 
     def template_build(self, owner: str, name: str, build_id: str | None = None) -> Build:
@@ -287,13 +294,14 @@ class SandboxManager:
         template: str,
         idle_timeout: int | None = None,
         metadata: dict[str, str] | None = None,
-        network: Any = None,
-        auto_checkpoint: object = None,
+        network: NetworkSpec | None = None,
+        auto_checkpoint: int = 0,
         checkpoint: str | None = None,
     ) -> Sandbox:
         """A new sandbox of ``template``, or (``checkpoint``) holding a checkpoint's state.
-        ``auto_checkpoint``: true, or how many calls ``undo`` reaches."""
-        keep = Checkpoints.keep_of(auto_checkpoint)
+        ``network``: ``parse_network``'s (None: the template's default); ``auto_checkpoint``:
+        how many calls ``undo`` reaches (``parse_auto_checkpoint``'s; 0: none)."""
+        keep = auto_checkpoint
         if checkpoint is None:
             return await self._lifecycle.create(owner, template, idle_timeout, metadata, network, keep)
         idle = self._lifecycle.idle_timeout(idle_timeout)
@@ -309,7 +317,7 @@ class SandboxManager:
         checkpoint: str,
         idle_timeout: int | None = None,
         metadata: dict[str, str] | None = None,
-        network: Any = None,
+        network: NetworkSpec | None = None,
     ) -> Sandbox:
         """A new sandbox holding the state of one of ``owner``'s checkpoints (its sandbox may be
         gone, for a kept one), in ``network`` or (None) the mode its sandbox had."""

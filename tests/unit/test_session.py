@@ -12,9 +12,10 @@ from typing import Any
 import pytest
 
 from kernelhost.channel import AgentClient
-from kernelhost.sandboxes import Sandbox, SandboxRecord, SandboxState, SessionEnd, Store
+from kernelhost.sandboxes import Sandbox, SandboxRecord, SandboxState, SessionEnd
 from kernelhost.sandboxes.registry import Quota, Registry
 from kernelhost.sandboxes.session import KernelSession, Sessions
+from kernelhost.sandboxes.store import Store
 from kernelhost.tasks import TaskSet
 
 from .fake_agent import WAIT, FakeAgent, short_socket_dir, stream

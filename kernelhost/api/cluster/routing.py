@@ -28,13 +28,13 @@ from ...sandboxes import (
     HOST_FAILED,
     HostFailed,
     InvalidRequest,
+    Node,
     NodeRefused,
     NodeUnreachable,
     Remedy,
     SandboxManager,
     sandbox_view,
 )
-from ...sandboxes.cluster import Node
 from ..e2b import common as e2b_common
 from ..e2b import snapshots as e2b_snapshots
 from ..e2b.common import our_template

@@ -45,7 +45,7 @@ from ..errors import (
     SandboxNotFound,
 )
 from ..lifecycle.create import Lifecycle
-from ..network import parse_network
+from ..network import NetworkSpec
 from ..registry import new_record
 from ..sandbox import Sandbox, ensure_usable, wait_replacement
 from ..states import SandboxState
@@ -54,7 +54,6 @@ from ..store.checkpoints import (
     CheckpointStore,
     check_label,
     is_checkpoint_id,
-    keep_of,
     new_checkpoint_id,
 )
 from ..vm.backend import Saving
@@ -80,8 +79,6 @@ SwapVm = Callable[..., Awaitable[bool]]
 
 
 class Checkpoints:
-    keep_of = staticmethod(keep_of)  # the create option ``auto_checkpoint``
-
     def __init__(self, ctx: Context, lifecycle: Lifecycle, store: CheckpointStore, swap_vm: SwapVm) -> None:
         self.ctx = ctx
         self.lifecycle = lifecycle
@@ -394,13 +391,13 @@ class Checkpoints:
         checkpoint_id: str,
         idle_timeout: int,
         metadata: dict[str, str],
-        network: object = None,
+        network: NetworkSpec | None = None,
     ) -> Sandbox:
         """A new sandbox of ``owner`` holding the state of the checkpoint, in the network mode
         ``network`` or (None) the one its sandbox had when the checkpoint was taken."""
         cp = self.get(owner, checkpoint_id)
         image = self._image(cp)
-        net = parse_network(network).to_dict() if network is not None else self._network_of(cp)
+        net = network.to_dict() if network is not None else self._network_of(cp)
         shape = self.ctx.shape_for(image)
         async with self.registry.admit(owner, 1, shape.memory_mib):
             rec = new_record(

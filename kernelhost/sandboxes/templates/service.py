@@ -162,12 +162,16 @@ class TemplateService:
 
     # -- building --------------------------------------------------------------------------------
 
-    async def submit(self, owner: str, data: Any, archive: bytes | None = None) -> Build:
-        """Check the spec, then build it in the background (a cache hit finishes at once)."""
+    def parse(self, data: Any) -> TemplateSpec:
+        """A spec as a request or spec file gives it, checked (``InvalidRequest`` naming the
+        field): its base must be a built-in, its name must not be one."""
         try:
-            spec = parse_spec(data, builtins=tuple(self.builtins()))
+            return parse_spec(data, builtins=tuple(self.builtins()))
         except SpecError as exc:
             raise InvalidRequest(str(exc), field=exc.field) from None
+
+    async def submit(self, owner: str, spec: TemplateSpec, archive: bytes | None = None) -> Build:
+        """Build a checked spec (``parse``) in the background (a cache hit finishes at once)."""
         current = self.store.get(owner, spec.name)
         running = self.queue.builds.get(current.build_id) if current else None
         if running is not None and not running.state.finished:
@@ -391,7 +395,7 @@ class OperatorTemplates:
             try:
                 data = tomllib.loads(path.read_text())
                 archive = _operator_files(path, data)
-                build = await self.service.submit("", data, archive)
+                build = await self.service.submit("", self.service.parse(data), archive)
             except (OSError, tomllib.TOMLDecodeError, SandboxError, ArchiveError) as exc:
                 log.error("template.operator_spec_failed", path=str(path), error=str(exc))
                 continue
