@@ -30,10 +30,10 @@ from ..metrics import Metrics
 from ..tasks import TaskSet
 from .access import kept_hashes, load_token_key, new_access_token, token_matches, tokens_of
 from .checkpoints.service import Checkpoints
-from .cluster import ClusterNode, Location, Node, Placement
+from .cluster import Location, Membership, Node, Placement
 from .context import Context
 from .errors import InvalidRequest
-from .execution import LANGUAGES, Cell, CellPolicy, End, Event, OutputLimits, RunningCall, run_cell
+from .execution import Cell, CellPolicy, End, Event, OutputLimits, RunningCall, run_cell
 from .files import FileService
 from .lifecycle.create import Lifecycle
 from .lifecycle.fork import Forker
@@ -106,8 +106,8 @@ class SandboxManager:
         self._checkpoints = Checkpoints(
             ctx, self._lifecycle, CheckpointStore(store.db), self._recovery.swap_vm
         )
-        self.files = FileService(settings, self._hibernation.settle)
-        self.ports = Ports(ctx, self._hibernation.settle)
+        self.files = FileService(settings, self._hibernation.wait_for_vm)
+        self.ports = Ports(ctx, self._hibernation.wait_for_vm)
         self.sessions = Sessions(
             registry, self._hibernation.ensure_awake, send_timeout=settings.agent_timeout, tasks=ctx.tasks
         )
@@ -117,11 +117,11 @@ class SandboxManager:
             restart_timeout=settings.restart_timeout,
             agent_timeout=settings.agent_timeout,
         )
-        self.processes = Processes(ctx, self._policy, self._hibernation.settle)
+        self.processes = Processes(ctx, self._policy, self._hibernation.wait_for_vm)
         self.usage = UsageMeter(ctx, self.processes)
         self._background: list[asyncio.Task[Any]] = []
         # a node of a cluster: its store is shared (docs/cluster.md)
-        self.cluster = ClusterNode(ctx, store) if store.shared else None
+        self.cluster = Membership(ctx, store) if store.shared else None
 
     # -- start-up and shutdown -----------------------------------------------------------------
 
@@ -245,15 +245,7 @@ class SandboxManager:
         return self._templates.view(owner, name)
 
     def template_builds(self, owner: str, name: str) -> list[dict[str, Any]]:
-        view = self._templates.view(owner, name)
-        if view.kind == "builtin":
-            return []
-        rec = self._templates.store.get(owner, name) or self._templates.store.get("", name)
-        assert rec is not None
-        return [
-            {k: v for k, v in row.items() if k not in ("owner", "key")}
-            for row in self._templates.store.builds(rec.owner, name)
-        ]
+        return self._templates.builds_of(owner, name)
 
     def template_spec(self, data: Any) -> TemplateSpec:
         """A template spec as a request gives it (a JSON object), checked into a ``TemplateSpec``:
@@ -439,24 +431,12 @@ class SandboxManager:
         self, sbx: Sandbox, code: str, language: str = "python", timeout: float | None = None
     ) -> AsyncGenerator[Event, None]:
         """Events of one execution; calls to one sandbox run one at a time, in arrival order."""
-        if language not in LANGUAGES:
-            raise InvalidRequest(
-                f"language {language!r} is not supported; use one of: {', '.join(LANGUAGES)}",
-                field="language",
-            )
-        size = len(code.encode())
-        if size > self.settings.max_code_bytes:
-            raise InvalidRequest(
-                f"code is {size} bytes, over the limit of "
-                f"{self.settings.max_code_bytes}; upload large inputs as files",
-                field="code",
-            )
-        if timeout is not None and timeout <= 0:
-            raise InvalidRequest(f"timeout={timeout} must be positive (seconds) or null", field="timeout")
-        if timeout is None and self.settings.default_execution_timeout > 0:
-            timeout = self.settings.default_execution_timeout
+        s = self.settings
+        cell = Cell.checked(
+            code, language, timeout, max_bytes=s.max_code_bytes, default_timeout=s.default_execution_timeout
+        )
         ensure_usable(sbx)
-        return self._execute(sbx, Cell(code, language, timeout))
+        return self._execute(sbx, cell)
 
     async def _execute(self, sbx: Sandbox, cell: Cell) -> AsyncGenerator[Event, None]:
         registry = self._ctx.registry

@@ -178,7 +178,7 @@ async def test_a_wrong_lease_release_is_a_bug_that_shows(session_setup) -> None:
     with pytest.raises(RuntimeError, match="held by kernel-session"):
         sbx.lock.end_lease("someone else")
     assert isinstance(sbx.kernel, KernelSession) and sbx.lock.locked()
-    session.settle()
+    session.drop_outstanding()
     assert not sbx.lock.locked()
 
 

@@ -87,7 +87,7 @@ class Checkpoints:
         self.swap_vm = swap_vm
         self.files = ctx.vms.checkpoint_files(ctx.settings.checkpoint_dir, ctx.settings.live_checkpoints)
         self._writing: dict[str, set[asyncio.Task[CheckpointRecord]]] = {}
-        self.auto = AutoCheckpoints(self)
+        self.auto = AutoCheckpoints(ctx, self)
         lifecycle.on_remove.append(self.drop_all)
 
     def start(self) -> None:
@@ -266,7 +266,7 @@ class Checkpoints:
         log.info("checkpoint.taken", sandbox_id=sbx.id, checkpoint_id=cp.id, bytes=cp.bytes, auto=cp.auto)
         return cp
 
-    async def settle(self, sbx: Sandbox) -> None:
+    async def wait_writes(self, sbx: Sandbox) -> None:
         """Wait for the checkpoints of ``sbx`` being written (their errors are theirs)."""
         pending = list(self._writing.get(sbx.id, ()))
         if pending:
@@ -283,7 +283,7 @@ class Checkpoints:
                 "sandbox from it (create with checkpoint) or restore that sandbox",
                 field="checkpoint",
             )
-        await self.settle(sbx)
+        await self.wait_writes(sbx)
         if sbx.call is not None:
             sbx.call.notify("restored", checkpoint=cp.id)
         timeout = self.ctx.settings.agent_timeout
@@ -368,7 +368,7 @@ class Checkpoints:
             raise InvalidRequest(
                 f"n={n!r} is out of range; undo 1 to {keep} calls (its auto_checkpoint)", field="n"
             )
-        await self.settle(sbx)
+        await self.wait_writes(sbx)
         target = sbx.record.calls - n + 1
         cp = next((c for c in self.of(sbx) if c.auto and c.call_index == target), None)
         if target < 1 or cp is None:

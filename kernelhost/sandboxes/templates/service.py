@@ -126,6 +126,19 @@ class TemplateService:
                 return view
         raise TemplateNotFound(name, [v.name for v in self.visible(owner)])
 
+    def builds_of(self, owner: str, name: str) -> list[dict[str, Any]]:
+        """The builds of a template ``owner`` may see, oldest first, without whose they are (a
+        built-in has none)."""
+        view = self.view(owner, name)
+        if view.kind == "builtin":
+            return []
+        rec = self.store.get(owner, name) or self.store.get("", name)
+        assert rec is not None
+        return [
+            {k: v for k, v in row.items() if k not in ("owner", "key")}
+            for row in self.store.builds(rec.owner, name)
+        ]
+
     def resolve(self, owner: str, name: str) -> tuple[str, GuestImage]:
         """The image a new sandbox of ``name`` starts from, and the image's name to record."""
         rec = self._record(owner, name)
