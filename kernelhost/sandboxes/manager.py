@@ -158,7 +158,7 @@ class SandboxManager:
         if self.cluster is not None:
             self.cluster.close()
         await ctx.vms.close()
-        self._checkpoints.files.close()
+        self._checkpoints.close()
         for sbx in ctx.registry:
             if sbx.agent is not None:
                 await sbx.agent.close()
@@ -199,11 +199,11 @@ class SandboxManager:
     def release_placement(self, placement: Placement) -> None:
         """Give back the room ``place`` reserved (idempotent: the create that used it released it)."""
         if self.cluster is not None:
-            self.cluster.quota.release(placement.reservation)
+            self.cluster.release(placement)
 
     def cluster_nodes(self) -> list[Node]:
         """Every node of the cluster, as the store has them (empty: not a cluster node)."""
-        return self.cluster.nodes.all() if self.cluster is not None else []
+        return self.cluster.all_nodes() if self.cluster is not None else []
 
     def wake_node(self, loc: Location) -> Node | None:
         """The node a movable sandbox (hibernated on a dead or draining node) should wake on."""

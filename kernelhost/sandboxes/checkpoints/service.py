@@ -90,6 +90,10 @@ class Checkpoints:
         self.auto = AutoCheckpoints(ctx, self)
         lifecycle.on_remove.append(self.drop_all)
 
+    def close(self) -> None:
+        """At service stop, once no checkpoint is being written."""
+        self.files.close()
+
     def start(self) -> None:
         """At service start, after reconcile: files and records no live sandbox owns go (kept
         checkpoints stay)."""

@@ -196,6 +196,14 @@ class Membership:
             return None
         return node
 
+    def release(self, placement: Placement) -> None:
+        """Give back the room ``place`` reserved (idempotent)."""
+        self.quota.release(placement.reservation)
+
+    def all_nodes(self) -> list[Node]:
+        """Every node of the cluster, as the store has them."""
+        return self.nodes.all()
+
     def records_of(self, owner: str) -> list[SandboxRecord]:
         """``owner``'s sandboxes on every node, as the store has them."""
         return self.store.of_owner(owner)
