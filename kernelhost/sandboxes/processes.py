@@ -250,8 +250,8 @@ class Processes:
                 exit_code=None if end is None else end.exit_code,
             )
 
-    def get(self, sbx: Sandbox, pid: object) -> Process:
-        proc = sbx.processes.get(pid) if isinstance(pid, int) else None
+    def get(self, sbx: Sandbox, pid: int) -> Process:
+        proc = sbx.processes.get(pid)
         if proc is None:
             raise ProcessNotFound(sbx.id, pid)
         return cast(Process, proc)  # the only kind of BackgroundProcess
