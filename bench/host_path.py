@@ -28,10 +28,10 @@ from common import REPO, run_main, summary
 
 from kernelhost import AsyncSandbox
 from kernelhost.api import init_app
+from kernelhost.api.auth import key_id
 from kernelhost.api.state import RUNTIME
 from kernelhost.channel import AgentClient
 from kernelhost.sandboxes import Sandbox, SandboxState
-from kernelhost.sandboxes.store.keys import key_id
 from kernelhost.sandboxes.store.sandboxes import SandboxRecord
 from tests.harness import _free_port
 from tests.unit.fake_agent import FakeAgent, execute_result, short_socket_dir

@@ -15,8 +15,8 @@ from .errors import (
 from .forkram import PageForkUnavailable
 from .host import DomainInfo, Hypervisor
 from .images import GuestImage, ImageStore
+from .migration import LiveSaveUnavailable, MigrationFailed
 from .ramdiff import DiffStats, StreamNotUnderstood, diff_stream
-from .snapshot import LiveSaveUnavailable, MigrationFailed
 
 __all__ = [
     "CHANNEL_NAME",

@@ -36,8 +36,7 @@ from .forkram import (
     find_ram,
 )
 from .images import GuestImage
-from .ownership import dac_label, give_to_qemu, keep_images_from_qemu
-from .snapshot import (
+from .migration import (
     begin_live_save,
     finish_live_save,
     load_state,
@@ -45,6 +44,7 @@ from .snapshot import (
     save_devices,
     save_state,
 )
+from .ownership import dac_label, give_to_qemu, keep_images_from_qemu
 
 
 def _silence_libvirt(_ctx: object, _err: object) -> None:
@@ -330,7 +330,7 @@ class Hypervisor:
 
     def live_save(self, name: str, state: Path) -> Callable[[float], int]:
         """Save the running domain's state as it is now without stopping it for the copy
-        (``snapshot.begin_live_save``); returns once it runs again. Call the result (with a
+        (``migration.begin_live_save``); returns once it runs again. Call the result (with a
         timeout) to wait for ``state`` to be complete; it returns the size."""
         dom = self._lookup(name)
         try:

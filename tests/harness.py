@@ -198,7 +198,7 @@ class Service:
         service built: its keys' own (``name@<key id>``, unique to a test service's random keys)
         and its operator's (named by the spec files of its template dir). They outlive a real
         service by design; a test service's state is temporary, so no later one starts from them."""
-        from kernelhost.sandboxes import key_id
+        from kernelhost.api.auth import key_id
 
         image_dir = Path(self.env.get("KERNELHOST_IMAGE_DIR", "/var/cache/kernelhost/images"))
         names = [f"*@{key_id(k)}" for k in (self.api_key, self.other_key)]

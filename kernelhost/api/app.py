@@ -14,7 +14,8 @@ from hypervisor import Hypervisor, ImageNotFound, ImageStore, LibvirtUnavailable
 
 from ..config import Settings
 from ..metrics import StateCollector
-from ..sandboxes import BackendUnavailable, SandboxManager, Store, open_database
+from ..sandboxes import BackendUnavailable, SandboxManager
+from ..sandboxes.store import open_store
 from ..servicelock import ServiceLock
 from .auth import KeyRing
 from .cluster import cluster_middleware, setup_cluster
@@ -51,12 +52,8 @@ async def _resources(app: web.Application) -> AsyncIterator[None]:
 
 @contextlib.asynccontextmanager
 async def _service(app: web.Application, settings: Settings) -> AsyncIterator[None]:
-    db = await asyncio.to_thread(open_database, settings.store_url, settings.db_path)
-    try:  # migrates the schema (under its lock), or refuses one that needs a newer kernelhost
-        store = await asyncio.to_thread(Store, db, settings.node_id)
-    except BaseException:
-        db.close()
-        raise
+    # migrates the schema (under its lock), or refuses one that needs a newer kernelhost
+    store = await asyncio.to_thread(open_store, settings)
     hv = Hypervisor(settings.libvirt_uri, settings.domain_prefix, settings.run_dir)
     images = ImageStore(settings.image_dir, settings.built_image_dir)
     try:

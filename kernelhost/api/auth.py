@@ -1,15 +1,25 @@
 """API keys: from settings (``KERNELHOST_API_KEYS`` or the config file), else a development key
-generated at first start and kept in the state directory."""
+generated at first start and kept in the state directory. A key is never stored, only its id
+(``key_id``), which records (``owner``), logs and metrics carry."""
 
 from __future__ import annotations
 
 import hashlib
 import hmac
 import os
+import secrets
 from dataclasses import dataclass
 
 from ..config import Settings
-from ..sandboxes import key_id, new_api_key
+
+
+def key_id(api_key: str) -> str:
+    """Stable, non-secret identifier of an API key (what logs and records carry)."""
+    return "key_" + hashlib.sha256(api_key.encode()).hexdigest()[:12]
+
+
+def new_api_key() -> str:
+    return "kh_" + secrets.token_urlsafe(32)
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,8 @@ from aiohttp import web
 from hypervisor import Hypervisor
 
 from ..config import Settings
-from ..sandboxes import InvalidRequest, SandboxManager, Store
+from ..sandboxes import InvalidRequest, SandboxManager
+from ..sandboxes.store import Store
 from .auth import KeyRing
 
 

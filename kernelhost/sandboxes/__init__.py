@@ -1,13 +1,15 @@
 """The sandbox layer: sandboxes, their VMs, channels and executions. Knows Jupyter and the
 channel, not HTTP. ``SandboxManager`` is its public API; docs/architecture.md maps its modules.
 
-This face exports what the callers outside the layer use (the API, the CLI, the integrations),
-and the vocabulary every interface renders: the error tree, the events, the states, the views.
-The families are packages with a face of their own: ``lifecycle/``, ``vm/``, ``checkpoints/``,
-``templates/``, ``store/``, ``execution/``, ``network/``, ``cluster/``.
+This face exports what the callers outside the layer use (the API, the CLI), and nothing else
+(``tests/unit/test_layers.py`` checks both ways: the API imports the layer by these names only,
+and each name has a caller): the manager, the errors, events, states and records they render,
+and the values they hand the manager typed. The service's start-up opens the store by the
+store's own face. The families are packages with a face of their own: ``lifecycle/``, ``vm/``,
+``checkpoints/``, ``templates/``, ``store/``, ``execution/``, ``network/``, ``cluster/``.
 """
 
-from .cluster import FORWARDED_RESERVATION, HOST_FAILED
+from .cluster import FORWARDED_RESERVATION, HOST_FAILED, Node
 from .errors import (
     AgentUnresponsive,
     BackendUnavailable,
@@ -32,22 +34,21 @@ from .errors import (
     SandboxError,
     SandboxNotFound,
     SandboxNotRunning,
-    StoreRowRefused,
     TemplateConflict,
     TemplateNotFound,
-    UnknownTemplate,
 )
-from .execution import ClearOutput, End, Error, Event, Result, Stream
+from .execution import End, Error, Event, Result, Stream
 from .manager import SandboxManager
+from .network import NetworkSpec, parse_network
 from .processes import Process
 from .registry import ADMITTED, MAX_WAIT
-from .sandbox import Sandbox, sandbox_view
-from .session import KernelSession, SessionClient, SessionEnd
-from .states import ExecutionStatus, Recovery, SandboxState
-from .store.db import open_database
-from .store.keys import key_id, new_api_key
-from .store.sandboxes import SandboxRecord, Store
+from .sandbox import Sandbox, iso_time, sandbox_view
+from .session import KernelSession, SessionEnd
+from .states import ExecutionStatus, SandboxState
+from .store.checkpoints import CheckpointRecord, parse_auto_checkpoint
+from .store.sandboxes import SandboxRecord
 from .templates.views import TemplateView
+from .trust import derive_key
 
 __all__ = [
     "ADMITTED",
@@ -59,8 +60,8 @@ __all__ = [
     "BootFailed",
     "CapacityExceeded",
     "CheckpointNotFound",
+    "CheckpointRecord",
     "CheckpointUnusable",
-    "ClearOutput",
     "End",
     "Error",
     "Event",
@@ -70,6 +71,8 @@ __all__ = [
     "HostFailed",
     "InvalidRequest",
     "KernelSession",
+    "NetworkSpec",
+    "Node",
     "NodeFull",
     "NodeRefused",
     "NodeUnreachable",
@@ -78,7 +81,6 @@ __all__ = [
     "PortNotOpen",
     "Process",
     "ProcessNotFound",
-    "Recovery",
     "Remedy",
     "Result",
     "Sandbox",
@@ -90,17 +92,14 @@ __all__ = [
     "SandboxNotRunning",
     "SandboxRecord",
     "SandboxState",
-    "SessionClient",
     "SessionEnd",
-    "Store",
-    "StoreRowRefused",
     "Stream",
     "TemplateConflict",
     "TemplateNotFound",
     "TemplateView",
-    "UnknownTemplate",
-    "key_id",
-    "new_api_key",
-    "open_database",
+    "derive_key",
+    "iso_time",
+    "parse_auto_checkpoint",
+    "parse_network",
     "sandbox_view",
 ]

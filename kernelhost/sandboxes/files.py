@@ -32,16 +32,16 @@ from .errors import (
 )
 from .sandbox import Sandbox, ensure_usable, iso_time
 
-#: ``settle(sbx)``: wait for a VM change in flight and wake a hibernated sandbox
-Settle = Callable[[Sandbox], Awaitable[None]]
+#: ``Hibernation.wait_for_vm``: wait for a VM change in flight and wake a hibernated sandbox
+WaitForVm = Callable[[Sandbox], Awaitable[None]]
 
 
 class FileService:
     """The files API of the sandboxes."""
 
-    def __init__(self, settings: Settings, settle: Settle) -> None:
+    def __init__(self, settings: Settings, wait_for_vm: WaitForVm) -> None:
         self.settings = settings
-        self._settle = settle
+        self._wait_for_vm = wait_for_vm
 
     def _path(self, path: Any, field: str = "path") -> str:
         if not isinstance(path, str) or not path or "\0" in path or len(path) > 4096:
@@ -53,7 +53,7 @@ class FileService:
         return path
 
     async def _fs(self, sbx: Sandbox, op: Op, **fields: Any) -> dict[str, Any]:
-        await self._settle(sbx)
+        await self._wait_for_vm(sbx)
         ensure_usable(sbx)
         agent = sbx.live_agent
         if agent is None:

@@ -30,16 +30,16 @@ from ..metrics import Metrics
 from ..tasks import TaskSet
 from .access import kept_hashes, load_token_key, new_access_token, token_matches, tokens_of
 from .checkpoints.service import Checkpoints
-from .cluster import ClusterNode, Location, Node, Placement
+from .cluster import Location, Membership, Node, Placement
 from .context import Context
 from .errors import InvalidRequest
-from .execution import LANGUAGES, Cell, CellPolicy, End, Event, OutputLimits, RunningCall, run_cell
+from .execution import Cell, CellPolicy, End, Event, OutputLimits, RunningCall, run_cell
 from .files import FileService
 from .lifecycle.create import Lifecycle
 from .lifecycle.fork import Forker
 from .lifecycle.hibernation import Hibernation, Reaper
 from .lifecycle.recovery import Recoverer
-from .network import HostNetwork, SandboxNetwork
+from .network import HostNetwork, NetworkSpec, SandboxNetwork
 from .ports import Ports
 from .processes import Processes
 from .registry import Quota, Registry
@@ -49,6 +49,7 @@ from .states import Recovery
 from .store.checkpoints import CheckpointRecord, CheckpointStore
 from .store.sandboxes import SandboxRecord, Store
 from .store.templates import TemplateStore
+from .templates import TemplateSpec
 from .templates.builds import Build
 from .templates.service import OperatorTemplates, TemplateService
 from .templates.views import TemplateView
@@ -105,8 +106,8 @@ class SandboxManager:
         self._checkpoints = Checkpoints(
             ctx, self._lifecycle, CheckpointStore(store.db), self._recovery.swap_vm
         )
-        self.files = FileService(settings, self._hibernation.settle)
-        self.ports = Ports(ctx, self._hibernation.settle)
+        self.files = FileService(settings, self._hibernation.wait_for_vm)
+        self.ports = Ports(ctx, self._hibernation.wait_for_vm)
         self.sessions = Sessions(
             registry, self._hibernation.ensure_awake, send_timeout=settings.agent_timeout, tasks=ctx.tasks
         )
@@ -116,11 +117,11 @@ class SandboxManager:
             restart_timeout=settings.restart_timeout,
             agent_timeout=settings.agent_timeout,
         )
-        self.processes = Processes(ctx, self._policy, self._hibernation.settle)
+        self.processes = Processes(ctx, self._policy, self._hibernation.wait_for_vm)
         self.usage = UsageMeter(ctx, self.processes)
         self._background: list[asyncio.Task[Any]] = []
         # a node of a cluster: its store is shared (docs/cluster.md)
-        self.cluster = ClusterNode(ctx, store) if store.shared else None
+        self.cluster = Membership(ctx, store) if store.shared else None
 
     # -- start-up and shutdown -----------------------------------------------------------------
 
@@ -157,7 +158,7 @@ class SandboxManager:
         if self.cluster is not None:
             self.cluster.close()
         await ctx.vms.close()
-        self._checkpoints.files.close()
+        self._checkpoints.close()
         for sbx in ctx.registry:
             if sbx.agent is not None:
                 await sbx.agent.close()
@@ -198,11 +199,11 @@ class SandboxManager:
     def release_placement(self, placement: Placement) -> None:
         """Give back the room ``place`` reserved (idempotent: the create that used it released it)."""
         if self.cluster is not None:
-            self.cluster.quota.release(placement.reservation)
+            self.cluster.release(placement)
 
     def cluster_nodes(self) -> list[Node]:
         """Every node of the cluster, as the store has them (empty: not a cluster node)."""
-        return self.cluster.nodes.all() if self.cluster is not None else []
+        return self.cluster.all_nodes() if self.cluster is not None else []
 
     def wake_node(self, loc: Location) -> Node | None:
         """The node a movable sandbox (hibernated on a dead or draining node) should wake on."""
@@ -244,18 +245,16 @@ class SandboxManager:
         return self._templates.view(owner, name)
 
     def template_builds(self, owner: str, name: str) -> list[dict[str, Any]]:
-        view = self._templates.view(owner, name)
-        if view.kind == "builtin":
-            return []
-        rec = self._templates.store.get(owner, name) or self._templates.store.get("", name)
-        assert rec is not None
-        return [
-            {k: v for k, v in row.items() if k not in ("owner", "key")}
-            for row in self._templates.store.builds(rec.owner, name)
-        ]
+        return self._templates.builds_of(owner, name)
 
-    async def build_template(self, owner: str, spec: Any, archive: bytes | None = None) -> Build:
-        """Check ``spec`` and build it off the request path; the build (a cache hit is one too)."""
+    def template_spec(self, data: Any) -> TemplateSpec:
+        """A template spec as a request gives it (a JSON object), checked into a ``TemplateSpec``:
+        every field, and its base and name against this service's built-in templates."""
+        return self._templates.parse(data)
+
+    async def build_template(self, owner: str, spec: TemplateSpec, archive: bytes | None = None) -> Build:
+        """Build ``spec`` (``template_spec``'s) off the request path; the build (a cache hit is one
+        too)."""
         return await self._templates.submit(owner, spec, archive)
 
     def template_build(self, owner: str, name: str, build_id: str | None = None) -> Build:
@@ -287,13 +286,14 @@ class SandboxManager:
         template: str,
         idle_timeout: int | None = None,
         metadata: dict[str, str] | None = None,
-        network: Any = None,
-        auto_checkpoint: object = None,
+        network: NetworkSpec | None = None,
+        auto_checkpoint: int = 0,
         checkpoint: str | None = None,
     ) -> Sandbox:
         """A new sandbox of ``template``, or (``checkpoint``) holding a checkpoint's state.
-        ``auto_checkpoint``: true, or how many calls ``undo`` reaches."""
-        keep = Checkpoints.keep_of(auto_checkpoint)
+        ``network``: ``parse_network``'s (None: the template's default); ``auto_checkpoint``:
+        how many calls ``undo`` reaches (``parse_auto_checkpoint``'s; 0: none)."""
+        keep = auto_checkpoint
         if checkpoint is None:
             return await self._lifecycle.create(owner, template, idle_timeout, metadata, network, keep)
         idle = self._lifecycle.idle_timeout(idle_timeout)
@@ -309,7 +309,7 @@ class SandboxManager:
         checkpoint: str,
         idle_timeout: int | None = None,
         metadata: dict[str, str] | None = None,
-        network: Any = None,
+        network: NetworkSpec | None = None,
     ) -> Sandbox:
         """A new sandbox holding the state of one of ``owner``'s checkpoints (its sandbox may be
         gone, for a kept one), in ``network`` or (None) the mode its sandbox had."""
@@ -431,24 +431,12 @@ class SandboxManager:
         self, sbx: Sandbox, code: str, language: str = "python", timeout: float | None = None
     ) -> AsyncGenerator[Event, None]:
         """Events of one execution; calls to one sandbox run one at a time, in arrival order."""
-        if language not in LANGUAGES:
-            raise InvalidRequest(
-                f"language {language!r} is not supported; use one of: {', '.join(LANGUAGES)}",
-                field="language",
-            )
-        size = len(code.encode())
-        if size > self.settings.max_code_bytes:
-            raise InvalidRequest(
-                f"code is {size} bytes, over the limit of "
-                f"{self.settings.max_code_bytes}; upload large inputs as files",
-                field="code",
-            )
-        if timeout is not None and timeout <= 0:
-            raise InvalidRequest(f"timeout={timeout} must be positive (seconds) or null", field="timeout")
-        if timeout is None and self.settings.default_execution_timeout > 0:
-            timeout = self.settings.default_execution_timeout
+        s = self.settings
+        cell = Cell.checked(
+            code, language, timeout, max_bytes=s.max_code_bytes, default_timeout=s.default_execution_timeout
+        )
         ensure_usable(sbx)
-        return self._execute(sbx, Cell(code, language, timeout))
+        return self._execute(sbx, cell)
 
     async def _execute(self, sbx: Sandbox, cell: Cell) -> AsyncGenerator[Event, None]:
         registry = self._ctx.registry

@@ -15,7 +15,7 @@ from .errors import (
     Remedy,
     SandboxNotRunning,
 )
-from .files import Settle
+from .files import WaitForVm
 from .network import PortClosed
 from .sandbox import Sandbox, ensure_usable
 
@@ -23,16 +23,16 @@ from .sandbox import Sandbox, ensure_usable
 class Ports:
     """The host's connections to the sandboxes' ports."""
 
-    def __init__(self, ctx: Context, settle: Settle) -> None:
+    def __init__(self, ctx: Context, wait_for_vm: WaitForVm) -> None:
         self._ctx = ctx
-        self._settle = settle
+        self._wait_for_vm = wait_for_vm
 
     async def connect(self, sbx: Sandbox, port: int) -> socket.socket:
         """A local socket connected to 127.0.0.1:``port`` in ``sbx`` (woken if hibernated);
         the connection counts as the sandbox being used."""
         if not 0 < port < 65536:
             raise InvalidRequest(f"port {port} is not a TCP port (1-65535)", field="port")
-        await self._settle(sbx)
+        await self._wait_for_vm(sbx)
         ensure_usable(sbx)
         ingress = sbx.ingress
         if ingress is None or sbx.live_agent is None:

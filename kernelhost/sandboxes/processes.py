@@ -154,10 +154,10 @@ class Processes:
     """The background processes of a manager's sandboxes."""
 
     def __init__(
-        self, ctx: Context, policy: CellPolicy, settle: Callable[[Sandbox], Awaitable[None]]
+        self, ctx: Context, policy: CellPolicy, wait_for_vm: Callable[[Sandbox], Awaitable[None]]
     ) -> None:
         self.ctx = ctx
-        self._settle = settle  # wait out a VM change in flight, wake a hibernated sandbox
+        self._wait_for_vm = wait_for_vm  # wait out a VM change in flight, wake a hibernated sandbox
         # no output cap: a process's output is streamed to its listeners, never kept
         self.policy = dataclasses.replace(policy, limits=OutputLimits(None, policy.limits.max_result_bytes))
         self._pids = itertools.count(1000)
@@ -182,7 +182,7 @@ class Processes:
                 field="info",
             )
         ensure_usable(sbx)
-        await self._settle(sbx)
+        await self._wait_for_vm(sbx)
         ensure_usable(sbx)
         agent = sbx.live_agent
         if agent is None or Capability.PROCESSES not in agent.info.capabilities:
@@ -250,8 +250,8 @@ class Processes:
                 exit_code=None if end is None else end.exit_code,
             )
 
-    def get(self, sbx: Sandbox, pid: object) -> Process:
-        proc = sbx.processes.get(pid) if isinstance(pid, int) else None
+    def get(self, sbx: Sandbox, pid: int) -> Process:
+        proc = sbx.processes.get(pid)
         if proc is None:
             raise ProcessNotFound(sbx.id, pid)
         return cast(Process, proc)  # the only kind of BackgroundProcess

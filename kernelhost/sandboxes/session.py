@@ -100,7 +100,7 @@ class KernelSession(ChannelListener):
         """Listen on the sandbox's (new) channel."""
         agent.add_listener(self)
         if agent.connected and self.sbx.record.state == SandboxState.REPLACING:
-            self.settle()  # a fresh VM: the kernel's state is gone
+            self.drop_outstanding()  # a fresh VM: the kernel's state is gone
             self.broadcast("restarting")
             self.execution_state = "idle"
 
@@ -131,16 +131,16 @@ class KernelSession(ChannelListener):
     def on_event(self, event: dict[str, Any]) -> None:
         what = event.get("event")
         if what == Event.KERNEL_DIED:
-            self.settle()
+            self.drop_outstanding()
             self.broadcast("restarting")  # clients reconnect and ask the new kernel
         elif what == Event.KERNEL_RESTARTED:
-            self.settle()
+            self.drop_outstanding()
             if event.get("reason") != "died" and not self.quiet_restart:
                 self.broadcast("restarting")  # restarted by another client (SDK, timeout)
             self.execution_state = "idle"  # the agent reports a restart once the kernel is up
 
     def on_close(self, reason: str, violation: bool) -> None:
-        self.settle()  # replies in flight on the old channel will not come
+        self.drop_outstanding()  # replies in flight on the old channel will not come
         sbx = self.sbx
         if not self.sessions.registry.holds(sbx):
             self._end_all(SessionEnd(True, "the sandbox was deleted"))
@@ -167,7 +167,7 @@ class KernelSession(ChannelListener):
         if not self.outstanding:
             self._release()
 
-    def settle(self) -> None:
+    def drop_outstanding(self) -> None:
         """Forget what was outstanding and end the lease (the channel changed under it)."""
         self.outstanding.clear()
         self._release()
@@ -310,5 +310,5 @@ class Sessions:
         for sbx in self.registry:
             if sbx.kernel is not None:
                 clients.extend(sbx.kernel.clients)
-                sbx.kernel.settle()
+                sbx.kernel.drop_outstanding()
         return clients

@@ -32,7 +32,7 @@ import pytest
 from aiohttp import web
 from yarl import URL
 
-from kernelhost.sandboxes import key_id
+from kernelhost.api.auth import key_id
 from kernelhost.sandboxes.store.db import PostgreSQL
 
 from .conftest import Cluster

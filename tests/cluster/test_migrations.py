@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from kernelhost.sandboxes import key_id
+from kernelhost.api.auth import key_id
 from kernelhost.sandboxes.states import SandboxState
 from kernelhost.sandboxes.store import Store
 from kernelhost.sandboxes.store.db import SCHEMA_LOCK, PostgreSQL

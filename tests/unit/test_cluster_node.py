@@ -13,7 +13,7 @@ from typing import Any, cast
 import pytest
 
 from kernelhost.config import Settings
-from kernelhost.sandboxes.cluster import ClusterNode, Figures
+from kernelhost.sandboxes.cluster import Figures, Membership
 from kernelhost.sandboxes.context import Context
 from kernelhost.sandboxes.registry import Quota, Registry, VmShape, new_record
 from kernelhost.sandboxes.states import SandboxState
@@ -25,11 +25,11 @@ pytestmark = pytest.mark.unit
 LEASE = 5.0
 
 
-def _node(tmp_path: Path, name: str = "n1") -> tuple[ClusterNode, Store]:
+def _node(tmp_path: Path, name: str = "n1") -> tuple[Membership, Store]:
     store = Store(SQLite(tmp_path / "db.sqlite3"), name)
     settings = Settings(state_dir=tmp_path, node_id=name, node_lease_seconds=LEASE)
     ctx = SimpleNamespace(settings=settings, registry=Registry(store, Quota(10, 1 << 20)), accel="tcg")
-    return ClusterNode(cast(Context, ctx), store), store
+    return Membership(cast(Context, ctx), store), store
 
 
 def _sandbox(store: Store, state: SandboxState, n: int) -> str:
@@ -48,7 +48,7 @@ def _sandbox(store: Store, state: SandboxState, n: int) -> str:
     return rec.id
 
 
-def _beat(node: ClusterNode, name: str, ago: float = 0.0, draining: bool = False) -> None:
+def _beat(node: Membership, name: str, ago: float = 0.0, draining: bool = False) -> None:
     node.nodes.heartbeat(name, f"http://{name}:8999", Figures(memory_mib=4096), fresh=True)
     node.nodes.db.execute(
         "UPDATE nodes SET heartbeat_at = heartbeat_at - ?, draining = ? WHERE id = ?",
@@ -81,7 +81,7 @@ def test_a_new_node_rejoins_nothing(tmp_path: Path) -> None:
     assert store.get(running) is not None
 
 
-def _peers_read(node: ClusterNode, ago: float = 0.0) -> None:
+def _peers_read(node: Membership, ago: float = 0.0) -> None:
     """What the heartbeat loop does after each beat: the node table, read now (or ``ago``)."""
     read: Any = node
     read._peers = {n.id: n for n in node.nodes.all()}

@@ -21,6 +21,7 @@ from aiohttp.test_utils import TestClient, TestServer
 
 from hypervisor import ImageStore
 from kernelhost.api import init_app
+from kernelhost.api.auth import key_id
 from kernelhost.api.e2b.common import NO_SUCH_SANDBOX
 from kernelhost.api.e2b.connect import ConnectError, end_stream, envelope, parse_stream_request
 from kernelhost.api.e2b.process import command_line, script, summary
@@ -37,7 +38,6 @@ from kernelhost.sandboxes.access import (
 from kernelhost.sandboxes.checkpoints.service import Checkpoints
 from kernelhost.sandboxes.store.checkpoints import CheckpointRecord, CheckpointStore, new_checkpoint_id
 from kernelhost.sandboxes.store.db import SQLite
-from kernelhost.sandboxes.store.keys import key_id
 from kernelhost.sandboxes.store.sandboxes import Store
 from kernelhost.sandboxes.vm.prune import BY_CHECKPOINT, InUse, Reference, referenced_builds, stale_images
 

@@ -147,3 +147,57 @@ def test_no_caller_outside_the_sandbox_layer_touches_its_private_names(layer: st
             ):
                 found.append(f"{path.name}:{node.lineno}: .{node.attr}")
     assert not found, found
+
+
+def _sandbox_imports(path: Path, root: Path) -> list[tuple[int, str, list[str]]]:
+    """Each import of the sandbox layer in ``path`` (relative ones resolved, type-only and
+    function-level ones included): its line, module and names."""
+    package = list(path.relative_to(root.parent).with_suffix("").parts)
+    package = package[:-1]  # a module's package (an __init__'s is its own)
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            base = package[: len(package) - node.level + 1] if node.level else []
+            module = ".".join(base + ([node.module] if node.module else []))
+            found.append((node.lineno, module, [a.name for a in node.names]))
+        elif isinstance(node, ast.Import):
+            found += [(node.lineno, a.name, []) for a in node.names]
+    return [f for f in found if f[1] == "kernelhost.sandboxes" or f[1].startswith("kernelhost.sandboxes.")]
+
+
+#: the service's start-up opens the store (``open_store``) and holds it: these API modules alone
+#: also enter the layer by the store's own face, ``kernelhost.sandboxes.store``
+WIRING_USERS = {"app.py", "state.py"}
+
+
+def test_the_api_enters_the_sandbox_layer_by_its_face_only() -> None:
+    """``kernelhost/api`` imports ``kernelhost.sandboxes`` by the names of its face (``__all__``),
+    never a module of it by path; the service's start-up alone also uses the store's face."""
+    import kernelhost.sandboxes as face
+    import kernelhost.sandboxes.store as store
+
+    root = Path(__file__).resolve().parents[2] / "kernelhost"
+    found = []
+    for path in sorted((root / "api").rglob("*.py")):
+        where = path.relative_to(root)
+        for line, module, names in _sandbox_imports(path, root):
+            if module == "kernelhost.sandboxes":
+                found += [f"{where}:{line}: {n} is not on the face" for n in names if n not in face.__all__]
+            elif module == "kernelhost.sandboxes.store" and path.name in WIRING_USERS:
+                found += [f"{where}:{line}: {n} not on store's face" for n in names if n not in store.__all__]
+            else:
+                found.append(f"{where}:{line}: imports {module} by path")
+    assert not found, found
+
+
+def test_the_face_exports_only_what_callers_outside_the_layer_use() -> None:
+    """Every name of ``kernelhost.sandboxes.__all__`` is imported by some module of kernelhost
+    outside the layer: a name nobody outside uses belongs to its family's own face."""
+    import kernelhost.sandboxes as face
+
+    root = Path(__file__).resolve().parents[2] / "kernelhost"
+    used: set[str] = set()
+    for path in root.rglob("*.py"):
+        if (root / "sandboxes") not in path.parents:
+            used.update(n for _, module, names in _sandbox_imports(path, root) for n in names)
+    assert sorted(set(face.__all__) - used) == []

@@ -14,13 +14,12 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
-from kernelhost.api.auth import KeyRing
+from kernelhost.api.auth import KeyRing, key_id
 from kernelhost.api.cluster.peers import OPERATOR, setup_peers
 from kernelhost.api.cluster.signing import body_binding, sign
 from kernelhost.api.middleware import auth_middleware
 from kernelhost.api.state import KEY_ID, KEYS, SETTINGS
 from kernelhost.config import Settings
-from kernelhost.sandboxes import key_id
 
 pytestmark = pytest.mark.unit
 

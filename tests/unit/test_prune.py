@@ -13,7 +13,8 @@ import pytest
 
 from hypervisor import ImageStore
 from kernelhost import cli
-from kernelhost.sandboxes import SandboxRecord, SandboxState, Store
+from kernelhost.sandboxes import SandboxRecord, SandboxState
+from kernelhost.sandboxes.store import Store
 from kernelhost.sandboxes.vm.prune import InUse, apply, scan_in_use, stale_images, stale_snapshots
 from kernelhost.sandboxes.vm.snapshots import snapshot_key
 

@@ -127,7 +127,7 @@ async def test_undo_rewinds_to_before_the_last_call(tmp_path: Path) -> None:
         sbx = await house.lifecycle.create("k", "python", auto_checkpoint=2)
         for x in (1, 2, 3):
             await a_call(house, sbx, x)
-        await house.checkpoints.settle(sbx)
+        await house.checkpoints.wait_writes(sbx)
         cp = await house.checkpoints.undo(sbx, 1)
         assert cp.call_index == 3 and sbx.record.calls == 2
         assert house.vm_of(sbx.id).state == {"x": 2}

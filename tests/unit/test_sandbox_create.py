@@ -12,6 +12,7 @@ import pytest
 from hypervisor import HypervisorError, LibvirtUnavailable
 from kernelhost.channel import ChannelClosed
 from kernelhost.sandboxes.errors import AgentUnresponsive, BackendUnavailable, BootFailed, SandboxNotFound
+from kernelhost.sandboxes.network import parse_network
 from kernelhost.sandboxes.sandbox import Sandbox
 from kernelhost.sandboxes.states import SandboxState
 
@@ -86,8 +87,9 @@ async def test_a_hand_over_whose_network_set_up_fails_leaves_nothing(tmp_path: P
     async with open_house(tmp_path) as house:
         clone = await house.vms.add_clone("python", house.image)
         house.vms.vms[clone.domain].agent.replies["net_config"] = "error"
+        network = parse_network({"mode": "allowlist", "allow": ["pypi.org"]})
         with pytest.raises(AgentUnresponsive):
-            await house.lifecycle.create("k", "python", network={"mode": "allowlist", "allow": ["pypi.org"]})
+            await house.lifecycle.create("k", "python", network=network)
         nothing_left(house)
 
 

@@ -12,9 +12,10 @@ from typing import Any
 import pytest
 
 from kernelhost.channel import AgentClient
-from kernelhost.sandboxes import Sandbox, SandboxRecord, SandboxState, SessionEnd, Store
+from kernelhost.sandboxes import Sandbox, SandboxRecord, SandboxState, SessionEnd
 from kernelhost.sandboxes.registry import Quota, Registry
 from kernelhost.sandboxes.session import KernelSession, Sessions
+from kernelhost.sandboxes.store import Store
 from kernelhost.tasks import TaskSet
 
 from .fake_agent import WAIT, FakeAgent, short_socket_dir, stream
@@ -177,7 +178,7 @@ async def test_a_wrong_lease_release_is_a_bug_that_shows(session_setup) -> None:
     with pytest.raises(RuntimeError, match="held by kernel-session"):
         sbx.lock.end_lease("someone else")
     assert isinstance(sbx.kernel, KernelSession) and sbx.lock.locked()
-    session.settle()
+    session.drop_outstanding()
     assert not sbx.lock.locked()
 
 

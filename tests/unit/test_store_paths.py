@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from kernelhost.sandboxes import StoreRowRefused
 from kernelhost.sandboxes.context import Context
+from kernelhost.sandboxes.errors import StoreRowRefused
 from kernelhost.sandboxes.vm.saves import CheckpointFiles
 
 pytestmark = pytest.mark.unit

@@ -29,10 +29,9 @@ from opentelemetry.trace import SpanKind
 from hypervisor import Hypervisor, ImageStore
 from kernelhost import tracing
 from kernelhost.api import init_app
-from kernelhost.api.auth import KeyRing
+from kernelhost.api.auth import KeyRing, key_id
 from kernelhost.api.state import KEYS, RUNTIME, SETTINGS, Runtime
 from kernelhost.sandboxes import SandboxManager
-from kernelhost.sandboxes.store.keys import key_id
 from kernelhost.sandboxes.store.sandboxes import Store
 from kernelhost.sandboxes.vm.launched import Launched
 

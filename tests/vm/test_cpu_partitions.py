@@ -15,7 +15,7 @@ import pytest
 
 from hypervisor.cgroups import hierarchies, weight_value
 from kernelhost import AsyncSandbox
-from kernelhost.sandboxes import key_id
+from kernelhost.api.auth import key_id
 
 from ..harness import Service, running_service
 

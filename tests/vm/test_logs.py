@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from kernelhost import AsyncSandbox
-from kernelhost.sandboxes import key_id
+from kernelhost.api.auth import key_id
 
 from ..harness import Service
 

@@ -28,13 +28,13 @@ from ...sandboxes import (
     HOST_FAILED,
     HostFailed,
     InvalidRequest,
+    Node,
     NodeRefused,
     NodeUnreachable,
     Remedy,
     SandboxManager,
     sandbox_view,
 )
-from ...sandboxes.cluster import Node
 from ..e2b import common as e2b_common
 from ..e2b import snapshots as e2b_snapshots
 from ..e2b.common import our_template
@@ -76,7 +76,7 @@ def _target(request: web.Request, manager: SandboxManager) -> str | None:
         return wanted
     cluster = manager.cluster
     assert cluster is not None
-    for rec in cluster.store.of_owner(request[KEY_ID]):
+    for rec in cluster.records_of(request[KEY_ID]):
         if kernel_id(rec.id) == wanted:
             return rec.id
     return wanted
@@ -240,9 +240,9 @@ def remote_views(request: web.Request) -> list[dict[str, Any]]:
     if manager is None or manager.cluster is None:
         return []
     cluster = manager.cluster
-    nodes = {n.id: n for n in cluster.nodes.all()}
+    nodes = {n.id: n for n in manager.cluster_nodes()}
     views = []
-    for rec in cluster.store.of_owner(request[KEY_ID]):
+    for rec in cluster.records_of(request[KEY_ID]):
         if manager.find(rec.id) is not None:
             continue
         view = sandbox_view(rec)
@@ -283,7 +283,7 @@ async def drain_node(request: web.Request) -> web.StreamResponse:
     if cluster is None:
         raise InvalidRequest("this service is not a cluster node (store_url is not postgresql://)")
     if node_id != cluster.id:
-        node = await asyncio.to_thread(cluster.nodes.get, node_id)
+        node = await asyncio.to_thread(cluster.node, node_id)
         if node is None:
             raise InvalidRequest(f"no node {node_id!r} in the cluster; list them with GET /v1/cluster/nodes")
         return await _forward(request, manager, node)

@@ -30,7 +30,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Mapping
 
-from ...sandboxes.trust import derive_key
+from ...sandboxes import derive_key
 
 OWNER = "X-Kernelhost-Owner"
 FROM = "X-Kernelhost-From"

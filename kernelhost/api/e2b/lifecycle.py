@@ -19,8 +19,7 @@ from typing import Any
 
 from aiohttp import web
 
-from ...sandboxes import Sandbox, SandboxState
-from ...sandboxes.sandbox import iso_time
+from ...sandboxes import NetworkSpec, Sandbox, SandboxState, iso_time, parse_network
 from ..state import KEY_ID, SETTINGS
 from . import snapshots
 from .common import (
@@ -86,7 +85,7 @@ def _memory(body: dict[str, Any]) -> bool:
     return memory
 
 
-def _network(body: dict[str, Any]) -> dict[str, Any] | None:
+def _network(body: dict[str, Any]) -> NetworkSpec | None:
     """E2B's network options as our network modes: internet access is ``outbound``, an
     ``allowOut`` list is ``allowlist``; without either, the template's default."""
     net = body.get("network")
@@ -94,13 +93,13 @@ def _network(body: dict[str, Any]) -> dict[str, Any] | None:
         allow = net["allowOut"]
         if not isinstance(allow, list) or not all(isinstance(a, str) for a in allow):
             raise E2BError(400, "network.allowOut must be a list of host[:port] strings")
-        return {"mode": "allowlist", "allow": allow}
+        return parse_network({"mode": "allowlist", "allow": allow})
     access = body.get("allow_internet_access", body.get("allowInternetAccess"))
     if access is None:
         return None
     if not isinstance(access, bool):
         raise E2BError(400, f"allow_internet_access={access!r} must be true or false")
-    return {"mode": "outbound" if access else "none"}
+    return NetworkSpec("outbound" if access else "none")
 
 
 def _strings(body: dict[str, Any], field: str) -> dict[str, str]:

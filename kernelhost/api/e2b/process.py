@@ -199,7 +199,10 @@ def _process(request: web.Request, message: dict[str, Any]) -> Process:
     selector = message.get("process")
     if not isinstance(selector, dict) or "pid" not in selector:
         raise ConnectError("invalid_argument", "process must select a process by its pid")
-    return runtime(request).manager.processes.get(sbx, selector["pid"])
+    pid = selector["pid"]
+    if not isinstance(pid, int):  # no process has it
+        raise ProcessNotFound(sbx.id, pid)
+    return runtime(request).manager.processes.get(sbx, pid)
 
 
 async def _relay(

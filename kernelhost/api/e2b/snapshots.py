@@ -24,8 +24,7 @@ from typing import Any
 
 from aiohttp import web
 
-from ...sandboxes import CheckpointNotFound, Sandbox, SandboxManager
-from ...sandboxes.store.checkpoints import CheckpointRecord
+from ...sandboxes import CheckpointNotFound, CheckpointRecord, Sandbox, SandboxManager
 from ..state import KEY_ID
 from .common import E2BError, lifecycle_view, paginate, read_body, runtime
 

@@ -15,7 +15,7 @@ import structlog
 from aiohttp import web
 
 from ...jupyter import wire
-from ...sandboxes import InvalidRequest, Sandbox, SandboxManager, SandboxState, TemplateView
+from ...sandboxes import InvalidRequest, Sandbox, SandboxManager, SandboxState, TemplateView, parse_network
 from ..state import KEY_ID, RUNTIME, json_object
 from .connection import CLOSE_DETACHED, Connection
 from .kernelspecs import ALIAS, default_spec, ready_templates, template_of
@@ -113,7 +113,8 @@ def _start_options(body: dict[str, Any], ready: dict[str, TemplateView]) -> dict
     if network is None and env.get("KERNEL_NETWORK") is not None:
         allow = str(env.get("KERNEL_NETWORK_ALLOW") or "")
         network = {"mode": env["KERNEL_NETWORK"], "allow": [a.strip() for a in allow.split(",") if a.strip()]}
-    return {"template": template, "idle_timeout": idle, "metadata": metadata, "network": network}
+    net = None if network is None else parse_network(network)
+    return {"template": template, "idle_timeout": idle, "metadata": metadata, "network": net}
 
 
 @routes.post("/api/kernels")

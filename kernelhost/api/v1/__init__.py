@@ -4,6 +4,7 @@
   restart), ``/healthz`` and ``/metrics``;
 - ``checkpoints``: ``/v1/sandboxes/{id}/checkpoints``, ``/restore``, ``/undo``;
 - ``templates``: ``/v1/templates``: build, list, get, logs, cancel, delete;
+- ``requests``: what the views share to read a request (``field``, ``runtime``, ``sandbox``);
 - ``ndjson``: the lines of an execution's NDJSON stream;
 - ``openapi``, ``openapi_checkpoints``, ``openapi_templates``: ``/openapi.json``.
 """

@@ -9,7 +9,7 @@ from aiohttp import web
 
 from ...sandboxes import CheckpointNotFound
 from ..state import KEY_ID, json_object
-from .routes import _field, _runtime, _sandbox
+from .requests import field, runtime, sandbox
 
 checkpoint_routes = web.RouteTableDef()
 
@@ -18,23 +18,23 @@ checkpoint_routes = web.RouteTableDef()
 async def take_checkpoint(request: web.Request) -> web.Response:
     """Freeze the sandbox's whole state (body ``{"label": "..."}``, optional); 201 with it."""
     body = await json_object(request)
-    label = _field(body, "label", str)
-    sbx = _sandbox(request)
+    label = field(body, "label", str)
+    sbx = sandbox(request)
     # shielded: once the VM is frozen, the file is written whether or not the client waits
-    cp = await asyncio.shield(_runtime(request).manager.checkpoint(sbx, label))
+    cp = await asyncio.shield(runtime(request).manager.checkpoint(sbx, label))
     return web.json_response(cp.to_dict(), status=201)
 
 
 @checkpoint_routes.get("/v1/sandboxes/{sandbox_id}/checkpoints")
 async def list_checkpoints(request: web.Request) -> web.Response:
-    cps = _runtime(request).manager.checkpoints(_sandbox(request))
+    cps = runtime(request).manager.checkpoints(sandbox(request))
     return web.json_response({"checkpoints": [c.to_dict() for c in cps]})
 
 
 @checkpoint_routes.get("/v1/sandboxes/{sandbox_id}/checkpoints/{checkpoint_id}")
 async def get_checkpoint(request: web.Request) -> web.Response:
-    sbx = _sandbox(request)
-    cp = _runtime(request).manager.get_checkpoint(request[KEY_ID], request.match_info["checkpoint_id"])
+    sbx = sandbox(request)
+    cp = runtime(request).manager.get_checkpoint(request[KEY_ID], request.match_info["checkpoint_id"])
     if cp.sandbox_id != sbx.id:
         raise CheckpointNotFound(cp.id)
     return web.json_response(cp.to_dict())
@@ -42,8 +42,8 @@ async def get_checkpoint(request: web.Request) -> web.Response:
 
 @checkpoint_routes.delete("/v1/sandboxes/{sandbox_id}/checkpoints/{checkpoint_id}")
 async def delete_checkpoint(request: web.Request) -> web.Response:
-    manager = _runtime(request).manager
-    await manager.delete_checkpoint(_sandbox(request), request.match_info["checkpoint_id"])
+    manager = runtime(request).manager
+    await manager.delete_checkpoint(sandbox(request), request.match_info["checkpoint_id"])
     return web.Response(status=204)
 
 
@@ -52,9 +52,9 @@ async def restore(request: web.Request) -> web.Response:
     """Rewind the sandbox to one of its checkpoints (body ``{"checkpoint": "cp_..."}``): every
     variable, import and file as it was then; a running call ends with status ``restored``."""
     body = await json_object(request)
-    cid = _field(body, "checkpoint", str, required=True)
-    sbx = _sandbox(request)
-    cp = await asyncio.shield(_runtime(request).manager.restore(sbx, cid))
+    cid = field(body, "checkpoint", str, required=True)
+    sbx = sandbox(request)
+    cp = await asyncio.shield(runtime(request).manager.restore(sbx, cid))
     return web.json_response({"checkpoint": cp.to_dict(), "sandbox": sbx.to_dict()})
 
 
@@ -62,7 +62,7 @@ async def restore(request: web.Request) -> web.Response:
 async def undo(request: web.Request) -> web.Response:
     """Rewind to before the ``n``-th last call (body ``{"n": 1}``); needs ``auto_checkpoint``."""
     body = await json_object(request)
-    n = _field(body, "n", int, 1)
-    sbx = _sandbox(request)
-    cp = await asyncio.shield(_runtime(request).manager.undo(sbx, n))
+    n = field(body, "n", int, 1)
+    sbx = sandbox(request)
+    cp = await asyncio.shield(runtime(request).manager.undo(sbx, n))
     return web.json_response({"checkpoint": cp.to_dict(), "sandbox": sbx.to_dict()})

@@ -7,55 +7,33 @@ import contextlib
 import json
 import time
 from collections.abc import AsyncGenerator, AsyncIterator
-from typing import Any
 
 from aiohttp import web
 
 from ... import tracing
 from ...metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from ...metrics import Metrics
-from ...sandboxes import ADMITTED, End, Event, InvalidRequest, Sandbox, SandboxError
+from ...sandboxes import (
+    ADMITTED,
+    End,
+    Event,
+    InvalidRequest,
+    SandboxError,
+    parse_auto_checkpoint,
+    parse_network,
+)
 from ..cluster import remote_views
 from ..errors import error_body, status_for
-from ..state import KEY_ID, RUNTIME, Runtime, json_object
+from ..state import KEY_ID, json_object
 from . import ndjson
+from .requests import field, runtime, sandbox
 
 routes = web.RouteTableDef()
 
 
-def _runtime(request: web.Request) -> Runtime:
-    return request.app[RUNTIME]
-
-
-def _field(
-    body: dict[str, Any],
-    name: str,
-    kind: type | tuple[type, ...],
-    default: Any = None,
-    required: bool = False,
-) -> Any:
-    if name not in body or body[name] is None:
-        if required:
-            raise InvalidRequest(f"field {name!r} is required", field=name)
-        return default
-    value = body[name]
-    if not isinstance(value, kind) or (isinstance(value, bool) and bool not in _as_tuple(kind)):
-        names = " or ".join(k.__name__ for k in _as_tuple(kind))
-        raise InvalidRequest(f"field {name!r} must be {names}, got {value!r:.80}", field=name)
-    return value
-
-
-def _as_tuple(kind: type | tuple[type, ...]) -> tuple[type, ...]:
-    return kind if isinstance(kind, tuple) else (kind,)
-
-
-def _sandbox(request: web.Request) -> Sandbox:
-    return _runtime(request).manager.get(request[KEY_ID], request.match_info["sandbox_id"])
-
-
 @routes.get("/healthz")
 async def healthz(request: web.Request) -> web.Response:
-    rt = _runtime(request)
+    rt = runtime(request)
     return web.json_response(
         {
             "status": "ok",
@@ -72,23 +50,29 @@ async def healthz(request: web.Request) -> web.Response:
 @routes.get("/metrics")
 async def metrics(request: web.Request) -> web.Response:
     """Prometheus text format; no key needed, like /healthz (labels carry no ids or keys)."""
-    body = _runtime(request).manager.metrics.render()
+    body = runtime(request).manager.metrics.render()
     return web.Response(body=body, headers={"Content-Type": METRICS_CONTENT_TYPE})
 
 
 @routes.post("/v1/sandboxes")
 async def create_sandbox(request: web.Request) -> web.Response:
     body = await json_object(request)
-    template = _field(body, "template", str, "python")
-    idle = _field(body, "idle_timeout_seconds", int)
-    metadata = _field(body, "metadata", dict, {})
+    template = field(body, "template", str, "python")
+    idle = field(body, "idle_timeout_seconds", int)
+    metadata = field(body, "metadata", dict, {})
     if not all(isinstance(k, str) and isinstance(v, str) for k, v in metadata.items()):
         raise InvalidRequest("field 'metadata' must map strings to strings", field="metadata")
     network = body.get("network")  # "none" | "allowlist" | "outbound" | {"mode", "allow"}
-    auto = body.get("auto_checkpoint")  # true | false | how many calls undo reaches
-    checkpoint = _field(body, "checkpoint", str)  # a new sandbox holding a checkpoint's state
-    sbx = await _runtime(request).manager.create(
-        request[KEY_ID], template, idle, metadata, network, auto_checkpoint=auto, checkpoint=checkpoint
+    auto = parse_auto_checkpoint(body.get("auto_checkpoint"))  # true | false | how many calls undo reaches
+    checkpoint = field(body, "checkpoint", str)  # a new sandbox holding a checkpoint's state
+    sbx = await runtime(request).manager.create(
+        request[KEY_ID],
+        template,
+        idle,
+        metadata,
+        None if network is None else parse_network(network),
+        auto_checkpoint=auto,
+        checkpoint=checkpoint,
     )
     tracing.set_attributes(sandbox_id=sbx.id)  # the call's span: the sandbox it made
     view = sbx.to_dict()
@@ -100,20 +84,20 @@ async def create_sandbox(request: web.Request) -> web.Response:
 
 @routes.get("/v1/sandboxes")
 async def list_sandboxes(request: web.Request) -> web.Response:
-    sandboxes = _runtime(request).manager.owned(request[KEY_ID])
+    sandboxes = runtime(request).manager.owned(request[KEY_ID])
     elsewhere = await asyncio.to_thread(remote_views, request)  # a cluster's other nodes
     return web.json_response({"sandboxes": [s.to_dict() for s in sandboxes] + elsewhere})
 
 
 @routes.get("/v1/sandboxes/{sandbox_id}")
 async def get_sandbox(request: web.Request) -> web.Response:
-    return web.json_response(_sandbox(request).to_dict())
+    return web.json_response(sandbox(request).to_dict())
 
 
 @routes.delete("/v1/sandboxes/{sandbox_id}")
 async def delete_sandbox(request: web.Request) -> web.Response:
     # shielded: a client hanging up mid-delete must not leave a half-removed sandbox behind
-    await asyncio.shield(_runtime(request).manager.delete(request[KEY_ID], request.match_info["sandbox_id"]))
+    await asyncio.shield(runtime(request).manager.delete(request[KEY_ID], request.match_info["sandbox_id"]))
     return web.Response(status=204)
 
 
@@ -124,12 +108,12 @@ async def execute(request: web.Request) -> web.StreamResponse:
     Calls to one sandbox are served one at a time in arrival order: a second call's stream opens
     at once but its events start when the first call has ended.
     """
-    sbx = _sandbox(request)
+    sbx = sandbox(request)
     body = await json_object(request)
-    code = _field(body, "code", str, required=True)
-    language = _field(body, "language", str, "python")
-    timeout = _field(body, "timeout", (int, float))
-    manager = _runtime(request).manager
+    code = field(body, "code", str, required=True)
+    language = field(body, "language", str, "python")
+    timeout = field(body, "timeout", (int, float))
+    manager = runtime(request).manager
     events = await manager.execute(sbx, code, language, timeout)
     manager.metrics.count_relayed("execute", "in", len(code.encode()))
     resp = web.StreamResponse(
@@ -198,17 +182,17 @@ def _ndjson(event: Event) -> bytes:
 async def fork_sandbox(request: web.Request) -> web.Response:
     """Copy a live sandbox into ``n`` children (body ``{"n": 1}``); 201 with the children."""
     body = await json_object(request)
-    n = _field(body, "n", int, 1)
-    kids = await _runtime(request).manager.fork(request[KEY_ID], request.match_info["sandbox_id"], n)
+    n = field(body, "n", int, 1)
+    kids = await runtime(request).manager.fork(request[KEY_ID], request.match_info["sandbox_id"], n)
     return web.json_response({"sandboxes": [k.to_dict() for k in kids]}, status=201)
 
 
 @routes.post("/v1/sandboxes/{sandbox_id}/hibernate")
 async def hibernate_sandbox(request: web.Request) -> web.Response:
     """Save the sandbox to disk and stop its VM now; its next call wakes it, state intact."""
-    manager = _runtime(request).manager
-    await manager.hibernate(_sandbox(request))
-    return web.json_response(_sandbox(request).to_dict())
+    manager = runtime(request).manager
+    await manager.hibernate(sandbox(request))
+    return web.json_response(sandbox(request).to_dict())
 
 
 # -- recovery and files ----------------------------------------------------------------------------
@@ -220,7 +204,7 @@ async def interrupt_sandbox(request: web.Request) -> web.Response:
 
     Does not wait behind the running call. ``{"interrupted": false}`` when nothing was running.
     """
-    interrupted = await _runtime(request).manager.interrupt(_sandbox(request))
+    interrupted = await runtime(request).manager.interrupt(sandbox(request))
     return web.json_response({"interrupted": interrupted})
 
 
@@ -232,8 +216,8 @@ async def restart_sandbox(request: web.Request) -> web.Response:
     VM is dead, the sandbox gets a fresh VM from its template (files lost too):
     ``{"recovery": "kernel_restarted" | "vm_replaced", "sandbox": {...}}``.
     """
-    sbx = _sandbox(request)
-    recovery = await _runtime(request).manager.restart(sbx)
+    sbx = sandbox(request)
+    recovery = await runtime(request).manager.restart(sbx)
     return web.json_response({"recovery": recovery.value, "sandbox": sbx.to_dict()})
 
 
@@ -259,26 +243,26 @@ def _query_bool(request: web.Request, name: str) -> bool:
 async def write_file(request: web.Request) -> web.Response:
     """Write the request body (raw bytes, streamed) to ``?path=``; parents are created, an
     existing file is replaced atomically. 413 over ``max_file_bytes``."""
-    sbx = _sandbox(request)
+    sbx = sandbox(request)
     path = _query_path(request)
 
-    metrics = _runtime(request).manager.metrics
+    metrics = runtime(request).manager.metrics
 
     async def body() -> AsyncIterator[bytes]:
         async for chunk in request.content.iter_any():
             metrics.count_relayed("files", "in", len(chunk))
             yield chunk
 
-    result = await _runtime(request).manager.files.write_file(sbx, path, body(), request.content_length)
+    result = await runtime(request).manager.files.write_file(sbx, path, body(), request.content_length)
     return web.json_response(result, status=201)
 
 
 @routes.get("/v1/sandboxes/{sandbox_id}/files")
 async def read_file(request: web.Request) -> web.StreamResponse:
     """The bytes of the file at ``?path=``, streamed; 404 naming the path if there is none."""
-    sbx = _sandbox(request)
+    sbx = sandbox(request)
     path = _query_path(request)
-    size, chunks = await _runtime(request).manager.files.read_file(sbx, path)
+    size, chunks = await runtime(request).manager.files.read_file(sbx, path)
     resp = web.StreamResponse(
         headers={
             "Content-Type": "application/octet-stream",
@@ -291,7 +275,7 @@ async def read_file(request: web.Request) -> web.StreamResponse:
     # the client sees fewer bytes than Content-Length promised.
     async with contextlib.aclosing(chunks):  # type: ignore[type-var]
         async for chunk in chunks:
-            _runtime(request).manager.metrics.count_relayed("files", "out", len(chunk))
+            runtime(request).manager.metrics.count_relayed("files", "out", len(chunk))
             await resp.write(chunk)
     await resp.write_eof()
     return resp
@@ -300,16 +284,16 @@ async def read_file(request: web.Request) -> web.StreamResponse:
 @routes.get("/v1/sandboxes/{sandbox_id}/files/list")
 async def list_files(request: web.Request) -> web.Response:
     """The entries of the directory ``?path=`` (default: /home/user, the kernel's cwd)."""
-    sbx = _sandbox(request)
-    result = await _runtime(request).manager.files.list_files(sbx, _query_path(request, "."))
+    sbx = sandbox(request)
+    result = await runtime(request).manager.files.list_files(sbx, _query_path(request, "."))
     return web.json_response(result)
 
 
 @routes.delete("/v1/sandboxes/{sandbox_id}/files")
 async def remove_file(request: web.Request) -> web.Response:
     """Remove the file or empty directory ``?path=`` (``&recursive=true``: with contents)."""
-    sbx = _sandbox(request)
-    await _runtime(request).manager.files.remove_file(
+    sbx = sandbox(request)
+    await runtime(request).manager.files.remove_file(
         sbx, _query_path(request), _query_bool(request, "recursive")
     )
     return web.Response(status=204)

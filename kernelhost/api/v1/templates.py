@@ -21,9 +21,9 @@ LOG_TYPE = "application/x-ndjson"
 @routes.post("/v1/templates")
 async def build_template(request: web.Request) -> web.Response:
     """Start a build (202); its progress is ``GET .../builds/{id}/logs``."""
-    spec, archive = await _spec_and_files(request)
+    data, archive = await _spec_and_files(request)
     manager = request.app[RUNTIME].manager
-    build = await manager.build_template(request[KEY_ID], spec, archive)
+    build = await manager.build_template(request[KEY_ID], manager.template_spec(data), archive)
     view = manager.template(request[KEY_ID], build.name)
     location = f"/v1/templates/{build.name}/builds/{build.id}"
     return web.json_response(

@@ -13,18 +13,15 @@ import structlog
 from ...ratelimit import TokenBucket
 from ..context import Context
 from ..errors import SandboxError
-from ..registry import Registry
 from ..sandbox import Sandbox
 from ..store.checkpoints import CheckpointRecord
 
 log = structlog.get_logger("kernelhost.checkpoints")
 
 
-class Owner(Protocol):
-    """What the automatic checkpoints use of their owner, ``service.Checkpoints``."""
-
-    ctx: Context
-    registry: Registry
+class Taker(Protocol):
+    """How the automatic checkpoints take one: ``service.Checkpoints``' public two steps (freeze
+    the VM, then write the checkpoint in the background)."""
 
     async def freeze(self, sbx: Sandbox) -> Any: ...
 
@@ -34,7 +31,8 @@ class Owner(Protocol):
 
 
 class AutoCheckpoints:
-    def __init__(self, checkpoints: Owner) -> None:
+    def __init__(self, ctx: Context, checkpoints: Taker) -> None:
+        self.ctx = ctx
         self.cps = checkpoints
         self._warned = TokenBucket(1 / 60, 5.0)  # failed automatic checkpoints logged
 
@@ -46,14 +44,14 @@ class AutoCheckpoints:
 
     def after_call(self, sbx: Sandbox) -> None:
         """A call ended: the state before the next one is taken now, in the background."""
-        if not sbx.record.auto_checkpoint or not self.cps.registry.holds(sbx):
+        if not sbx.record.auto_checkpoint or not self.ctx.registry.holds(sbx):
             return
         sbx.checkpoint_stale = True
-        self.cps.ctx.tasks.spawn(self._auto_after(sbx), name=f"auto-checkpoint:{sbx.id}")
+        self.ctx.tasks.spawn(self._auto_after(sbx), name=f"auto-checkpoint:{sbx.id}")
 
     async def _auto_after(self, sbx: Sandbox) -> None:
         async with sbx.lock.hold("auto-checkpoint"):
-            if not sbx.checkpoint_stale or not self.cps.registry.holds(sbx):
+            if not sbx.checkpoint_stale or not self.ctx.registry.holds(sbx):
                 return  # a call that came first took it
             await self._auto(sbx)
 
@@ -67,7 +65,7 @@ class AutoCheckpoints:
             return
         task = self.cps.write(sbx, frozen, label=f"before call {index}", auto=True, call_index=index)
         # written in the background; the call runs meanwhile
-        self.cps.ctx.tasks.spawn(self._log_failure(sbx, task), name=f"auto-checkpoint-write:{sbx.id}")
+        self.ctx.tasks.spawn(self._log_failure(sbx, task), name=f"auto-checkpoint-write:{sbx.id}")
 
     async def _log_failure(self, sbx: Sandbox, write: Awaitable[CheckpointRecord]) -> None:
         try:

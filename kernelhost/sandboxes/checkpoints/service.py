@@ -45,7 +45,7 @@ from ..errors import (
     SandboxNotFound,
 )
 from ..lifecycle.create import Lifecycle
-from ..network import parse_network
+from ..network import NetworkSpec
 from ..registry import new_record
 from ..sandbox import Sandbox, ensure_usable, wait_replacement
 from ..states import SandboxState
@@ -54,7 +54,6 @@ from ..store.checkpoints import (
     CheckpointStore,
     check_label,
     is_checkpoint_id,
-    keep_of,
     new_checkpoint_id,
 )
 from ..vm.backend import Saving
@@ -80,8 +79,6 @@ SwapVm = Callable[..., Awaitable[bool]]
 
 
 class Checkpoints:
-    keep_of = staticmethod(keep_of)  # the create option ``auto_checkpoint``
-
     def __init__(self, ctx: Context, lifecycle: Lifecycle, store: CheckpointStore, swap_vm: SwapVm) -> None:
         self.ctx = ctx
         self.lifecycle = lifecycle
@@ -90,8 +87,12 @@ class Checkpoints:
         self.swap_vm = swap_vm
         self.files = ctx.vms.checkpoint_files(ctx.settings.checkpoint_dir, ctx.settings.live_checkpoints)
         self._writing: dict[str, set[asyncio.Task[CheckpointRecord]]] = {}
-        self.auto = AutoCheckpoints(self)
+        self.auto = AutoCheckpoints(ctx, self)
         lifecycle.on_remove.append(self.drop_all)
+
+    def close(self) -> None:
+        """At service stop, once no checkpoint is being written."""
+        self.files.close()
 
     def start(self) -> None:
         """At service start, after reconcile: files and records no live sandbox owns go (kept
@@ -269,7 +270,7 @@ class Checkpoints:
         log.info("checkpoint.taken", sandbox_id=sbx.id, checkpoint_id=cp.id, bytes=cp.bytes, auto=cp.auto)
         return cp
 
-    async def settle(self, sbx: Sandbox) -> None:
+    async def wait_writes(self, sbx: Sandbox) -> None:
         """Wait for the checkpoints of ``sbx`` being written (their errors are theirs)."""
         pending = list(self._writing.get(sbx.id, ()))
         if pending:
@@ -286,7 +287,7 @@ class Checkpoints:
                 "sandbox from it (create with checkpoint) or restore that sandbox",
                 field="checkpoint",
             )
-        await self.settle(sbx)
+        await self.wait_writes(sbx)
         if sbx.call is not None:
             sbx.call.notify("restored", checkpoint=cp.id)
         timeout = self.ctx.settings.agent_timeout
@@ -371,7 +372,7 @@ class Checkpoints:
             raise InvalidRequest(
                 f"n={n!r} is out of range; undo 1 to {keep} calls (its auto_checkpoint)", field="n"
             )
-        await self.settle(sbx)
+        await self.wait_writes(sbx)
         target = sbx.record.calls - n + 1
         cp = next((c for c in self.of(sbx) if c.auto and c.call_index == target), None)
         if target < 1 or cp is None:
@@ -394,13 +395,13 @@ class Checkpoints:
         checkpoint_id: str,
         idle_timeout: int,
         metadata: dict[str, str],
-        network: object = None,
+        network: NetworkSpec | None = None,
     ) -> Sandbox:
         """A new sandbox of ``owner`` holding the state of the checkpoint, in the network mode
         ``network`` or (None) the one its sandbox had when the checkpoint was taken."""
         cp = self.get(owner, checkpoint_id)
         image = self._image(cp)
-        net = parse_network(network).to_dict() if network is not None else self._network_of(cp)
+        net = network.to_dict() if network is not None else self._network_of(cp)
         shape = self.ctx.shape_for(image)
         async with self.registry.admit(owner, 1, shape.memory_mib):
             rec = new_record(

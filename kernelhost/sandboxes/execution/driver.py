@@ -25,7 +25,7 @@ import structlog
 
 from ...channel import AgentClient, ChannelError, JupyterMessage, Subscription
 from ...channel.protocol import Op
-from ..errors import SandboxError
+from ..errors import InvalidRequest, SandboxError
 from ..states import ExecutionStatus, Recovery
 from .calls import BashCall, Call, PythonCall
 from .events import End, Error, Event
@@ -51,6 +51,29 @@ class Cell:
     #: background process)
     stdin: bool = False
     keep_state: bool = True
+
+    @classmethod
+    def checked(
+        cls, code: str, language: str, timeout: float | None, *, max_bytes: int, default_timeout: float
+    ) -> Cell:
+        """A caller's call, checked (``InvalidRequest`` naming the field): a known language, code
+        within ``max_bytes``, a positive timeout or none (``default_timeout`` if positive)."""
+        if language not in LANGUAGES:
+            raise InvalidRequest(
+                f"language {language!r} is not supported; use one of: {', '.join(LANGUAGES)}",
+                field="language",
+            )
+        size = len(code.encode())
+        if size > max_bytes:
+            raise InvalidRequest(
+                f"code is {size} bytes, over the limit of {max_bytes}; upload large inputs as files",
+                field="code",
+            )
+        if timeout is not None and timeout <= 0:
+            raise InvalidRequest(f"timeout={timeout} must be positive (seconds) or null", field="timeout")
+        if timeout is None and default_timeout > 0:
+            timeout = default_timeout
+        return cls(code, language, timeout)
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ from ...channel.client import CLOSED_BY_HOST
 from ...ratelimit import TokenBucket
 from ..context import Context
 from ..errors import BackendUnavailable, BootFailed, InvalidRequest, UnknownTemplate
-from ..network import parse_network
+from ..network import NetworkSpec, parse_network
 from ..registry import new_record
 from ..sandbox import Sandbox
 from ..states import SandboxState
@@ -119,7 +119,7 @@ class Lifecycle:
         template: str,
         idle_timeout: int | None = None,
         metadata: dict[str, str] | None = None,
-        network: Any = None,
+        network: NetworkSpec | None = None,
         auto_checkpoint: int = 0,
     ) -> Sandbox:
         t0 = time.monotonic()

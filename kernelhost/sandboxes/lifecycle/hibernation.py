@@ -90,7 +90,7 @@ class Hibernation:
             "sandbox.hibernated", sandbox_id=sbx.id, bytes=size, ms=round((time.monotonic() - t0) * 1000)
         )
 
-    async def settle(self, sbx: Sandbox) -> None:
+    async def wait_for_vm(self, sbx: Sandbox) -> None:
         """Wait for a replacement, hibernation or wake of ``sbx`` in flight, then wake it."""
         await wait_replacement(sbx)
         if sbx.vm_lock.locked():

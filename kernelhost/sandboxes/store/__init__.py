@@ -4,7 +4,7 @@
 - ``migrations``: ``migrate()``: the schema's versions, applied once each under the schema's lock;
 - ``schema``: schema version 1, every table as the releases before versioned migrations made it;
 - ``sandboxes``: ``SandboxRecord``, ``Store``: sandbox records, and the cluster's queries on them;
-- ``keys``: ``key_id``, ``new_api_key``: an API key's id (what records and logs carry);
+  ``open_store``: the store as the service's start-up opens it (``api/app.py``, by this face);
 - ``checkpoints``: ``CheckpointRecord``, ``CheckpointStore``: checkpoint records;
 - ``templates``: ``TemplateRecord``, ``TemplateStore``: template and build records.
 
@@ -15,7 +15,7 @@ writes them (``node_table.py``, ``quota.py``), and asks ``Store`` about the sand
 from .checkpoints import CheckpointRecord, CheckpointStore
 from .db import Database, StoreUnavailable, open_database
 from .migrations import Migration, Outcome, SchemaTooNew, migrate
-from .sandboxes import SandboxRecord, Store
+from .sandboxes import SandboxRecord, Store, open_store
 from .templates import TemplateRecord, TemplateStore
 
 __all__ = [
@@ -32,4 +32,5 @@ __all__ = [
     "TemplateStore",
     "migrate",
     "open_database",
+    "open_store",
 ]

@@ -62,7 +62,7 @@ def is_checkpoint_id(value: object) -> bool:
     return isinstance(value, str) and CHECKPOINT_ID.fullmatch(value) is not None
 
 
-def keep_of(auto_checkpoint: object) -> int:
+def parse_auto_checkpoint(auto_checkpoint: object) -> int:
     """The create option ``auto_checkpoint`` (false, true, or how many calls undo reaches) as
     the sandbox record's count of checkpoints kept before calls."""
     if auto_checkpoint is None or auto_checkpoint is False:

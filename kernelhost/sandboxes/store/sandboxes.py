@@ -14,8 +14,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ...config import Settings
 from ..states import SandboxState
-from .db import Database, SQLite
+from .db import Database, SQLite, open_database
 from .migrations import ensure_schema, known_columns
 
 JSON_FIELDS = ("metadata", "network", "access_tokens")
@@ -151,3 +152,15 @@ def _record(row: dict[str, Any]) -> SandboxRecord:
     data["access_tokens"] = [t for t in tokens if isinstance(t, str)] if isinstance(tokens, list) else []
     data["state"] = SandboxState(data["state"])
     return SandboxRecord(**data)
+
+
+def open_store(settings: Settings) -> Store:
+    """The service's store, as its start-up opens it (before libvirt is touched): ``store_url``'s
+    database, or the state directory's SQLite file; its schema migrated under its lock
+    (``SchemaTooNew`` for one a newer kernelhost wrote)."""
+    db = open_database(settings.store_url, settings.db_path)
+    try:
+        return Store(db, settings.node_id)
+    except BaseException:
+        db.close()
+        raise

@@ -126,6 +126,19 @@ class TemplateService:
                 return view
         raise TemplateNotFound(name, [v.name for v in self.visible(owner)])
 
+    def builds_of(self, owner: str, name: str) -> list[dict[str, Any]]:
+        """The builds of a template ``owner`` may see, oldest first, without whose they are (a
+        built-in has none)."""
+        view = self.view(owner, name)
+        if view.kind == "builtin":
+            return []
+        rec = self.store.get(owner, name) or self.store.get("", name)
+        assert rec is not None
+        return [
+            {k: v for k, v in row.items() if k not in ("owner", "key")}
+            for row in self.store.builds(rec.owner, name)
+        ]
+
     def resolve(self, owner: str, name: str) -> tuple[str, GuestImage]:
         """The image a new sandbox of ``name`` starts from, and the image's name to record."""
         rec = self._record(owner, name)
@@ -162,12 +175,16 @@ class TemplateService:
 
     # -- building --------------------------------------------------------------------------------
 
-    async def submit(self, owner: str, data: Any, archive: bytes | None = None) -> Build:
-        """Check the spec, then build it in the background (a cache hit finishes at once)."""
+    def parse(self, data: Any) -> TemplateSpec:
+        """A spec as a request or spec file gives it, checked (``InvalidRequest`` naming the
+        field): its base must be a built-in, its name must not be one."""
         try:
-            spec = parse_spec(data, builtins=tuple(self.builtins()))
+            return parse_spec(data, builtins=tuple(self.builtins()))
         except SpecError as exc:
             raise InvalidRequest(str(exc), field=exc.field) from None
+
+    async def submit(self, owner: str, spec: TemplateSpec, archive: bytes | None = None) -> Build:
+        """Build a checked spec (``parse``) in the background (a cache hit finishes at once)."""
         current = self.store.get(owner, spec.name)
         running = self.queue.builds.get(current.build_id) if current else None
         if running is not None and not running.state.finished:
@@ -391,7 +408,7 @@ class OperatorTemplates:
             try:
                 data = tomllib.loads(path.read_text())
                 archive = _operator_files(path, data)
-                build = await self.service.submit("", data, archive)
+                build = await self.service.submit("", self.service.parse(data), archive)
             except (OSError, tomllib.TOMLDecodeError, SandboxError, ArchiveError) as exc:
                 log.error("template.operator_spec_failed", path=str(path), error=str(exc))
                 continue

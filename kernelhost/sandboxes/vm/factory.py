@@ -114,10 +114,10 @@ class VmFactory:
 
     async def close(self) -> None:
         await self.pool.close()
-        self.forker.spares.stop()
+        self.forker.stop()
         # let cleanups finish: they remove domains and files
         await self.background.wait(self.timeouts.cleanup)
-        self.forker.spares.clear()
+        self.forker.clear()
         await asyncio.to_thread(self.cpu.close)  # the partitions of keys with no VM left
         with contextlib.suppress(OSError):  # this service's fork directory, once empty
             self.forks_dir.rmdir()

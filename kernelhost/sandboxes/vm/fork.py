@@ -92,6 +92,14 @@ class VmForker:
             vms.forks_dir, vms.snapshots.dir, vms.background, self._start_spare_vm, vms.destroy_later
         )
 
+    def stop(self) -> None:
+        """The service stops: no new spare, the ones being made end (``Spares.stop``)."""
+        self.spares.stop()
+
+    def clear(self) -> None:
+        """Once the factory's cleanups ran: the spare copies' files go."""
+        self.spares.clear()
+
     async def fork(self, parent: str, image: GuestImage, children: Children) -> list[tuple[str, AgentClient]]:
         """Clone the running ``parent`` into ``children`` (domain, metadata); parent resumes.
         Each child's domain and agent: the first children's domains are the spare's paused

@@ -7,8 +7,7 @@ dropped and destroyed.
 
 A refill that a hand-out asked for starts ``REFILL_DELAY`` seconds later: the sandbox just handed
 out is about to run its first call, and a clone being made (a QEMU started, a snapshot loaded, a
-kernel warmed) takes a core. Under emulation it was most of what made a first call slower than
-the second (x1.3 in bench_speed; the same calls with the refill paused: none).
+kernel warmed) takes a core: made at once, it slows that first call (bench/results/vm-mechanics.md).
 """
 
 from __future__ import annotations

@@ -3,8 +3,12 @@
 A template VM boots with its RAM in a file on tmpfs mapped shared. Once its kernel is ready and
 the template's heavy modules are imported (agent op ``prepare_snapshot``), it is paused and its
 device state saved with ``x-ignore-shared`` (a few hundred KiB): the RAM stays in the file. A
-clone maps that file privately and loads the state: running in ~0.1 s, answering in ~0.3 s
-under TCG, sharing every page it has not written with every other clone.
+clone maps that file privately and loads the state, so it starts without a boot and shares every
+page it has not written with every other clone (how fast: bench/results/vm-mechanics.md).
+
+In the code, "snapshot" means this and nothing else: a template's frozen VM. A VM's saved state
+is a *state* (``hypervisor/migration.py``: saved, loaded, live-saved); E2B's snapshot is a kept
+checkpoint, and the word stays at that surface (``api/e2b/snapshots.py``).
 
 Snapshots are content-addressed by everything that makes them valid (the image build, the QEMU
 and libvirt versions, the machine shape, the accelerator); a stale one is rebuilt on first use

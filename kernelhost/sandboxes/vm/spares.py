@@ -3,15 +3,15 @@ already started on it.
 
 A page fork (``fork.py``) needs a private copy of the template's base RAM file to write the
 parent's pages into. The next fork from that base renames the spare copy instead of copying the
-base (a few hundred MiB, ~0.2 s), and its children are the QEMUs started on the copy beforehand
+base (a few hundred MiB), and its children are the QEMUs started on the copy beforehand
 (paused, waiting for a state: QEMU's start and libvirt's work for it leave the fork's path). As
 many QEMUs are started as the last fork from that base had children, at most ``SPARE_VMS_MAX``;
 a fork with more children starts the rest itself, one with fewer destroys the ones it leaves.
 
 The next spare is made as soon as a fork's children run, its copy in a thread at the idle
 scheduling priority: it takes only CPU that nothing else wants, so it does not slow the
-children's first calls (a copy at normal priority beside them made those 0.24-0.34 s instead of
-0.14 s), and a fork right after another finds it made or part made. A fork that finds the copy
+children's first calls (a copy at normal priority beside them does: bench/results/vm-mechanics.md),
+and a fork right after another finds it made or part made. A fork that finds the copy
 still running raises it to normal priority and waits for it (a busy host cannot starve it). A
 host that forks holds one such file (the template's RAM size) and up to ``SPARE_VMS_MAX`` paused
 QEMUs (~24 MiB each) per template it forks from; ``stop`` and ``clear`` remove them.

@@ -65,7 +65,9 @@ class Location:
         )
 
 
-class ClusterNode:
+class Membership:
+    """This service's part in the cluster (``Node`` is a row of the nodes table: any node)."""
+
     def __init__(self, ctx: Context, store: Store) -> None:
         s = ctx.settings
         self.ctx, self.store = ctx, store
@@ -194,8 +196,21 @@ class ClusterNode:
             return None
         return node
 
-    def forget_location(self, sandbox_id: str) -> None:
-        self._where.pop(sandbox_id, None)
+    def release(self, placement: Placement) -> None:
+        """Give back the room ``place`` reserved (idempotent)."""
+        self.quota.release(placement.reservation)
+
+    def all_nodes(self) -> list[Node]:
+        """Every node of the cluster, as the store has them."""
+        return self.nodes.all()
+
+    def records_of(self, owner: str) -> list[SandboxRecord]:
+        """``owner``'s sandboxes on every node, as the store has them."""
+        return self.store.of_owner(owner)
+
+    def node(self, node_id: str) -> Node | None:
+        """A node of the cluster by id, as the store has it (None: no such node)."""
+        return self.nodes.get(node_id)
 
     def place(self, owner: str, image: str, count: int, memory_mib: int) -> Placement:
         return self.quota.place(owner, image, count, memory_mib)
