@@ -41,6 +41,7 @@ from .execution import ClearOutput, End, Error, Event, Result, Stream
 from .manager import SandboxManager
 from .processes import Process
 from .registry import ADMITTED, MAX_WAIT
+from .sampler import Sample, UsageSampler
 from .sandbox import Sandbox, sandbox_view
 from .session import KernelSession, SessionClient, SessionEnd
 from .states import ExecutionStatus, Recovery, SandboxState
@@ -81,6 +82,7 @@ __all__ = [
     "Recovery",
     "Remedy",
     "Result",
+    "Sample",
     "Sandbox",
     "SandboxBusy",
     "SandboxDiskFull",
@@ -99,6 +101,7 @@ __all__ = [
     "TemplateNotFound",
     "TemplateView",
     "UnknownTemplate",
+    "UsageSampler",
     "key_id",
     "new_api_key",
     "open_database",
