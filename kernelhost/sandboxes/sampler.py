@@ -43,6 +43,7 @@ SAMPLES_KEPT = 720  # per sandbox: an hour at the default interval of 5 s
 GUEST_TIMEOUT = 2.0  # seconds a guest gets to send its /proc/meminfo
 HOST_TIMEOUT = 10.0  # seconds the host-side read of all VMs may take
 MEMINFO_MAX = 16384  # bytes of /proc/meminfo read (it is about 1.5 KiB)
+SLACK = 0.001  # seconds a range's ends are widened by
 UNKNOWN = -1  # a figure the sample lacks (the guest did not answer)
 _PACKED = struct.Struct("<dqdiqqqqqq")
 
@@ -179,7 +180,9 @@ class UsageSampler:
     # -- reading -----------------------------------------------------------------------------------
 
     def samples(self, sandbox_id: str, start: float | None = None, end: float | None = None) -> list[Sample]:
-        """A live sandbox's samples from ``start`` to ``end`` (Unix times), oldest first."""
+        """A live sandbox's samples from ``start`` to ``end`` (Unix times, give or take a
+        millisecond: a time that went through a ``datetime`` is rounded to microseconds), oldest
+        first."""
         ring = self._rings.get(sandbox_id)
         if ring is None or self.ctx.registry.find(sandbox_id) is None:
             return []
@@ -187,7 +190,7 @@ class UsageSampler:
         return [
             s
             for s in found
-            if (start is None or s.timestamp >= start) and (end is None or s.timestamp <= end)
+            if (start is None or s.timestamp >= start - SLACK) and (end is None or s.timestamp <= end + SLACK)
         ]
 
     def latest(self) -> list[tuple[Sandbox, Sample]]:

@@ -250,3 +250,28 @@ async def test_owner_reads_its_samples_natively_and_through_e2b(tmp_path: Path) 
             f"/e2b/sandboxes/{sandbox_id}/metrics?start={later}", headers={"X-API-Key": KEY}
         )
         assert await none.json() == []
+
+
+async def test_the_sdk_reads_the_samples(tmp_path: Path) -> None:
+    from kernelhost import AsyncSandbox, Sandbox, SandboxMetrics
+
+    async with service(tmp_path, sandbox_metrics_interval=0) as (client, backend, manager):
+        sandbox_id = await create(client)
+        vm = backend.vms[manager.find(sandbox_id).record.domain]  # type: ignore[union-attr]
+        for _ in range(2):
+            vm.cpu_ns += 20_000_000
+            await manager.sampler.sample()
+            await asyncio.sleep(0.05)
+        sbx = await AsyncSandbox.connect(sandbox_id, url=str(client.make_url("")), api_key=KEY)
+        try:
+            first, last = await sbx.get_metrics()
+            assert isinstance(last, SandboxMetrics) and first.timestamp < last.timestamp
+            assert first.cpu_used_pct is None and last.cpu_used_pct is not None
+            assert (last.mem_used, last.disk_used, last.cpu_seconds) == (400000 * 1024, 50000 * 1024, 0.04)
+            assert await sbx.get_metrics(start=last.timestamp) == [last]
+            assert await sbx.get_metrics(end=first.timestamp.timestamp()) == [first]
+            with pytest.raises(ValueError, match="start must be a datetime or a Unix time"):
+                await sbx.get_metrics(start="yesterday")  # type: ignore[arg-type]
+        finally:
+            await sbx.detach()
+    assert Sandbox.get_metrics.__doc__ == AsyncSandbox.get_metrics.__doc__
