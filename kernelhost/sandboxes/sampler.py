@@ -127,6 +127,7 @@ class UsageSampler:
     def _add(
         self, sbx: Sandbox, domain: str, st: DomainStats, guest: Guest | None, mono: float, now: float
     ) -> None:
+        vcpus = max(1, sbx.record.vcpus)
         ring = self._rings.get(sbx.id)
         if ring is None:
             ring = self._rings[sbx.id] = _Ring(domain, collections.deque(maxlen=self.keep))
@@ -135,7 +136,7 @@ class UsageSampler:
             ring.domain, ring.last_cpu = domain, None
         pct = -1.0
         if ring.last_cpu is not None and mono > ring.last_cpu[0]:
-            wall_ns = (mono - ring.last_cpu[0]) * 1e9 * st.vcpus
+            wall_ns = (mono - ring.last_cpu[0]) * 1e9 * vcpus
             pct = round(min(100.0, max(0.0, (st.cpu_ns - ring.last_cpu[1]) * 100 / wall_ns)), 2)
         ring.last_cpu = (mono, st.cpu_ns)
         g = guest or Guest(UNKNOWN, UNKNOWN, UNKNOWN, UNKNOWN)
@@ -146,7 +147,7 @@ class UsageSampler:
             now,
             st.cpu_ns,
             pct,
-            st.vcpus,
+            vcpus,
             st.rss_bytes,
             g.mem_total,
             g.mem_used,
