@@ -6,8 +6,8 @@ packed into about 100 bytes each (about 75 KiB per sandbox at most). A ring goes
 sandbox: readers see live sandboxes only, and each pass drops the rings of the gone.
 
 One pass costs:
-- one host-side read of all the VMs (``VmBackend.stats``: one libvirt call): CPU time, vCPUs,
-  QEMU's resident memory;
+- one host-side read of the VMs (``VmBackend.stats``: /proc of each QEMU, tens of microseconds,
+  no libvirt call): CPU time and QEMU's resident memory;
 - per VM, one ``fs_read`` of the guest's ``/proc/meminfo`` (no process, no Jupyter; the agent
   answers it beside running code) for what the guest itself uses: its memory, and its writable
   space. That space is a tmpfs in guest RAM under the overlay, invisible from the host as a

@@ -264,7 +264,7 @@ class FakeBackend:
 
     async def stats(self, domains: Collection[str]) -> dict[str, DomainStats]:
         """Each running fake VM's ``cpu_ns`` (a test moves it), 64 MiB resident."""
-        return {d: DomainStats(self.vms[d].cpu_ns, 256 << 20, 64 << 20) for d in domains if d in self.vms}
+        return {d: DomainStats(self.vms[d].cpu_ns, 64 << 20) for d in domains if d in self.vms}
 
     def console_tail(self, domain: str, lines: int = 20, *, qemu_log: bool = False) -> str:
         return f"console of {domain}"

@@ -172,8 +172,8 @@ class VmBackend(Protocol):
         """(CPU time used in ns, vCPUs) of a running VM (``UsageMeter``)."""
 
     async def stats(self, domains: Collection[str]) -> dict[str, DomainStats]:
-        """What those of ``domains`` that run now use, read from the host side in one go
-        (``UsageSampler``, every few seconds: cheap); raises ``HypervisorError``."""
+        """What those of ``domains`` that run now use, read from the host side (``UsageSampler``,
+        every few seconds: cheap); raises ``HypervisorError``."""
 
     def console_tail(self, domain: str, lines: int = 20, *, qemu_log: bool = False) -> str:
         """The last lines of the VM's console, for a boot failure's report ("" if none); with

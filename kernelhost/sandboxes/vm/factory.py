@@ -405,7 +405,7 @@ class VmFactory:
         return await asyncio.to_thread(self.hv.cpu_time, domain)
 
     async def stats(self, domains: Collection[str]) -> dict[str, DomainStats]:
-        return await asyncio.to_thread(lambda: domain_stats(self.hv.conn, domains))
+        return await asyncio.to_thread(domain_stats, domains, lambda: self.hv.conn)
 
     def console_tail(self, domain: str, lines: int = 20, *, qemu_log: bool = False) -> str:
         paths = [("console", self.hv.vm_dir(domain) / "console.log")]
