@@ -109,6 +109,7 @@ class UsageSampler:
         self.forget(set(self._rings) - set(live))
         running = {sbx.record.domain: sbx for sbx in live.values() if sbx.live_agent is not None}
         if not running:
+            self.ctx.metrics.sampled.set(0)
             return 0
         began = time.perf_counter()
         stats = await asyncio.wait_for(self.ctx.vms.stats(list(running)), HOST_TIMEOUT)

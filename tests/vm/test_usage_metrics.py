@@ -113,7 +113,7 @@ async def test_a_busy_sandbox_shows_in_its_samples_and_to_the_operator(
         entries = await e2b.get_metrics()
         assert len(entries) >= 6 and entries == sorted(entries, key=lambda e: e.timestamp), entries
         assert entries[-1].disk_used - idle.disk_used >= 75 * MIB, entries[-1]  # type: ignore[operator]
-        assert max(e.cpu_used_pct for e in entries) == busiest, entries
+        assert max(e.cpu_used_pct for e in entries) >= busiest, entries
         recent = await e2b.get_metrics(start=after.timestamp)
         assert 1 <= len(recent) < len(entries) and recent[0].mem_used >= after.mem_used - 16 * MIB, recent  # type: ignore[operator]
 
