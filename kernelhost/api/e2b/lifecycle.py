@@ -169,14 +169,18 @@ async def get_sandbox(request: web.Request) -> web.Response:
 @lifecycle_view
 async def metrics(request: web.Request) -> web.Response:
     """The sandbox's samples from ``start`` to ``end`` (the sampler's, every
-    ``sandbox_metrics_interval`` seconds); a running sandbox with none yet (or sampling off)
-    gets one reading of now instead, and a paused one without samples none."""
+    ``sandbox_metrics_interval`` seconds; the first of a VM has no CPU figure yet and is left
+    out); a running sandbox with none yet (or sampling off) gets one reading of now instead, and
+    a paused one without samples none."""
     sbx = _sandbox(request)
     window = [_unix(request, name) for name in ("start", "end")]
     manager = runtime(request).manager
     end = window[1] + 1 if window[1] is not None else None
-    samples = [s for s in manager.sampler.samples(sbx.id, window[0], end) if s.complete]
-    if samples or manager.sampler.samples(sbx.id) or sbx.record.state == SandboxState.HIBERNATED:
+    if (
+        any(s.complete for s in manager.sampler.samples(sbx.id))
+        or sbx.record.state == SandboxState.HIBERNATED
+    ):
+        samples = [s for s in manager.sampler.samples(sbx.id, window[0], end) if s.complete]
         return web.json_response([_metric(*_fields(s)) for s in samples])
     u = await manager.usage.read(sbx)
     if (window[0] is not None and u.timestamp < window[0]) or (end is not None and u.timestamp > end):
