@@ -65,7 +65,7 @@ async def _samples_after(
 async def test_a_busy_sandbox_shows_in_its_samples_and_to_the_operator(
     svc: Service, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    sbx = await AsyncSandbox.create(template="python", url=svc.url, api_key=svc.api_key)
+    sbx = await AsyncSandbox.create(template="python", url=svc.url, api_key=svc.api_key, timeout=900)
     deleted = False
     try:
         before = await _samples_after(sbx, time.time(), n=3)
