@@ -17,6 +17,7 @@ from .host import DomainInfo, Hypervisor
 from .images import GuestImage, ImageStore
 from .migration import LiveSaveUnavailable, MigrationFailed
 from .ramdiff import DiffStats, StreamNotUnderstood, diff_stream
+from .stats import DomainStats
 
 __all__ = [
     "CHANNEL_NAME",
@@ -26,6 +27,7 @@ __all__ = [
     "DomainNotFound",
     "DomainSpec",
     "DomainStartFailed",
+    "DomainStats",
     "GuestImage",
     "Hypervisor",
     "HypervisorError",

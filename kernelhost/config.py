@@ -132,6 +132,9 @@ class Settings:
     max_processes_per_key: int = 128
     max_list_entries: int = 10000  # entries of one recursive listing (E2B's ListDir) before it stops
     metrics_require_key: bool = False  # /healthz and /metrics behind an API key
+    # seconds between samples of each running sandbox's CPU, memory and disk (GET
+    # /metrics/sandboxes, a sandbox's metrics); 0: none are taken
+    sandbox_metrics_interval: float = 5.0
     # docs/ports.md: a request for {port}-{sandbox id}.{domain} goes to that port in the sandbox
     domain: str = ""  # the wildcard DNS name in front of the service; empty: no port routing
     ports_public: bool = False  # true: a sandbox's ports answer without its traffic token
@@ -358,6 +361,7 @@ class Settings:
             raise ConfigError("tls_cert_file and tls_key_file go together: set both, or neither")
         self._validate_cluster()
         self._validate_admission()
+        self._validate_sampling()
         weak = check_secrets(self.api_keys, self.operator_keys, self.cluster_secret, self.store_url)
         if weak:
             raise ConfigError(weak)
@@ -386,6 +390,14 @@ class Settings:
             raise ConfigError(
                 f"domain has value {self.domain!r}; use a lower-case DNS name without scheme or "
                 "port (sandboxes.example.com), whose wildcard *.sandboxes.example.com points here"
+            )
+
+    def _validate_sampling(self) -> None:
+        value = self.sandbox_metrics_interval
+        if not (value == 0 or 0.5 <= value <= 3600):
+            raise ConfigError(
+                f"sandbox_metrics_interval has value {value}; use seconds between 0.5 and 3600 "
+                "(5 is the default), or 0 to take no samples"
             )
 
     def _validate_cluster(self) -> None:

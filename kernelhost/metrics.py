@@ -12,10 +12,10 @@ This module imports nothing of the service: the manager and the API import it.
 from __future__ import annotations
 
 from collections import Counter as Tally
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any, Protocol
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -23,6 +23,7 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 # seconds; a pool hand-over takes milliseconds, a cold boot under TCG 10 s or more
 LIFECYCLE_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 60, 120)
+SAMPLE_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 EXECUTE_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
 
 
@@ -107,6 +108,19 @@ class Metrics:
             registry=r,
         )
 
+        self._sampler_metrics(r)
+
+    def _sampler_metrics(self, r: CollectorRegistry) -> None:
+        self.sample_seconds = Histogram(
+            "kernelhost_sampler_pass_seconds",
+            "Time of one pass of the usage sampler over every running sandbox",
+            buckets=SAMPLE_BUCKETS,
+            registry=r,
+        )
+        self.sampled = Gauge(
+            "kernelhost_sampler_sandboxes", "Sandboxes the usage sampler's last pass read", registry=r
+        )
+
     # -- hooks ---------------------------------------------------------------------------------
 
     def observe_create(self, template: str, how: str, seconds: float) -> None:
@@ -140,6 +154,10 @@ class Metrics:
 
     def count_relayed(self, kind: str, direction: str, nbytes: int) -> None:
         self.relayed.labels(kind, direction).inc(nbytes)
+
+    def observe_sample_pass(self, seconds: float, sandboxes: int) -> None:
+        self.sample_seconds.observe(seconds)
+        self.sampled.set(sandboxes)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
@@ -235,3 +253,91 @@ class StateCollector(Collector):
         misses.add_metric([], pool.misses)
         yield misses
         vms[self.manager.accel] += pooled
+
+
+# -- per-sandbox usage, for the operator (GET /metrics/sandboxes) ------------------------------------
+
+
+class _Sample(Protocol):
+    """``sandboxes.sampler.Sample`` (read-only fields)."""
+
+    @property
+    def timestamp(self) -> float: ...
+
+    @property
+    def cpu_ns(self) -> int: ...
+
+    @property
+    def cpu_count(self) -> int: ...
+
+    @property
+    def host_rss(self) -> int: ...
+
+    @property
+    def mem_total(self) -> int: ...
+
+    @property
+    def mem_used(self) -> int: ...
+
+    @property
+    def mem_cache(self) -> int: ...
+
+    @property
+    def disk_used(self) -> int: ...
+
+    @property
+    def disk_total(self) -> int: ...
+
+
+#: (name, HELP, the sample's field); guest figures below 0 are unknown and left out
+_USAGE_GAUGES = (
+    ("kernelhost_sandbox_vcpus", "vCPUs of the sandbox's VM", "cpu_count"),
+    ("kernelhost_sandbox_host_memory_bytes", "Resident memory of the sandbox's QEMU on the host", "host_rss"),
+    ("kernelhost_sandbox_memory_total_bytes", "Memory of the guest (as the guest reports it)", "mem_total"),
+    ("kernelhost_sandbox_memory_used_bytes", "Memory the guest uses, less what it could reclaim", "mem_used"),
+    ("kernelhost_sandbox_memory_cache_bytes", "The guest's page cache and buffers", "mem_cache"),
+    (
+        "kernelhost_sandbox_disk_used_bytes",
+        "Bytes of the guest's writable space (held in its RAM)",
+        "disk_used",
+    ),
+    ("kernelhost_sandbox_disk_total_bytes", "Size of the guest's writable space", "disk_total"),
+    (
+        "kernelhost_sandbox_sample_timestamp_seconds",
+        "When the sandbox was last sampled (Unix time)",
+        "timestamp",
+    ),
+)
+USAGE_LABELS = ["sandbox_id", "key_id", "template"]
+
+
+class UsageCollector(Collector):
+    """The last sample of each live sandbox, labelled by sandbox id, its key's id (never the
+    key) and template: bounded by the sandboxes of this node, gone with them."""
+
+    def __init__(self, rows: Sequence[tuple[tuple[str, str, str], _Sample]]) -> None:
+        self.rows = rows
+
+    def collect(self) -> Iterator[Metric]:
+        cpu = CounterMetricFamily(
+            "kernelhost_sandbox_cpu_seconds",
+            "CPU time of the sandbox's VM (host side; starts over when the sandbox gets a new VM)",
+            labels=USAGE_LABELS,
+        )
+        for labels, sample in self.rows:
+            cpu.add_metric(list(labels), sample.cpu_ns / 1e9)
+        yield cpu
+        for name, help_text, attr in _USAGE_GAUGES:
+            family = GaugeMetricFamily(name, help_text, labels=USAGE_LABELS)
+            for labels, sample in self.rows:
+                value = getattr(sample, attr)
+                if value >= 0:
+                    family.add_metric(list(labels), value)
+            yield family
+
+
+def render_usage(rows: Sequence[tuple[tuple[str, str, str], _Sample]]) -> bytes:
+    """Prometheus text of ``UsageCollector(rows)``."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(UsageCollector(rows))
+    return generate_latest(registry)

@@ -33,6 +33,7 @@ export type {
   Recovery,
   Result,
   SandboxInfo,
+  SandboxMetrics,
   SandboxState,
 } from './models.js';
 export { EXECUTION_STATUSES, RECOVERIES, SANDBOX_STATES } from './models.js';

@@ -233,6 +233,47 @@ export function checkpointFromWire(obj: unknown): Checkpoint {
   };
 }
 
+/** One sample of a sandbox's CPU, memory and disk (`Sandbox.getMetrics`). */
+export interface SandboxMetrics {
+  /** ISO 8601, UTC */
+  timestamp: string;
+  timestampUnix: number;
+  cpuCount: number;
+  /** Of all its vCPUs since the previous sample; null for the first sample of a VM. */
+  cpuUsedPct: number | null;
+  /** CPU time of the sandbox's current VM. */
+  cpuSeconds: number;
+  /** What its VM holds on the host. */
+  hostMemoryBytes: number;
+  /** Bytes as the guest reports them; null when it did not answer in time. */
+  memTotal: number | null;
+  memUsed: number | null;
+  memCache: number | null;
+  /** Its writable space (held in its RAM). */
+  diskUsed: number | null;
+  diskTotal: number | null;
+}
+
+export function metricsFromWire(obj: unknown): SandboxMetrics {
+  if (!isRecord(obj) || typeof obj.timestamp_unix !== 'number') {
+    throw new TransportError(`expected a metrics sample, the server sent ${JSON.stringify(obj)?.slice(0, 300)}`);
+  }
+  const count = (v: unknown): number | null => (typeof v === 'number' ? v : null);
+  return {
+    timestamp: String(obj.timestamp ?? ''),
+    timestampUnix: obj.timestamp_unix,
+    cpuCount: Number(obj.cpu_count ?? 0),
+    cpuUsedPct: count(obj.cpu_used_pct),
+    cpuSeconds: Number(obj.cpu_seconds ?? 0),
+    hostMemoryBytes: Number(obj.host_memory_bytes ?? 0),
+    memTotal: count(obj.mem_total),
+    memUsed: count(obj.mem_used),
+    memCache: count(obj.mem_cache),
+    diskUsed: count(obj.disk_used),
+    diskTotal: count(obj.disk_total),
+  };
+}
+
 export function checkpointId(cp: Checkpoint | string): string {
   const id = typeof cp === 'string' ? cp : cp?.id;
   if (!id) throw new TypeError(`expected a Checkpoint or a checkpoint id such as 'cp_...', got ${JSON.stringify(cp)}`);

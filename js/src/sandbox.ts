@@ -24,12 +24,14 @@ import {
   type Recovery,
   type Result,
   type SandboxInfo,
+  type SandboxMetrics,
   errorFromWire,
   fileInfoFromWire,
   type Checkpoint,
   checkpointFromWire,
   checkpointId,
   keepResult,
+  metricsFromWire,
   newExecution,
   recoveryFromWire,
   resultFromWire,
@@ -333,6 +335,24 @@ export class Sandbox {
     const items = (payload as { checkpoints?: unknown })?.checkpoints;
     if (!Array.isArray(items)) throw new TransportError(`the checkpoint list came without a 'checkpoints' list`);
     return items.map(checkpointFromWire);
+  }
+
+  /**
+   * The sandbox's CPU, memory and disk samples from `start` to `end` (Dates or Unix seconds;
+   * default: all the server keeps), oldest first. Empty while none were taken.
+   */
+  async getMetrics(start?: Date | number, end?: Date | number): Promise<SandboxMetrics[]> {
+    this.#ensureOpen();
+    const query = new URLSearchParams();
+    for (const [name, when] of [['start', start], ['end', end]] as const) {
+      if (when !== undefined) query.set(name, String(when instanceof Date ? when.getTime() / 1000 : when));
+    }
+    const qs = query.toString();
+    const path = sandboxPath(this.id, 'metrics') + (qs ? `?${qs}` : '');
+    const payload = await request(this.#config, 'GET', path);
+    const items = (payload as { samples?: unknown })?.samples;
+    if (!Array.isArray(items)) throw new TransportError(`the metrics came without a 'samples' list`);
+    return items.map(metricsFromWire);
   }
 
   /** Delete one of the sandbox's checkpoints. */

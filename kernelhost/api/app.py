@@ -32,6 +32,7 @@ from .v1.checkpoints import checkpoint_routes
 from .v1.openapi import setup_openapi
 from .v1.routes import routes
 from .v1.templates import routes as template_routes
+from .v1.usage import usage_routes
 
 log = structlog.get_logger("kernelhost.api")
 
@@ -112,6 +113,7 @@ def init_app(settings: Settings, keys: KeyRing | None = None) -> web.Application
     app.add_routes(routes)
     app.add_routes(checkpoint_routes)
     app.add_routes(template_routes)
+    app.add_routes(usage_routes)
     setup_cluster(app)  # /v1/cluster: nodes, drain; forwarding to the node of a sandbox
     setup_openapi(app)
     setup_mcp(app, settings)  # /mcp: the MCP server over streamable HTTP

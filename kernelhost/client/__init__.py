@@ -25,6 +25,7 @@ from kernelhost.client._exceptions import (
     TransportError,
 )
 from kernelhost.client._files import AsyncFiles
+from kernelhost.client._metrics import SandboxMetrics
 from kernelhost.client._models import (
     Execution,
     ExecutionError,
@@ -63,6 +64,7 @@ __all__ = [
     "Result",
     "Sandbox",
     "SandboxInfo",
+    "SandboxMetrics",
     "SandboxState",
     "ServerError",
     "Template",

@@ -24,6 +24,7 @@ from kernelhost.client._exceptions import (
 )
 from kernelhost.client._files import AsyncFiles
 from kernelhost.client._http import HTTPClient, resolve_config, sandbox_path
+from kernelhost.client._metrics import MetricsMethods
 from kernelhost.client._models import Execution, ExecutionError, Recovery, Result, SandboxInfo
 
 if TYPE_CHECKING:
@@ -70,7 +71,7 @@ def _not_created() -> KernelHostError:
     )
 
 
-class AsyncSandbox(CheckpointMethods):
+class AsyncSandbox(CheckpointMethods, MetricsMethods):
     """A sandbox: a VM on a kernelhost server running a Jupyter kernel that keeps its state.
 
     Create one and close it when done::

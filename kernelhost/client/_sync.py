@@ -273,6 +273,7 @@ class Sandbox:
     delete_checkpoint = _sync_method(AsyncSandbox.delete_checkpoint)
     restore = _sync_method(AsyncSandbox.restore)
     undo = _sync_method(AsyncSandbox.undo)
+    get_metrics = _sync_method(AsyncSandbox.get_metrics)
 
     @_doc_from(AsyncSandbox.fork)
     def fork(self, n: int = 1, timeout: float = CREATE_TIMEOUT) -> builtins.list[Sandbox]:

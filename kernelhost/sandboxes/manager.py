@@ -43,6 +43,7 @@ from .network import HostNetwork, NetworkSpec, SandboxNetwork
 from .ports import Ports
 from .processes import Processes
 from .registry import Quota, Registry
+from .sampler import UsageSampler
 from .sandbox import Sandbox, ensure_usable, wait_replacement
 from .session import Sessions
 from .states import Recovery
@@ -119,6 +120,7 @@ class SandboxManager:
         )
         self.processes = Processes(ctx, self._policy, self._hibernation.wait_for_vm)
         self.usage = UsageMeter(ctx, self.processes)
+        self.sampler = UsageSampler(ctx)  # each running sandbox's usage over time
         self._background: list[asyncio.Task[Any]] = []
         # a node of a cluster: its store is shared (docs/cluster.md)
         self.cluster = Membership(ctx, store) if store.shared else None
@@ -139,6 +141,8 @@ class SandboxManager:
             tasks.spawn(self._warm_up(), name="warm-up"),
             tasks.spawn(OperatorTemplates(self._templates).load(), name="operator-templates"),
         ]
+        if self.sampler.enabled:
+            self._background.append(tasks.spawn(self.sampler.run(), name="usage-sampler"))
 
     async def _warm_up(self) -> None:
         """Build missing template snapshots, then keep each template's pool filled."""

@@ -3,8 +3,9 @@
 CPU comes from the host (libvirt's CPU time of the VM's vCPUs, over the time since the previous
 reading, or over a short window for the first); memory and disk from inside the guest (its
 ``/proc/meminfo`` and the writable space under ``/home/user``), read by a background process,
-so a reading never waits for the code that runs in the kernel. One reading per call: nothing is
-sampled in the background.
+so a reading never waits for the code that runs in the kernel. One reading per call: E2B's
+``get_metrics`` takes one when the sampler (``sampler.py``, the samples over time) has none for
+the sandbox yet, or is off.
 """
 
 from __future__ import annotations

@@ -23,12 +23,12 @@ import collections
 import contextlib
 import json
 import os
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hypervisor import GuestImage, HypervisorError, ImageStore
+from hypervisor import DomainStats, GuestImage, HypervisorError, ImageStore
 from kernelhost.channel import AgentClient, ChannelClosed
 from kernelhost.config import Settings
 from kernelhost.metrics import Metrics
@@ -61,6 +61,7 @@ class FakeVm:
     agent: FakeAgent
     state: dict[str, Any] = field(default_factory=dict)
     meta: dict[str, str] = field(default_factory=dict)
+    cpu_ns: int = 0  # the CPU time ``stats`` reports
 
 
 class FakeBackend:
@@ -260,6 +261,10 @@ class FakeBackend:
 
     async def cpu_time(self, domain: str) -> tuple[int, int]:
         return 0, 1
+
+    async def stats(self, domains: Collection[str]) -> dict[str, DomainStats]:
+        """Each running fake VM's ``cpu_ns`` (a test moves it), 64 MiB resident."""
+        return {d: DomainStats(self.vms[d].cpu_ns, 64 << 20) for d in domains if d in self.vms}
 
     def console_tail(self, domain: str, lines: int = 20, *, qemu_log: bool = False) -> str:
         return f"console of {domain}"

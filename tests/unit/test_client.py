@@ -47,7 +47,7 @@ def test_all_lists_exactly_the_public_names() -> None:
         "ConflictError", "Template", "TemplateBuildError", "TemplateInfo",
         "Execution", "ExecutionError", "ExecutionStatus", "FileInfo", "FileTooLargeError", "Files",
         "InvalidRequestError", "KernelHostError", "KernelHostTimeout", "NotFoundError",
-        "RateLimitError", "Recovery", "Result", "Sandbox", "SandboxInfo", "SandboxState",
+        "RateLimitError", "Recovery", "Result", "Sandbox", "SandboxInfo", "SandboxMetrics", "SandboxState",
         "ServerError", "TransportError",
     }  # fmt: skip
     assert set(kernelhost.__all__) == expected

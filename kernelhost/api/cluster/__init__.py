@@ -7,6 +7,6 @@
 - ``signing``: node-to-node calls signed and verified (HMAC, timestamp, nonce cache).
 """
 
-from .routing import cluster_middleware, forward_e2b_sandbox, remote_views, setup_cluster
+from .routing import cluster_middleware, forward_e2b_sandbox, is_operator, remote_views, setup_cluster
 
-__all__ = ["cluster_middleware", "forward_e2b_sandbox", "remote_views", "setup_cluster"]
+__all__ = ["cluster_middleware", "forward_e2b_sandbox", "is_operator", "remote_views", "setup_cluster"]

@@ -19,7 +19,7 @@ from typing import Any
 
 from aiohttp import web
 
-from ...sandboxes import NetworkSpec, Sandbox, SandboxState, iso_time, parse_network
+from ...sandboxes import NetworkSpec, Sample, Sandbox, SandboxState, iso_time, parse_network
 from ..state import KEY_ID, SETTINGS
 from . import snapshots
 from .common import (
@@ -167,32 +167,55 @@ async def get_sandbox(request: web.Request) -> web.Response:
 
 @lifecycle_view
 async def metrics(request: web.Request) -> web.Response:
-    """A reading of the sandbox's CPU, memory and disk now (one entry: kernelhost samples
-    nothing in the background); none while it is paused, or outside ``start``..``end``."""
+    """The sandbox's samples from ``start`` to ``end`` (the sampler's, every
+    ``sandbox_metrics_interval`` seconds; the first of a VM has no CPU figure yet and is left
+    out); a running sandbox with none yet (or sampling off) gets one reading of now instead, and
+    a paused one without samples none."""
     sbx = _sandbox(request)
     window = [_unix(request, name) for name in ("start", "end")]
-    if sbx.record.state == SandboxState.HIBERNATED:
-        return web.json_response([])
-    u = await runtime(request).manager.usage.read(sbx)
-    if (window[0] is not None and u.timestamp < window[0]) or (
-        window[1] is not None and u.timestamp > window[1] + 1
+    manager = runtime(request).manager
+    end = window[1] + 1 if window[1] is not None else None
+    if (
+        any(s.complete for s in manager.sampler.samples(sbx.id))
+        or sbx.record.state == SandboxState.HIBERNATED
     ):
+        samples = [s for s in manager.sampler.samples(sbx.id, window[0], end) if s.complete]
+        return web.json_response([_metric(*_fields(s)) for s in samples])
+    u = await manager.usage.read(sbx)
+    if (window[0] is not None and u.timestamp < window[0]) or (end is not None and u.timestamp > end):
         return web.json_response([])
-    return web.json_response(
-        [
-            {
-                "timestamp": iso_time(u.timestamp),
-                "timestampUnix": int(u.timestamp),
-                "cpuCount": u.cpu_count,
-                "cpuUsedPct": u.cpu_used_pct,
-                "memUsed": u.mem_used,
-                "memTotal": u.mem_total,
-                "memCache": u.mem_cache,
-                "diskUsed": u.disk_used,
-                "diskTotal": u.disk_total,
-            }
-        ]
+    fields = (u.cpu_count, u.cpu_used_pct, u.mem_used, u.mem_total, u.mem_cache, u.disk_used, u.disk_total)
+    return web.json_response([_metric(u.timestamp, *fields)])
+
+
+def _fields(s: Sample) -> tuple[float, int, float, int, int, int, int, int]:
+    return (
+        s.timestamp,
+        s.cpu_count,
+        s.cpu_used_pct,
+        s.mem_used,
+        s.mem_total,
+        s.mem_cache,
+        s.disk_used,
+        s.disk_total,
     )
+
+
+def _metric(
+    ts: float, cpus: int, cpu_pct: float, used: int, total: int, cache: int, disk: int, disk_total: int
+) -> dict[str, Any]:
+    """One entry of E2B's ``SandboxMetric``."""
+    return {
+        "timestamp": iso_time(ts),
+        "timestampUnix": int(ts),
+        "cpuCount": cpus,
+        "cpuUsedPct": cpu_pct,
+        "memUsed": used,
+        "memTotal": total,
+        "memCache": cache,
+        "diskUsed": disk,
+        "diskTotal": disk_total,
+    }
 
 
 def _unix(request: web.Request, name: str) -> int | None:

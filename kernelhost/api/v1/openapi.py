@@ -359,6 +359,52 @@ def _cluster_paths() -> dict[str, Any]:
     }
 
 
+def _usage_paths() -> dict[str, Any]:
+    count = {"type": ["integer", "null"], "description": "bytes; null: the guest did not answer"}
+    sample = {
+        "type": "object",
+        "properties": {
+            "timestamp": {"type": "string"},
+            "timestamp_unix": {"type": "number"},
+            "cpu_count": {"type": "integer"},
+            "cpu_used_pct": {
+                "type": ["number", "null"],
+                "description": "of all vCPUs since the previous sample (null: the VM's first)",
+            },
+            "cpu_seconds": {"type": "number", "description": "CPU time of the sandbox's current VM"},
+            "host_memory_bytes": {"type": "integer", "description": "QEMU's resident memory"},
+            **{name: count for name in ("mem_total", "mem_used", "mem_cache", "disk_used", "disk_total")},
+        },
+    }
+    samples = {
+        "description": "the samples in the range, oldest first (docs/configuration.md: "
+        "sandbox_metrics_interval; 0: none are taken)",
+        "content": {
+            "application/json": {
+                "schema": {
+                    "type": "object",
+                    "properties": {
+                        "interval_seconds": {"type": "number"},
+                        "samples": {"type": "array", "items": sample},
+                    },
+                }
+            }
+        },
+    }
+    when = [
+        {"name": name, "in": "query", "schema": {"type": "number"}, "description": f"{what} (Unix seconds)"}
+        for name, what in (
+            ("start", "the first sample's time at the earliest"),
+            ("end", "the last's at the latest"),
+        )
+    ]
+    return {
+        "/v1/sandboxes/{sandbox_id}/metrics": {
+            "get": _op("The sandbox's CPU, memory and disk over time", {"200": samples}, params=[ID, *when])
+        }
+    }
+
+
 def document() -> dict[str, Any]:
     return {
         "openapi": "3.1.0",
@@ -380,6 +426,7 @@ def document() -> dict[str, Any]:
             **checkpoint_paths(_op, ID),
             **template_paths(_op),
             **_cluster_paths(),
+            **_usage_paths(),
         },
     }
 

@@ -28,12 +28,12 @@ Guarantees every verb keeps:
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from hypervisor import GuestImage
+from hypervisor import DomainStats, GuestImage
 
 from ...channel import AgentClient
 from .launched import Launched
@@ -170,6 +170,10 @@ class VmBackend(Protocol):
 
     async def cpu_time(self, domain: str) -> tuple[int, int]:
         """(CPU time used in ns, vCPUs) of a running VM (``UsageMeter``)."""
+
+    async def stats(self, domains: Collection[str]) -> dict[str, DomainStats]:
+        """What those of ``domains`` that run now use, read from the host side (``UsageSampler``,
+        every few seconds: cheap); raises ``HypervisorError``."""
 
     def console_tail(self, domain: str, lines: int = 20, *, qemu_log: bool = False) -> str:
         """The last lines of the VM's console, for a boot failure's report ("" if none); with

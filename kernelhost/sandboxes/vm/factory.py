@@ -18,12 +18,14 @@ import dataclasses
 import os
 import shutil
 import time
+from collections.abc import Collection
 from pathlib import Path
 
 import structlog
 
-from hypervisor import DomainSpec, GuestImage, Hypervisor, HypervisorError, ImageStore
+from hypervisor import DomainSpec, DomainStats, GuestImage, Hypervisor, HypervisorError, ImageStore
 from hypervisor.ownership import give_to_qemu, keep_from_qemu
+from hypervisor.stats import domain_stats
 
 from ...channel import AgentClient
 from ...channel.protocol import Capability, Op, jupyter_message
@@ -401,6 +403,9 @@ class VmFactory:
 
     async def cpu_time(self, domain: str) -> tuple[int, int]:
         return await asyncio.to_thread(self.hv.cpu_time, domain)
+
+    async def stats(self, domains: Collection[str]) -> dict[str, DomainStats]:
+        return await asyncio.to_thread(domain_stats, domains, lambda: self.hv.conn)
 
     def console_tail(self, domain: str, lines: int = 20, *, qemu_log: bool = False) -> str:
         paths = [("console", self.hv.vm_dir(domain) / "console.log")]

@@ -191,8 +191,11 @@ async def test_background_commands_run_beside_code_take_input_and_are_followed(s
         request_timeout=120,
     )
     assert fetched.error is None and fetched.text == "served", (fetched.error, fetched.text)
-    # get_metrics: a reading of now (the service's probe does not show as a command)
-    (reading,) = await sandbox.get_metrics()
+    # get_metrics: the samples so far (or, before the first, a reading of now, whose probe does
+    # not show as a command)
+    readings = await sandbox.get_metrics()
+    assert readings, readings
+    reading = readings[-1]
     assert reading.cpu_count >= 1 and 0 <= reading.cpu_used_pct <= 100, reading
     assert 0 < reading.mem_used < reading.mem_total and 0 <= reading.disk_used <= reading.disk_total, reading
     assert [p.pid for p in await sandbox.commands.list()] == [server.pid]
