@@ -42,7 +42,7 @@ from .manager import SandboxManager
 from .network import NetworkSpec, parse_network
 from .processes import Process
 from .registry import ADMITTED, MAX_WAIT
-from .sampler import Sample, UsageSampler
+from .sampler import Sample
 from .sandbox import Sandbox, iso_time, sandbox_view
 from .session import KernelSession, SessionEnd
 from .states import ExecutionStatus, SandboxState
@@ -99,7 +99,6 @@ __all__ = [
     "TemplateConflict",
     "TemplateNotFound",
     "TemplateView",
-    "UsageSampler",
     "derive_key",
     "iso_time",
     "parse_auto_checkpoint",
