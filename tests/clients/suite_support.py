@@ -135,23 +135,32 @@ def _first_line(text: str | None) -> str:
 
 
 def _read_junit(path: Path, counts: Counts) -> None:
+    """Each case's last outcome: a case run again (flaky's ``@flaky`` reruns a failed case, and
+    the report keeps both runs) counts once."""
+    outcomes: dict[str, tuple[str, str]] = {}
     for case in ElementTree.parse(path).getroot().iter("testcase"):
         name = case.get("name", "?")
         owner = case.get("classname", "").rsplit(".", 1)[-1]
         if owner[:1].isupper():  # a method: its class names it (two classes may share a name)
             name = f"{owner}::{name}"
-        failure, error, skipped = case.find("failure"), case.find("error"), case.find("skipped")
-        if failure is not None:
-            counts.failed += 1
-            counts.problems[name] = _first_line(failure.get("message"))
-        elif error is not None:
-            counts.errors += 1
-            counts.problems[name] = _first_line(error.get("message"))
-        elif skipped is not None:
-            counts.skipped += 1
-            counts.skips[name] = _first_line(skipped.get("message"))
+        outcomes.pop(name, None)  # the last run is the one that counts (and comes last)
+        for kind in ("failure", "error", "skipped"):
+            found = case.find(kind)
+            if found is not None:
+                outcomes[name] = (kind, _first_line(found.get("message")))
+                break
         else:
+            outcomes[name] = ("passed", "")
+    for name, (kind, why) in outcomes.items():
+        if kind == "passed":
             counts.passed += 1
+        elif kind == "skipped":
+            counts.skipped += 1
+            counts.skips[name] = why
+        else:
+            counts.failed += kind == "failure"
+            counts.errors += kind == "error"
+            counts.problems[name] = why
 
 
 def _run_group(cmd: list[str], *, cwd: Path, env: dict[str, str], timeout: float) -> tuple[str, str]:
