@@ -145,10 +145,17 @@ class KernelhostProvisioner(KernelProvisionerBase):
                 if resp.status >= 400:
                     raise KernelhostError(_explain(method, url + path, resp.status, await resp.text()))
                 return None if resp.status == 204 else await resp.json()
-        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+        except TimeoutError as exc:  # aiohttp's has no message
+            limit = wait.total
+            raise KernelhostError(
+                f"kernelhost at {url} did not answer {method} {path} within {limit:g}s; the "
+                "service may be overloaded (see its log), or raise the kernelspec's "
+                f"{'launch_timeout' if limit == self.launch_timeout else 'request_timeout'}"
+            ) from exc
+        except (aiohttp.ClientError, OSError) as exc:
             raise KernelhostError(
                 f"cannot reach kernelhost at {url} ({method} {path}): "
-                f"{exc or type(exc).__name__}; start it with 'kernelhost serve', or point the "
+                f"{str(exc) or type(exc).__name__}; start it with 'kernelhost serve', or point the "
                 "kernelspec's 'url' or KERNELHOST_URL at it"
             ) from exc
 

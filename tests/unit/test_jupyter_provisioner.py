@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import os
+import socket
 
 import pytest
 
-from kernelhost.jupyter.provisioner import in_thread
+from kernelhost.jupyter.provisioner import KernelhostError, KernelhostProvisioner, in_thread
 
 pytestmark = pytest.mark.unit
 
@@ -36,3 +37,21 @@ def test_in_thread_works_in_a_process_forked_from_one_whose_loop_used_threads() 
         assert os.waitstatus_to_exitcode(status) == 0
     finally:
         loop.close()
+
+
+async def test_a_call_the_service_never_answers_names_the_wait_and_the_setting(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()  # accepts, never answers
+    try:
+        monkeypatch.setenv("KERNELHOST_API_KEY", "k")
+        provisioner = KernelhostProvisioner(url=f"http://127.0.0.1:{server.getsockname()[1]}")
+        provisioner.launch_timeout = 0.5
+        with pytest.raises(
+            KernelhostError, match=r"did not answer POST /api/kernels within 0.5s.*launch_timeout"
+        ):
+            await provisioner._call("POST", "/api/kernels", {}, timeout=provisioner.launch_timeout)
+    finally:
+        server.close()
