@@ -34,7 +34,7 @@ from pathlib import Path
 import pytest
 
 from ..harness import REPO, Service
-from .suite_support import Counts, cache_dir, run_pytest, suite_venv, unpacked_wheel
+from .suite_support import SUMMARY, Counts, cache_dir, run_pytest, suite_venv, unpacked_wheel
 
 pytestmark = [pytest.mark.clients, pytest.mark.timeout(1800)]
 
@@ -156,7 +156,7 @@ def test_nbclient_suite_runs_as_on_a_local_kernel(
     local.report(f"nbclient {NBCLIENT} {SUITE}, local ipykernel {GUEST_IPYKERNEL}")
     ours.report(f"nbclient {NBCLIENT} {SUITE}, kernelhost VMs ({TEMPLATE})")
     for name, why in GUEST_FAILS.items():
-        print(f"fails on ipykernel {GUEST_IPYKERNEL} itself (locally too): {name}: {why}")
+        _note(f"  fails on ipykernel {GUEST_IPYKERNEL} itself (locally too): {name}: {why}")
     assert local.passed + len(_failing(local)) == CASES, local.output[-3000:]
     assert ours.deselected == len(DESELECTED), ours.output[-3000:]
     deselected = {node.split("::", 1)[1] for node in DESELECTED}
@@ -165,10 +165,16 @@ def test_nbclient_suite_runs_as_on_a_local_kernel(
     if _accel(jupyter_service) == "tcg":
         for name, why in EMULATED_TIMING.items():
             state = "failed" if name in ours.problems else "passed"
-            print(f"VMs emulated (TCG), {name} {state}; it may fail here: {why}")
+            _note(f"  VMs emulated (TCG), {name} {state}; it may fail here: {why}")
         allowed |= set(EMULATED_TIMING) & _failing(ours)
     assert _failing(ours) == allowed, ours.problems  # every other case as locally
     assert ours.passed == CASES - len(DESELECTED) - len(allowed)
+
+
+def _note(line: str) -> None:
+    """A line printed and kept for the session's closing summary, under the counts."""
+    print(line)
+    SUMMARY.append(line)
 
 
 def _accel(service: Service) -> str:
