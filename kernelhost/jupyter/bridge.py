@@ -7,7 +7,7 @@ configuration as one JSON object to its stdin::
     {"url": "http://127.0.0.1:8999", "api_key": "...", "kernel_id": "<uuid>",
      "ip": "127.0.0.1", "ports": {"shell_port": 0, ...}, "key": "<hex>",
      "signature_scheme": "hmac-sha256", "reconnect_seconds": 60,
-     "setup": "<a cell>", "setup_timeout": 120}
+     "setup": "<a cell>", "setup_timeout": 120, "parent_pid": 1234}
 
 It binds the five sockets (a port of 0 picks a free one; a restart passes the previous ports so
 connected clients keep working), connects the WebSocket with the ``v1.kernel.websocket.jupyter.org``
@@ -21,7 +21,9 @@ A ``shutdown_request`` on control is answered here and ends the process; without
 first deletes the kernel (as a local kernel ends when asked), so a client with no kernel manager
 (``jupyter console``) leaves nothing behind. A restart is the provisioner's to carry out over
 HTTP. If the WebSocket drops, the bridge reconnects for up to ``reconnect_seconds``; a deleted or
-dead sandbox ends it at once.
+dead sandbox ends it at once, and so does a kernel that died or was restarted under it (the
+service's ``restarting`` status), as a local kernel process ends when its kernel dies. The bridge
+also ends, deleting the kernel, when ``parent_pid`` (the manager's process) is gone.
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ SOCKETS = (
 ROUTES_KEPT = 8192
 REPLY_HOLD_S = 3.0  # the longest a shell reply waits for its request's idle status
 IDLE_KEPT = 256  # requests whose idle went out before their reply (a kernel may publish it first)
+PARENT_POLL_S = 1.0  # how often the bridge checks that its parent lives
 FATAL_CLOSE_CODES = {4004: "the sandbox was deleted", 4009: "the sandbox is not running"}
 
 
@@ -168,6 +171,7 @@ class Bridge:
                 self.heartbeat(),
                 self.from_kernel(),
                 self.release_held(),
+                self.watch_parent(),
             )
         ]
         try:
@@ -184,6 +188,20 @@ class Bridge:
                 await self.http.close()
             self.ctx.destroy(linger=1000)  # the shutdown_reply still goes out
         return self.exit_code
+
+    async def watch_parent(self) -> None:
+        """End with the process that started the bridge (the kernel manager's), as ipykernel ends
+        with its parent: a manager that exits without shutting its kernel down (a script that
+        never calls shutdown_kernel, a killed tool) leaves no bridge and no sandbox behind."""
+        parent = self.cfg.get("parent_pid")
+        if not parent:
+            return
+        while os.getppid() == parent:  # noqa: ASYNC110 (no event tells of a parent's end)
+            await asyncio.sleep(PARENT_POLL_S)
+        log(f"the process that started the bridge ({parent}) is gone; deleting the kernel")
+        self.deleting = True
+        await self.delete_kernel()
+        self.stop(0)
 
     def stop(self, code: int) -> None:
         self.exit_code = code
@@ -317,8 +335,11 @@ class Bridge:
         parent_id = str(parent.get("msg_id")) if isinstance(parent, dict) else ""
         if channel == "iopub":
             await self.socks["iopub"].send_multipart(signed)
-            if _is_idle(header, parts[3]):
+            state = _status(header, parts[3])
+            if state == "idle":
                 await self.idle_sent(parent_id)
+            elif state == "restarting":
+                self.kernel_replaced()
             return
         idents = self.routes.get(parent_id)
         if idents is None or channel not in self.socks:
@@ -331,6 +352,16 @@ class Bridge:
             self.held[parent_id] = (loop.time() + REPLY_HOLD_S, [*idents, *signed])
             return
         await self.socks[channel].send_multipart([*idents, *signed])
+
+    def kernel_replaced(self) -> None:
+        """The service says the kernel behind this bridge is gone: it died (the VM's agent starts
+        a fresh one) or another client restarted it. The replies in flight and the kernel's
+        state are lost, so the bridge ends, as a local kernel process ends when it dies: the
+        manager sees a dead kernel (nbclient raises DeadKernelError instead of waiting for a
+        reply that never comes) and a restarter restarts it through the provisioner. A restart
+        the manager asks for never gets here: its bridge ends at the shutdown_request."""
+        log("the kernel died or was restarted by another client; this kernel is gone")
+        self.stop(1)
 
     async def idle_sent(self, parent_id: str) -> None:
         """The idle of ``parent_id`` is out: its held reply follows; else it goes out unheld."""
@@ -352,11 +383,13 @@ class Bridge:
                 await self.socks["shell"].send_multipart(self.held.pop(parent_id)[1])
 
 
-def _is_idle(header: Any, content: bytes) -> bool:
+def _status(header: Any, content: bytes) -> str | None:
+    """The execution state a ``status`` message announces; None for any other message."""
     if not isinstance(header, dict) or header.get("msg_type") != "status":
-        return False
+        return None
     state = json.loads(content)
-    return isinstance(state, dict) and state.get("execution_state") == "idle"
+    value = state.get("execution_state") if isinstance(state, dict) else None
+    return value if isinstance(value, str) else None
 
 
 async def main() -> int:

@@ -39,10 +39,11 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import aiohttp
 from jupyter_client.connect import KernelConnectionInfo
@@ -144,10 +145,17 @@ class KernelhostProvisioner(KernelProvisionerBase):
                 if resp.status >= 400:
                     raise KernelhostError(_explain(method, url + path, resp.status, await resp.text()))
                 return None if resp.status == 204 else await resp.json()
-        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
+        except TimeoutError as exc:  # aiohttp's has no message
+            limit = wait.total
+            raise KernelhostError(
+                f"kernelhost at {url} did not answer {method} {path} within {limit:g}s; the "
+                "service may be overloaded (see its log), or raise the kernelspec's "
+                f"{'launch_timeout' if limit == self.launch_timeout else 'request_timeout'}"
+            ) from exc
+        except (aiohttp.ClientError, OSError) as exc:
             raise KernelhostError(
                 f"cannot reach kernelhost at {url} ({method} {path}): "
-                f"{exc or type(exc).__name__}; start it with 'kernelhost serve', or point the "
+                f"{str(exc) or type(exc).__name__}; start it with 'kernelhost serve', or point the "
                 "kernelspec's 'url' or KERNELHOST_URL at it"
             ) from exc
 
@@ -164,6 +172,13 @@ class KernelhostProvisioner(KernelProvisionerBase):
         return kwargs
 
     async def launch_kernel(self, cmd: list[str], **kwargs: Any) -> KernelConnectionInfo:
+        if self.process is not None and self.process.poll() is None and not self._restarting:
+            # start_kernel on a manager whose kernel runs (nbclient's start_new_kernel called
+            # twice): a local kernel launched again on the same connection file cannot bind its
+            # ports and dies, and the clients keep the running one; here the running one is kept
+            # without a second sandbox that nothing would ever shut down
+            self.log.warning("kernelhost: kernel %s is running already; it is kept", self.kernel_id)
+            return self.connection_info
         created = self.remote_id is None
         try:
             return await self._launch(cmd, kwargs)
@@ -184,7 +199,7 @@ class KernelhostProvisioner(KernelProvisionerBase):
             files: list[tuple[Path, str]] = []
             if self.remote_id is None:  # files outlive a restart; they go at the first start
                 cwd = Path(kwargs.get("cwd") or os.getcwd())
-                files = await asyncio.to_thread(upload_plan, cwd, named(self.upload, env, UPLOAD_VAR))
+                files = await in_thread(upload_plan, cwd, named(self.upload, env, UPLOAD_VAR))
         except WorkdirError as exc:  # before anything starts
             raise KernelhostError(f"kernelhost provisioner: {exc}") from None
         if self.remote_id is None:
@@ -210,7 +225,7 @@ class KernelhostProvisioner(KernelProvisionerBase):
     async def _upload(self, files: list[tuple[Path, str]]) -> None:
         """Each planned file to its path under the working directory, streamed."""
         for local, name in files:
-            size = (await asyncio.to_thread(local.stat)).st_size
+            size = (await in_thread(local.stat)).st_size
             await self._call(
                 "PUT",
                 f"/v1/sandboxes/{self.sandbox_id}/files",
@@ -252,14 +267,13 @@ class KernelhostProvisioner(KernelProvisionerBase):
             "key": key.decode() if isinstance(key, bytes) else key,
             "setup": setup,
             "setup_timeout": self.launch_timeout,
+            "parent_pid": os.getpid(),
         }
         assert self.process.stdin is not None and self.process.stdout is not None
         self.process.stdin.write(json.dumps(config).encode())
         self.process.stdin.close()
         try:
-            line = await asyncio.wait_for(
-                asyncio.to_thread(self.process.stdout.readline), self.launch_timeout
-            )
+            line = await asyncio.wait_for(in_thread(self.process.stdout.readline), self.launch_timeout)
         except TimeoutError:
             self.process.kill()
             raise KernelhostError(
@@ -267,7 +281,7 @@ class KernelhostProvisioner(KernelProvisionerBase):
             ) from None
         answer: dict[str, Any] = json.loads(line) if line.strip() else {"error": "it exited without a word"}
         if "ports" not in answer:
-            await asyncio.to_thread(self.process.wait, 10)
+            await in_thread(self.process.wait, 10)
             self._forget()
             raise KernelhostError(
                 f"the local bridge to kernel {self.remote_id} failed: {answer.get('error')}"
@@ -325,7 +339,7 @@ class KernelhostProvisioner(KernelProvisionerBase):
         if self.process is not None:
             if self.process.poll() is None:
                 self.process.kill()
-            await asyncio.to_thread(self.process.wait, 10)
+            await in_thread(self.process.wait, 10)
             self._forget()
         if restart:
             self._restarting = True  # a kill (now=True) restart sends no shutdown_request
@@ -359,11 +373,43 @@ class KernelhostProvisioner(KernelProvisionerBase):
         self.remote_id, self.sandbox_id = ours.get("remote_id"), ours.get("sandbox_id")
 
 
+T = TypeVar("T")
+
+
+async def in_thread(fn: Callable[..., T], *args: Any) -> T:
+    """``fn(*args)`` in a thread of its own, awaited. Not ``asyncio.to_thread``: jupyter_client
+    keeps one event loop per thread across calls (run_sync), and a process forked from one that
+    used it (``concurrent.futures.ProcessPoolExecutor``, multiprocessing's default on Linux)
+    inherits its default executor without the threads, so work sent there never runs."""
+    loop = asyncio.get_running_loop()
+    future: asyncio.Future[T] = loop.create_future()
+
+    def settle(result: Any, error: BaseException | None) -> None:
+        if future.done():
+            return
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(result)
+
+    def run() -> None:
+        result, error = None, None
+        try:
+            result = fn(*args)
+        except BaseException as exc:
+            error = exc
+        with contextlib.suppress(RuntimeError):  # the loop closed: nobody waits any more
+            loop.call_soon_threadsafe(settle, result, error)
+
+    threading.Thread(target=run, name="kernelhost-provisioner", daemon=True).start()
+    return await future
+
+
 async def _chunks(path: Path, size: int = 1 << 20) -> AsyncIterator[bytes]:
     """``path``'s bytes, read off the event loop."""
-    f = await asyncio.to_thread(path.open, "rb")
+    f = await in_thread(lambda: path.open("rb"))
     try:
-        while chunk := await asyncio.to_thread(f.read, size):
+        while chunk := await in_thread(f.read, size):
             yield chunk
     finally:
         f.close()

@@ -17,6 +17,7 @@ import fcntl
 import hashlib
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -112,6 +113,8 @@ class Counts:
     #: test name -> the first line of why it failed, erred or was skipped
     problems: dict[str, str] = field(default_factory=dict)
     skips: dict[str, str] = field(default_factory=dict)
+    #: node id -> why it was left out (the runner's ``deselect``)
+    left_out: dict[str, str] = field(default_factory=dict)
     output: str = ""
 
     def report(self, suite: str) -> str:
@@ -120,8 +123,10 @@ class Counts:
             f"{suite}: {self.passed} passed, {self.failed} failed, {self.errors} errors, "
             f"{self.skipped} skipped, {self.deselected} deselected in {self.seconds:.0f}s"
         )
-        print(line)
-        SUMMARY.append(line)
+        notes = [f"  deselected {node}: {why}" for node, why in self.left_out.items()]
+        notes += [f"  skipped {name}: {why}" for name, why in self.skips.items()]
+        print("\n".join([line, *notes]))
+        SUMMARY.extend([line, *notes])  # the closing note names each case left out, and why
         return line
 
 
@@ -130,20 +135,59 @@ def _first_line(text: str | None) -> str:
 
 
 def _read_junit(path: Path, counts: Counts) -> None:
+    """Each case's last outcome: a case run again (flaky's ``@flaky`` reruns a failed case, and
+    the report keeps both runs) counts once."""
+    outcomes: dict[str, tuple[str, str]] = {}
     for case in ElementTree.parse(path).getroot().iter("testcase"):
         name = case.get("name", "?")
-        failure, error, skipped = case.find("failure"), case.find("error"), case.find("skipped")
-        if failure is not None:
-            counts.failed += 1
-            counts.problems[name] = _first_line(failure.get("message"))
-        elif error is not None:
-            counts.errors += 1
-            counts.problems[name] = _first_line(error.get("message"))
-        elif skipped is not None:
-            counts.skipped += 1
-            counts.skips[name] = _first_line(skipped.get("message"))
+        owner = case.get("classname", "").rsplit(".", 1)[-1]
+        if owner[:1].isupper():  # a method: its class names it (two classes may share a name)
+            name = f"{owner}::{name}"
+        outcomes.pop(name, None)  # the last run is the one that counts (and comes last)
+        for kind in ("failure", "error", "skipped"):
+            found = case.find(kind)
+            if found is not None:
+                outcomes[name] = (kind, _first_line(found.get("message")))
+                break
         else:
+            outcomes[name] = ("passed", "")
+    for name, (kind, why) in outcomes.items():
+        if kind == "passed":
             counts.passed += 1
+        elif kind == "skipped":
+            counts.skipped += 1
+            counts.skips[name] = why
+        else:
+            counts.failed += kind == "failure"
+            counts.errors += kind == "error"
+            counts.problems[name] = why
+
+
+def _run_group(cmd: list[str], *, cwd: Path, env: dict[str, str], timeout: float) -> tuple[str, str]:
+    """``cmd``'s output; past ``timeout`` its whole process group is killed (a suite's own
+    worker processes too, which a plain ``subprocess.run`` would leave running) and
+    its output raised as ``RuntimeError``."""
+    proc = subprocess.Popen(
+        cmd,
+        cwd=cwd,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        stdout, stderr = proc.communicate()
+        raise RuntimeError(
+            f"{cmd[:3]} ... ran over {timeout:g}s and was killed:\n{stdout[-4000:]}\n{stderr[-2000:]}"
+        ) from None
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)  # nothing of the suite's outlives it
+    return stdout, stderr
 
 
 def run_pytest(
@@ -170,12 +214,12 @@ def run_pytest(
     for node in deselect:
         cmd += ["--deselect", node]
     started = time.monotonic()
-    done = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
-    counts = Counts(seconds=time.monotonic() - started, output=done.stdout + done.stderr)
-    summary = re.search(r"(\d+) deselected", done.stdout)
+    stdout, stderr = _run_group(cmd, cwd=cwd, env=env, timeout=timeout)
+    counts = Counts(seconds=time.monotonic() - started, output=stdout + stderr, left_out=dict(deselect))
+    summary = re.search(r"(\d+) deselected", stdout)
     counts.deselected = int(summary.group(1)) if summary else 0
     if not report.is_file():
-        raise RuntimeError(f"pytest wrote no report (exit {done.returncode}):\n{counts.output[-5000:]}")
+        raise RuntimeError(f"pytest wrote no report:\n{counts.output[-5000:]}")
     _read_junit(report, counts)
     print(counts.output[-3000:])
     for name, why in counts.skips.items():

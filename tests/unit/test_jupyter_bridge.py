@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -100,3 +101,38 @@ async def test_a_reply_whose_idle_never_comes_goes_out_after_the_hold(
         releaser.cancel()
         with pytest.raises(asyncio.CancelledError):
             await releaser
+
+
+async def test_a_kernel_restarted_under_the_bridge_ends_it_as_a_dead_kernel(
+    wired: tuple[Bridge, Client],
+) -> None:
+    # the service's status when the VM's kernel died (or another client restarted it): the
+    # clients see it, then the bridge ends, so the manager sees a dead kernel (no reply comes)
+    bridge, client = wired
+    await bridge.to_clients(_frame("iopub", "status", "req", execution_state="busy"))
+    assert not bridge.done.is_set()
+    await bridge.to_clients(_frame("iopub", "status", "", execution_state="restarting"))
+    assert await client.received(0.5) == ["status", "status"]
+    assert bridge.done.is_set() and bridge.exit_code == 1
+
+
+async def test_the_bridge_deletes_its_kernel_and_ends_when_its_parent_is_gone(
+    wired: tuple[Bridge, Client], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bridge, _ = wired
+    deleted: list[bool] = []
+
+    async def delete_kernel() -> None:
+        deleted.append(True)
+
+    monkeypatch.setattr(bridge, "delete_kernel", delete_kernel)
+    monkeypatch.setattr(bridge_mod, "PARENT_POLL_S", 0.05)
+    parent = {"pid": os.getppid()}
+    monkeypatch.setattr(os, "getppid", lambda: parent["pid"])
+    bridge.cfg["parent_pid"] = parent["pid"]
+    watcher = asyncio.create_task(bridge.watch_parent())
+    await asyncio.sleep(0.2)
+    assert not deleted and not bridge.done.is_set()  # the parent lives
+    parent["pid"] = 1  # reparented: the manager's process exited
+    await asyncio.wait_for(watcher, 2)
+    assert deleted == [True] and bridge.done.is_set() and bridge.exit_code == 0
