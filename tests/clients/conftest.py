@@ -196,7 +196,8 @@ def vm_kernel(jupyter_env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> I
         km.shutdown_kernel(now=True)
 
 
-# == Other projects' suites: tests/clients/test_*_suite.py, agents/test_langchain_suite.py ==# Their counts (suite_support.SUMMARY) in pytest's terminal summary, so a passing run shows them
+# == Other projects' suites: tests/clients/test_*_suite.py, agents/test_langchain_suite.py =========
+# Their counts (suite_support.SUMMARY) in pytest's terminal summary, so a passing run shows them
 # too (pytest keeps a passing test's output to itself), and in results/suites.txt.
 
 
