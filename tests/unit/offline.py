@@ -1,5 +1,6 @@
 """Settings for a service that runs with no VM: libvirt's ``test:///default`` driver, every
-directory under the test's ``tmp_path``, and (optionally) a fake built image of ``python``."""
+directory under the test's ``tmp_path``, and (optionally) a fake built image of ``python``; the
+app's manager put on a fake VM backend (``on_backend``)."""
 
 from __future__ import annotations
 
@@ -7,13 +8,19 @@ import asyncio
 import contextlib
 import json
 import threading
+import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
 from aiohttp import web
 
+from hypervisor import Hypervisor, ImageStore
+from kernelhost.api.state import KEYS, RUNTIME, Runtime
 from kernelhost.config import Settings
+from kernelhost.sandboxes import SandboxManager
+from kernelhost.sandboxes.store.sandboxes import Store
+from kernelhost.sandboxes.vm.backend import VmBackend
 
 
 def fake_image_dir(tmp_path: Path) -> Path:
@@ -82,3 +89,28 @@ def serving_in_thread(fake: FakeServer) -> Iterator[None]:
         loop.call_soon_threadsafe(loop.stop)
         thread.join(10)
         loop.close()
+
+
+def on_backend(app: web.Application, settings: Settings, backend: VmBackend) -> list[SandboxManager]:
+    """Give ``init_app``'s app, in place of its start-up, a manager on ``backend`` (with a store
+    under ``settings.state_dir``); the list holds that manager once the app has started."""
+    managers: list[SandboxManager] = []
+
+    async def resources(app: web.Application) -> AsyncIterator[None]:
+        settings.state_dir.mkdir(parents=True, exist_ok=True)
+        store = Store(settings.state_dir / "store.db", settings.node_id)
+        hv = Hypervisor(settings.libvirt_uri, settings.domain_prefix, settings.run_dir)
+        manager = SandboxManager(settings, hv, ImageStore(settings.image_dir), store, "tcg", backend=backend)
+        await manager.start()
+        managers.append(manager)
+        app[RUNTIME] = Runtime(settings, app[KEYS], store, hv, manager, "tcg", "test", time.time())
+        try:
+            yield
+        finally:
+            await manager.close()
+            hv.close()
+            store.close()
+
+    app.cleanup_ctx.clear()
+    app.cleanup_ctx.append(resources)
+    return managers

@@ -7,33 +7,21 @@ from __future__ import annotations
 
 import stat
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from aiohttp import web
-from aiohttp.test_utils import TestClient, TestServer
 from e2b.sandbox.signature import get_signature
 
-from kernelhost.api import init_app
 from kernelhost.api.e2b.entries import permissions, wire_entry
 from kernelhost.api.e2b.interpreter import result_line, strip_quotes
 from kernelhost.api.e2b.signed import signature
 from kernelhost.sandboxes import Result
 from kernelhost.sandboxes.access import load_token_key, new_access_token, token_matches, tokens_of
 
-from .offline import fake_image_dir, offline_settings
+from .e2b_support import ApiClient
+from .e2b_support import client as client  # the fixture: pytest finds it by its name
 
 pytestmark = pytest.mark.unit
-ApiClient = TestClient[web.Request, web.Application]
-KEY = "unit-test-key-0123456789"
-
-
-@pytest.fixture
-async def client(tmp_path: Path) -> AsyncIterator[ApiClient]:
-    settings = offline_settings(tmp_path, image_dir=fake_image_dir(tmp_path), pool_size=0, api_keys=(KEY,))
-    async with TestClient(TestServer(init_app(settings))) as c:
-        yield c
 
 
 @pytest.mark.parametrize("expiration", [None, 60])

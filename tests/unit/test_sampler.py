@@ -17,18 +17,15 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client.parser import text_string_to_metric_families
 
-from hypervisor import Hypervisor, ImageStore
 from kernelhost.api import init_app
 from kernelhost.api.auth import key_id
-from kernelhost.api.state import KEYS, RUNTIME, Runtime
 from kernelhost.config import ConfigError, Settings
 from kernelhost.sandboxes import SandboxManager
 from kernelhost.sandboxes.sampler import UNKNOWN, parse_meminfo
-from kernelhost.sandboxes.store.sandboxes import Store
 
 from .fake_agent import short_socket_dir
 from .fake_backend import FakeBackend, until
-from .offline import fake_image_dir, offline_settings
+from .offline import fake_image_dir, offline_settings, on_backend
 
 pytestmark = pytest.mark.unit
 ApiClient = TestClient[web.Request, web.Application]
@@ -61,26 +58,7 @@ async def service(
             return launched
 
         backend._start = start_reading  # type: ignore[method-assign]
-        managers: list[SandboxManager] = []
-
-        async def resources(app: web.Application) -> AsyncIterator[None]:
-            store = Store(tmp_path / "store.db", settings.node_id)
-            hv = Hypervisor(settings.libvirt_uri, settings.domain_prefix, settings.run_dir)
-            manager = SandboxManager(
-                settings, hv, ImageStore(settings.image_dir), store, "tcg", backend=backend
-            )
-            await manager.start()
-            managers.append(manager)
-            app[RUNTIME] = Runtime(settings, app[KEYS], store, hv, manager, "tcg", "test", time.time())
-            try:
-                yield
-            finally:
-                await manager.close()
-                hv.close()
-                store.close()
-
-        app.cleanup_ctx.clear()
-        app.cleanup_ctx.append(resources)
+        managers = on_backend(app, settings, backend)
         async with TestClient(TestServer(app)) as client:
             yield client, backend, managers[0]
 

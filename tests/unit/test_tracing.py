@@ -13,7 +13,6 @@ import contextlib
 import json
 import subprocess
 import sys
-import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -26,18 +25,15 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind
 
-from hypervisor import Hypervisor, ImageStore
 from kernelhost import tracing
 from kernelhost.api import init_app
 from kernelhost.api.auth import KeyRing, key_id
-from kernelhost.api.state import KEYS, RUNTIME, SETTINGS, Runtime
-from kernelhost.sandboxes import SandboxManager
-from kernelhost.sandboxes.store.sandboxes import Store
+from kernelhost.api.state import KEYS, RUNTIME, SETTINGS
 from kernelhost.sandboxes.vm.launched import Launched
 
 from .fake_agent import WAIT, scripted, short_socket_dir, stream
 from .fake_backend import FakeBackend, until
-from .offline import fake_image_dir, offline_settings
+from .offline import fake_image_dir, offline_settings, on_backend
 
 pytestmark = pytest.mark.unit
 ApiClient = TestClient[web.Request, web.Application]
@@ -84,22 +80,7 @@ async def service(tmp_path: Path, **overrides: Any) -> AsyncIterator[tuple[ApiCl
 
         backend._start = start_scripted  # type: ignore[method-assign]
 
-        async def resources(app: web.Application) -> AsyncIterator[None]:
-            store = Store(tmp_path / "store.db", settings.node_id)
-            hv = Hypervisor(settings.libvirt_uri, settings.domain_prefix, settings.run_dir)
-            images = ImageStore(settings.image_dir)
-            manager = SandboxManager(settings, hv, images, store, "tcg", backend=backend)
-            await manager.start()
-            app[RUNTIME] = Runtime(settings, app[KEYS], store, hv, manager, "tcg", "test", time.time())
-            try:
-                yield
-            finally:
-                await manager.close()
-                hv.close()
-                store.close()
-
-        app.cleanup_ctx.clear()
-        app.cleanup_ctx.append(resources)
+        on_backend(app, settings, backend)
         assert app[SETTINGS] is settings and isinstance(app[KEYS], KeyRing)
         async with TestClient(TestServer(app)) as client:
             yield client, backend
