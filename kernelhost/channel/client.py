@@ -14,6 +14,13 @@ the same Jupyter ``stream`` messages an older agent sends, so nothing past the c
 Everything else a channel carries goes to its listeners (``ChannelListener``), in the order they
 were added, on the reader task: a listener must not block.
 
+A guest restored from a saved state (a clone, a fork's child, a woken or rewound sandbox) or
+re-attached after a service restart may still be handling requests of the channel it had
+before, and answers them on this one. Such a channel is opened ``inherited=True``: its request
+ids start at a random point far from where any earlier channel's were, and replies to ids
+outside its own range are dropped quietly (up to ``EXPIRED_KEPT`` of them, counted in
+``stats.earlier_replies``) instead of closing the channel.
+
 Every wait has a deadline: a request's ``timeout`` covers sending it (a guest that stopped
 reading cannot hold the sender) as well as the reply, and closing never waits for a guest.
 
@@ -31,6 +38,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import secrets
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -79,6 +87,10 @@ EXPIRED_KEPT = 4096
 #: frames dispatched before the reader yields to the event loop: a guest flooding tiny frames
 #: gets its turn like every other channel, and never holds the loop for a whole 64 KiB read
 FRAMES_PER_TURN = 32
+#: where an inherited channel's request ids start: past any fresh channel's, at a random point of
+#: a range wide enough that two channels of one guest never share an id (JSON-safe integers)
+INHERITED_IDS_FROM = 1 << 32
+INHERITED_IDS_SPREAD = 1 << 44
 CLOSED_BY_HOST = "closed by the host"
 
 
@@ -109,6 +121,7 @@ class ChannelStats:
     bytes_in: int = 0
     frames_in: int = 0
     late_replies: int = 0
+    earlier_replies: int = 0  # answers to an earlier channel's requests (an inherited channel)
 
 
 class AgentClient:
@@ -120,7 +133,10 @@ class AgentClient:
         *,
         max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
         queue_size: int = 1024,
+        inherited: bool = False,
     ) -> None:
+        """``inherited``: the guest may still answer an earlier channel's requests (a VM restored
+        from a saved state, or one already running); see the module's docstring."""
         self.socket_path = Path(socket_path)
         self.max_frame_bytes = max_frame_bytes
         self.queue_size = queue_size
@@ -130,8 +146,11 @@ class AgentClient:
         self._reader: asyncio.StreamReader | None = None
         self._writer: asyncio.StreamWriter | None = None
         self._task: asyncio.Task[None] | None = None
-        self._ids = itertools.count(1)
-        self._last_id = 0
+        first = INHERITED_IDS_FROM + secrets.randbelow(INHERITED_IDS_SPREAD) if inherited else 1
+        self._first_id = first
+        self._ids = itertools.count(first)
+        self._last_id = first - 1
+        self._earlier_allowed = EXPIRED_KEPT if inherited else 0
         self._pending: dict[int, asyncio.Future[dict[str, Any]]] = {}
         self._expired: OrderedDict[int, None] = OrderedDict()
         self._subs: dict[str, Subscription] = {}
@@ -373,8 +392,14 @@ class AgentClient:
 
     def _on_reply(self, frame: dict[str, Any]) -> None:
         req_id = frame.get("id")
-        if not isinstance(req_id, int) or isinstance(req_id, bool) or not 0 < req_id <= self._last_id:
+        if not isinstance(req_id, int) or isinstance(req_id, bool) or req_id <= 0:
             raise ProtocolViolation(f"guest replied to request {req_id!r:.40}, never made")
+        if not self._first_id <= req_id <= self._last_id:
+            if self._earlier_allowed <= 0:
+                raise ProtocolViolation(f"guest replied to request {req_id!r:.40}, never made")
+            self._earlier_allowed -= 1  # a request of the channel the guest had before this one
+            self.stats.earlier_replies += 1
+            return
         fut = self._pending.get(req_id)
         if fut is not None and not fut.done():
             fut.set_result(frame)

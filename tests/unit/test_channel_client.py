@@ -156,6 +156,31 @@ async def test_replies_to_requests_never_made_are_violations(agent, connect, rep
     assert violation and "never made" in reason
 
 
+async def test_an_inherited_channel_drops_answers_to_its_predecessors_requests(agent, connect):
+    """A restored or re-attached guest may answer requests of the channel it had before (a fork
+    taken while the sampler's read was in flight): those answers are dropped, never matched to
+    this channel's own requests, and the channel stays open; past the budget they are a flood."""
+    client, closes = await connect(inherited=True)
+    await round_trip(client)
+    own = await agent.wait_for_request("ping")
+    assert own["id"] > 1 << 32  # its ids start far from any earlier channel's
+    for earlier in (1, 2, 3, own["id"] - 1):  # a fresh channel's first ids; the one just before
+        await agent.send({"op": "reply", "id": earlier, "ok": True})
+    await round_trip(client)
+    assert client.connected and closes.calls == []
+    assert client.stats.earlier_replies == 4
+    client._earlier_allowed = 1
+    await agent.send({"op": "reply", "id": 5, "ok": True})
+    await agent.send({"op": "reply", "id": 6, "ok": True})
+    reason, violation = await closes.wait()
+    assert violation and "never made" in reason
+
+
+async def test_two_inherited_channels_never_share_request_ids(sock_path):
+    firsts = {AgentClient(sock_path, inherited=True)._first_id for _ in range(64)}
+    assert len(firsts) == 64 and min(firsts) > 1 << 32
+
+
 async def test_request_before_connect_raises_channel_closed(sock_path):
     client = AgentClient(sock_path)
     assert not client.connected

@@ -130,9 +130,10 @@ class VmFactory:
 
     # -- agents --------------------------------------------------------------------------------
 
-    async def connect_agent(self, socket: Path, timeout: float) -> AgentClient:
-        """Connect to a VM's channel and wait until its agent has a ready kernel."""
-        agent = AgentClient(socket, max_frame_bytes=self.settings.max_frame_bytes)
+    async def connect_agent(self, socket: Path, timeout: float, *, inherited: bool = False) -> AgentClient:
+        """Connect to a VM's channel and wait until its agent has a ready kernel; ``inherited``:
+        the VM was running before (its agent may answer an earlier channel's requests)."""
+        agent = AgentClient(socket, max_frame_bytes=self.settings.max_frame_bytes, inherited=inherited)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         await agent.connect(timeout=timeout)
@@ -233,8 +234,9 @@ class VmFactory:
         when the state was saved, then never sees its host go away and answers at once (else
         it notices the new connection only on its next look, up to 0.1 s later). Then the clone
         hygiene: fresh clock, entropy and seeds. The agent is closed on failure; the caller
-        destroys the domain."""
-        agent = AgentClient(spec.channel_socket, max_frame_bytes=self.settings.max_frame_bytes)
+        destroys the domain. The channel is inherited: requests in flight when the state was
+        saved are answered on it."""
+        agent = AgentClient(spec.channel_socket, max_frame_bytes=self.settings.max_frame_bytes, inherited=True)
         try:
             await agent.connect(timeout=self.timeouts.attach)
             await asyncio.to_thread(self.hv.load_into, spec.name, state, ignore_shared=ignore_shared)
@@ -390,7 +392,7 @@ class VmFactory:
             await asyncio.to_thread(self.cpu.move, domain, meta["key"])
 
     async def reattach(self, domain: str, timeout: float) -> AgentClient:
-        return await self.connect_agent(self.hv.vm_dir(domain) / "agent.sock", timeout)
+        return await self.connect_agent(self.hv.vm_dir(domain) / "agent.sock", timeout, inherited=True)
 
     async def running_domains(self) -> set[str]:
         return {d.name for d in await asyncio.to_thread(self.hv.domains) if d.running}
