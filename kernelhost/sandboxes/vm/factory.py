@@ -236,7 +236,8 @@ class VmFactory:
         hygiene: fresh clock, entropy and seeds. The agent is closed on failure; the caller
         destroys the domain. The channel is inherited: requests in flight when the state was
         saved are answered on it."""
-        agent = AgentClient(spec.channel_socket, max_frame_bytes=self.settings.max_frame_bytes, inherited=True)
+        limit = self.settings.max_frame_bytes
+        agent = AgentClient(spec.channel_socket, max_frame_bytes=limit, inherited=True)
         try:
             await agent.connect(timeout=self.timeouts.attach)
             await asyncio.to_thread(self.hv.load_into, spec.name, state, ignore_shared=ignore_shared)
