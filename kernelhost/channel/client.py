@@ -277,10 +277,19 @@ class AgentClient:
         if self._subs.get(sub.msg_id) is sub:
             del self._subs[sub.msg_id]
 
-    async def send_jupyter(self, channel: str, msg: dict[str, Any], timeout: float | None = None) -> None:
+    async def send_jupyter(
+        self, channel: str, msg: dict[str, Any], timeout: float | None = None, context: str | None = None
+    ) -> None:
+        """One Jupyter message to the main kernel, or to the kernel of code context ``context``
+        (an agent with ``Capability.CONTEXTS``)."""
         if channel not in ("shell", "control", "stdin"):
             raise ValueError(f"cannot send on Jupyter channel {channel!r}")
-        await self._send({"op": Frame.JUPYTER.value, "channel": channel, "msg": msg}, self._deadline(timeout))
+        frame: dict[str, Any] = {"op": Frame.JUPYTER.value, "channel": channel, "msg": msg}
+        if context is not None:
+            if not self.supports(Capability.CONTEXTS):
+                raise NotSupportedByAgent(f"jupyter to context {context!r}", str(Capability.CONTEXTS))
+            frame["context"] = context
+        await self._send(frame, self._deadline(timeout))
 
     async def send_net(self, frame: dict[str, Any], timeout: float | None = None) -> None:
         """Send one ``{"op": "net", ...}`` frame of a network tunnel."""

@@ -10,6 +10,9 @@ from typing import Any, Protocol
 from .errors import ChannelClosed, ProtocolViolation
 from .protocol import LEGACY_CAPABILITIES
 
+#: the longest code context id a guest may tag a frame with
+CONTEXT_ID_MAX = 64
+
 JUPYTER_CHANNELS = frozenset({"iopub", "shell", "control", "stdin"})
 
 
@@ -18,6 +21,7 @@ class JupyterMessage:
     channel: str
     msg: dict[str, Any]
     size: int = 0  # estimated memory it holds: its frame's bytes and decoded objects (codec)
+    context: str | None = None  # the code context whose kernel sent it (None: the main kernel)
 
     @property
     def msg_type(self) -> str:
@@ -43,6 +47,8 @@ class AgentInfo:
     )
     kernel_info: dict[str, Any] = field(default_factory=dict)
     boot_id: str = ""
+    #: the kernelspecs installed in the guest, (name, language), for code contexts
+    kernels: tuple[tuple[str, str], ...] = ()
 
     @classmethod
     def from_hello(cls, reply: dict[str, Any]) -> AgentInfo:
@@ -60,7 +66,26 @@ class AgentInfo:
             capabilities,
             info if isinstance(info, dict) else {},
             boot if isinstance(boot, str) else "",
+            _kernels(reply.get("kernels")),
         )
+
+
+def _kernels(value: Any) -> tuple[tuple[str, str], ...]:
+    """hello's ``kernels``, the sane entries of at most 32 (the guest is not trusted)."""
+    if not isinstance(value, list):
+        return ()
+    found: list[tuple[str, str]] = []
+    for entry in value[:32]:
+        if isinstance(entry, dict):
+            name, language = entry.get("name"), entry.get("language")
+            if (
+                isinstance(name, str)
+                and isinstance(language, str)
+                and 0 < len(name) <= 64
+                and len(language) <= 64
+            ):
+                found.append((name, language.lower()))
+    return tuple(found)
 
 
 class _Owner(Protocol):
@@ -144,4 +169,7 @@ def check_jupyter(frame: dict[str, Any], size: int = 0) -> JupyterMessage:
         raise ProtocolViolation("jupyter message buffers are not a list of bytes")
     if parent.get("msg_id") is not None and not isinstance(parent.get("msg_id"), str):
         raise ProtocolViolation("jupyter parent msg_id is not a string")
-    return JupyterMessage(str(channel), msg, size)
+    context = frame.get("context")
+    if context is not None and (not isinstance(context, str) or not 0 < len(context) <= CONTEXT_ID_MAX):
+        raise ProtocolViolation(f"jupyter frame's context is not an id: {context!r:.80}")
+    return JupyterMessage(str(channel), msg, size, context)

@@ -10,6 +10,7 @@ store's own face. The families are packages with a face of their own: ``lifecycl
 """
 
 from .cluster import FORWARDED_RESERVATION, HOST_FAILED, Node
+from .contexts import CodeContext
 from .errors import (
     AgentUnresponsive,
     BackendUnavailable,
@@ -17,6 +18,7 @@ from .errors import (
     CapacityExceeded,
     CheckpointNotFound,
     CheckpointUnusable,
+    ContextNotFound,
     FileOperationFailed,
     FileTooLarge,
     HostFailed,
@@ -63,6 +65,8 @@ __all__ = [
     "CheckpointNotFound",
     "CheckpointRecord",
     "CheckpointUnusable",
+    "CodeContext",
+    "ContextNotFound",
     "End",
     "Error",
     "Event",

@@ -9,6 +9,7 @@ its tool). ``kernelhost/api/errors.py`` maps each error to an HTTP status in one
     │   └── UnknownTemplate     template not built or not defined, names the valid ones
     ├── SandboxNotFound         absent, or owned by another key
     ├── ProcessNotFound         no such background process in the sandbox (ended, or never ran)
+    ├── ContextNotFound         no such code context in the sandbox (removed, or never started)
     ├── TemplateNotFound        no such template for this key (another key's is absent too)
     ├── TemplateConflict        in use, being built, not built yet, or not this key's
     ├── CheckpointNotFound      no such checkpoint of this key's sandbox
@@ -89,6 +90,18 @@ class ProcessNotFound(SandboxError):
             f"no process {pid!r} runs in sandbox {sandbox_id} (it ended, or never started)",
             sandbox_id=sandbox_id,
             pid=pid,
+        )
+
+
+class ContextNotFound(SandboxError):
+    code = "context_not_found"
+
+    def __init__(self, sandbox_id: str, context_id: object) -> None:
+        super().__init__(
+            f"no code context {context_id!r:.80} in sandbox {sandbox_id} (it was removed, its VM "
+            "was replaced, or it never existed); list the contexts, or create one",
+            sandbox_id=sandbox_id,
+            context=str(context_id)[:80],
         )
 
 

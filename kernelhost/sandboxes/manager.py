@@ -7,7 +7,7 @@ input and running executions; each capability lives in its own module (docs/arch
 - ``hibernation``: hibernate, wake, and the idle reaper;
 - ``recovery``: interrupt, restart, VM replacement;
 - ``fork``; ``checkpoints`` (checkpoint, restore, undo, branch); ``files``; ``network``;
-  ``session`` (co-attached Jupyter clients);
+  ``contexts`` (kernels of their own beside the main one); ``session`` (co-attached clients);
 - ``execution``: one call on the kernel or in bash, and the timeout ladder.
 """
 
@@ -32,6 +32,7 @@ from .access import kept_hashes, load_token_key, new_access_token, token_matches
 from .checkpoints.service import Checkpoints
 from .cluster import Location, Membership, Node, Placement
 from .context import Context
+from .contexts import CodeContexts
 from .errors import InvalidRequest
 from .execution import Cell, CellPolicy, End, Event, OutputLimits, RunningCall, run_cell
 from .files import FileService
@@ -108,6 +109,7 @@ class SandboxManager:
             ctx, self._lifecycle, CheckpointStore(store.db), self._recovery.swap_vm
         )
         self.files = FileService(settings, self._hibernation.wait_for_vm)
+        self.contexts = CodeContexts(settings, self._hibernation.wait_for_vm)
         self.ports = Ports(ctx, self._hibernation.wait_for_vm)
         self.sessions = Sessions(
             registry, self._hibernation.ensure_awake, send_timeout=settings.agent_timeout, tasks=ctx.tasks
@@ -432,12 +434,23 @@ class SandboxManager:
     # -- execution -------------------------------------------------------------------------------
 
     async def execute(
-        self, sbx: Sandbox, code: str, language: str = "python", timeout: float | None = None
+        self,
+        sbx: Sandbox,
+        code: str,
+        language: str = "python",
+        timeout: float | None = None,
+        context: str | None = None,
     ) -> AsyncGenerator[Event, None]:
-        """Events of one execution; calls to one sandbox run one at a time, in arrival order."""
+        """Events of one execution; calls to one sandbox run one at a time, in arrival order.
+        ``context``: the code context whose kernel runs it (``contexts``), not the main one."""
         s = self.settings
         cell = Cell.checked(
-            code, language, timeout, max_bytes=s.max_code_bytes, default_timeout=s.default_execution_timeout
+            code,
+            language,
+            timeout,
+            max_bytes=s.max_code_bytes,
+            default_timeout=s.default_execution_timeout,
+            context=context,
         )
         ensure_usable(sbx)
         return self._execute(sbx, cell)
@@ -451,7 +464,7 @@ class SandboxManager:
             await self._checkpoints.auto.before_call(sbx)
             agent = sbx.agent
             assert agent is not None
-            sbx.call = RunningCall(cell.language)
+            sbx.call = RunningCall(cell.language, cell.context)
             registry.update(sbx, calls=sbx.record.calls + 1)
             registry.touch(sbx)
             t0 = time.monotonic()

@@ -106,7 +106,7 @@ class KernelSession(ChannelListener):
 
     def on_message(self, message: JupyterMessage) -> None:
         kind, parent = message.msg_type, message.parent_id
-        if kind == "iopub_welcome":  # about the agent's own subscription, not a client's
+        if kind == "iopub_welcome" or message.context is not None:  # the agent's, or a context's
             return
         if message.channel == "iopub":
             if kind == "status":
@@ -130,6 +130,8 @@ class KernelSession(ChannelListener):
 
     def on_event(self, event: dict[str, Any]) -> None:
         what = event.get("event")
+        if event.get("context") is not None:  # a code context's kernel: not the clients'
+            return
         if what == Event.KERNEL_DIED:
             self.drop_outstanding()
             self.broadcast("restarting")  # clients reconnect and ask the new kernel

@@ -33,6 +33,7 @@ def cell(
     max_result_bytes: int | None = None,
     running: RunningCall | None = None,
     replace_vm: ReplaceVm | None = None,
+    context: str | None = None,
 ) -> AsyncGenerator[dict[str, Any], None]:
     policy = CellPolicy(
         OutputLimits(max_output_bytes, max_result_bytes),
@@ -43,7 +44,12 @@ def cell(
 
     async def events() -> AsyncGenerator[dict[str, Any], None]:
         inner = run_cell(
-            client, Cell(code, language, timeout), policy, running or RunningCall(), session, replace_vm
+            client,
+            Cell(code, language, timeout, context=context),
+            policy,
+            running or RunningCall(),
+            session,
+            replace_vm,
         )
         async with contextlib.aclosing(inner):
             async for event in inner:

@@ -53,9 +53,12 @@ def bash_prefix(env: dict[str, str]) -> str:
     return "".join(f"export {k}={shlex.quote(v)}\n" for k, v in env.items())
 
 
-async def run_quietly(manager: SandboxManager, sbx: Sandbox, code: str, language: str = "python") -> None:
-    """Run code whose output nobody reads; raise if it did not end well."""
-    events = await manager.execute(sbx, code, language)
+async def run_quietly(
+    manager: SandboxManager, sbx: Sandbox, code: str, language: str = "python", context: str | None = None
+) -> None:
+    """Run code whose output nobody reads (in the main kernel, bash, or a code context's kernel);
+    raise if it did not end well."""
+    events = await manager.execute(sbx, code, language, context=context)
     async with contextlib.aclosing(events):
         async for event in events:
             if isinstance(event, End) and event.status != ExecutionStatus.OK:

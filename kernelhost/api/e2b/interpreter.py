@@ -1,8 +1,6 @@
 """E2B's code interpreter (the Jupyter server on port 49999 of an E2B sandbox):
-``POST /execute`` streamed as the NDJSON lines ``e2b_code_interpreter`` parses, and the contexts
-API. A kernelhost sandbox has one kernel and one shell; its contexts are those two, by language
-(``python``, or the template's kernel language, and ``bash``), and a context's restart restarts
-the kernel.
+``POST /execute`` streamed as the NDJSON lines ``e2b_code_interpreter`` parses. Which kernel it
+runs on (the main one, a code context's, or bash) and the contexts API are ``contexts.py``.
 """
 
 from __future__ import annotations
@@ -10,17 +8,27 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import shlex
 import time
 from typing import Any
 
 from aiohttp import web
 
-from ...sandboxes import End, Error, ExecutionStatus, InvalidRequest, Result, SandboxError, Stream
+from ...sandboxes import (
+    End,
+    Error,
+    ExecutionStatus,
+    InvalidRequest,
+    Result,
+    Sandbox,
+    SandboxError,
+    SandboxManager,
+    Stream,
+)
+from ..errors import status_for
+from . import contexts
 from .common import SandboxGone, break_transport, check_not_gone, runtime, sandbox_of
 from .envs import PYTHON_POP, bash_prefix, check_names, kernel_language, python_push, run_quietly
 
-HOME = "/home/user"
 #: MIME types E2B's Result names as fields; others go to ``extra``
 MIME_FIELDS = {
     "text/plain": "text",
@@ -43,24 +51,6 @@ OBJECT_FIELDS = ("json", "data", "chart")
 
 def _text_error(status: int, message: str) -> web.Response:
     return web.Response(status=status, text=message)
-
-
-def _language(kernel: str, asked: Any, context_id: Any) -> str:
-    """Our execute language (``python``: the kernel, whatever it runs; ``bash``)."""
-    chosen = context_id if asked is None else asked
-    if chosen is None:
-        return "python"
-    if not isinstance(chosen, str):
-        raise InvalidRequest(f"language={chosen!r} must be a string")
-    chosen = chosen.lower()
-    if chosen in ("bash", "sh", "shell"):
-        return "bash"
-    if chosen == kernel:
-        return "python"
-    raise InvalidRequest(
-        f"language {chosen!r} is not in this sandbox: its kernel runs {kernel} and its shell bash; "
-        "create the sandbox from a template with that kernel"
-    )
 
 
 def result_line(event: Result) -> dict[str, Any]:
@@ -133,7 +123,7 @@ async def execute(request: web.Request) -> web.StreamResponse:
         return _text_error(400, "the request body must be {'code': str, ...}")
     manager = runtime(request).manager
     try:
-        language = _language(kernel_language(manager, sbx), body.get("language"), body.get("context_id"))
+        language, context = await contexts.target(manager, sbx, body.get("language"), body.get("context_id"))
         env = body.get("env_vars") or {}
         if not isinstance(env, dict) or not all(isinstance(v, str) for v in env.values()):
             raise InvalidRequest("env_vars must be an object of strings")
@@ -142,10 +132,11 @@ async def execute(request: web.Request) -> web.StreamResponse:
         if env and language == "bash":
             code = f"(\n{bash_prefix(env)}{code}\n)"  # in a subshell: for this execution only
         elif env:
-            await run_quietly(manager, sbx, python_push(env))
-        events = await manager.execute(sbx, code, language)
-    except InvalidRequest as exc:
-        return _text_error(400, exc.message)
+            await _python_kernel(manager, sbx, context)
+            await run_quietly(manager, sbx, python_push(env), context=context)
+        events = await manager.execute(sbx, code, language, context=context)
+    except SandboxError as exc:
+        return _text_error(status_for(exc), exc.message)
     resp = web.StreamResponse(headers={"Content-Type": "application/x-ndjson", "Cache-Control": "no-store"})
     await resp.prepare(request)
     try:
@@ -156,7 +147,7 @@ async def execute(request: web.Request) -> web.StreamResponse:
     finally:
         if env and language == "python" and manager.find(sbx.id) is sbx:  # for this execution only
             with contextlib.suppress(SandboxError):
-                await asyncio.shield(run_quietly(manager, sbx, PYTHON_POP))
+                await asyncio.shield(run_quietly(manager, sbx, PYTHON_POP, context=context))
     await resp.write_eof()
     return resp
 
@@ -180,63 +171,26 @@ async def _stream(request: web.Request, resp: web.StreamResponse, events: Any) -
         await resp.write(_line({"type": "end_of_execution"}))
 
 
+async def _python_kernel(manager: SandboxManager, sbx: Sandbox, context: str | None) -> None:
+    """``env_vars`` are set by Python code: the kernel must be a Python one."""
+    language = (
+        kernel_language(manager, sbx)
+        if context is None
+        else (await manager.contexts.get(sbx, context)).language
+    )
+    if language != "python":
+        raise InvalidRequest(
+            f"env_vars are set for Python kernels and bash; this one runs {language}: set them in "
+            "your code, or at the sandbox's create (envs)",
+            field="env_vars",
+        )
+
+
 def _line(line: dict[str, Any]) -> bytes:
     return json.dumps(line, separators=(",", ":")).encode() + b"\n"
-
-
-def _context(language: str) -> dict[str, str]:
-    return {"id": language, "language": language, "cwd": HOME}
-
-
-async def create_context(request: web.Request) -> web.Response:
-    sbx = sandbox_of(request)
-    raw = await request.read() if request.body_exists else b""
-    try:
-        body = json.loads(raw) if raw else {}
-    except ValueError:
-        return _text_error(400, "the request body is not JSON")
-    if not isinstance(body, dict):
-        return _text_error(400, "the request body must be a JSON object")
-    manager = runtime(request).manager
-    kernel = kernel_language(manager, sbx)
-    language = str(body.get("language") or kernel).lower()
-    if language not in (kernel, "bash"):
-        return _text_error(400, f"language {language!r}: this sandbox has a {kernel} kernel and bash")
-    cwd = body.get("cwd")
-    if cwd not in (None, HOME):
-        return _text_error(
-            400,
-            f"cwd={cwd!r}: a kernelhost sandbox has one context per language, in {HOME}; "
-            f"change directory in your code (os.chdir, cd {shlex.quote(str(cwd))})",
-        )
-    return web.json_response(_context(language))
-
-
-async def list_contexts(request: web.Request) -> web.Response:
-    sbx = sandbox_of(request)
-    kernel = kernel_language(runtime(request).manager, sbx)
-    return web.json_response([_context(kernel), _context("bash")])
-
-
-async def restart_context(request: web.Request) -> web.Response:
-    sbx = sandbox_of(request)
-    if request.match_info["context_id"] == "bash":
-        return _text_error(400, "the bash context has no kernel to restart")
-    await runtime(request).manager.restart(sbx)
-    return web.json_response({})
-
-
-async def remove_context(request: web.Request) -> web.Response:
-    sandbox_of(request)
-    return _text_error(
-        400, "a kernelhost sandbox's contexts are its kernel and shell; they cannot be removed"
-    )
 
 
 def add_routes(app: web.Application, prefix: str) -> None:
     r = app.router
     r.add_post(f"{prefix}/execute", execute)
-    r.add_post(f"{prefix}/contexts", create_context)
-    r.add_get(f"{prefix}/contexts", list_contexts)
-    r.add_post(f"{prefix}/contexts/{{context_id}}/restart", restart_context)
-    r.add_delete(f"{prefix}/contexts/{{context_id}}", remove_context)
+    contexts.add_routes(app, prefix)

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ...channel import AgentClient, ChannelError, JupyterMessage, NotSupportedByAgent
-from ...channel.protocol import BashFrame, Op, jupyter_message
+from ...channel.protocol import CONTEXT_NOT_FOUND, BashFrame, Op, jupyter_message
 from ..states import Recovery
 from .events import ClearOutput, Error, Event, Result, Stream
 from .output import OutputBudget
@@ -114,8 +114,11 @@ class Call:
 
 @dataclass
 class PythonCall(Call):
+    """A cell on the main kernel, or on the kernel of code context ``context``."""
+
     code: str = ""
     session: str = ""
+    context: str | None = None
     got_reply: bool = False
     got_idle: bool = False
 
@@ -137,7 +140,7 @@ class PythonCall(Call):
             msg_id=self.run_id,
             metadata={"kernelhost": limits} if limits else None,
         )
-        await self.agent.send_jupyter("shell", msg, timeout=self.agent_timeout)
+        await self.agent.send_jupyter("shell", msg, timeout=self.agent_timeout, context=self.context)
         return []
 
     def on_message(self, m: JupyterMessage) -> list[Event]:
@@ -155,6 +158,8 @@ class PythonCall(Call):
             self.got_reply = True
             self._count(m.content.get("execution_count"))
             self.failed = m.content.get("status") != "ok"
+            if self.context is not None and m.content.get("ename") == CONTEXT_NOT_FOUND:
+                self.got_idle = True  # the agent answers for a kernel it does not have
             if m.content.get("status") == "aborted":
                 events = [Error("Aborted", "the kernel aborted this request without running it")]
             self.outcome.update(usage(m.msg.get("metadata", {}).get("kernelhost")))
@@ -167,13 +172,21 @@ class PythonCall(Call):
 
     async def interrupt(self) -> None:
         try:
-            await self.agent.request(Op.INTERRUPT, timeout=self.agent_timeout)
+            if self.context is None:
+                await self.agent.request(Op.INTERRUPT, timeout=self.agent_timeout)
+            else:
+                await self.agent.request(
+                    Op.CONTEXT_INTERRUPT, timeout=self.agent_timeout, context=self.context
+                )
         except ChannelError:
             pass  # the ladder's next rung deals with an agent that does not answer
 
     async def stop(self, timeout: float) -> bool:
         try:
-            await self.agent.request(Op.RESTART, timeout=timeout)
+            if self.context is None:
+                await self.agent.request(Op.RESTART, timeout=timeout)
+            else:
+                await self.agent.request(Op.CONTEXT_RESTART, timeout=timeout, context=self.context)
         except ChannelError:
             return False
         return True

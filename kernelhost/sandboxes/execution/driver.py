@@ -51,10 +51,19 @@ class Cell:
     #: background process)
     stdin: bool = False
     keep_state: bool = True
+    #: Python only: the code context whose kernel runs it (None: the main kernel)
+    context: str | None = None
 
     @classmethod
     def checked(
-        cls, code: str, language: str, timeout: float | None, *, max_bytes: int, default_timeout: float
+        cls,
+        code: str,
+        language: str,
+        timeout: float | None,
+        *,
+        max_bytes: int,
+        default_timeout: float,
+        context: str | None = None,
     ) -> Cell:
         """A caller's call, checked (``InvalidRequest`` naming the field): a known language, code
         within ``max_bytes``, a positive timeout or none (``default_timeout`` if positive)."""
@@ -73,7 +82,13 @@ class Cell:
             raise InvalidRequest(f"timeout={timeout} must be positive (seconds) or null", field="timeout")
         if timeout is None and default_timeout > 0:
             timeout = default_timeout
-        return cls(code, language, timeout)
+        if context is not None and language != "python":
+            raise InvalidRequest(
+                f"a code context runs in a kernel; language {language!r} has none there: "
+                "run bash without a context",
+                field="context",
+            )
+        return cls(code, language, timeout, context=context)
 
 
 @dataclass(frozen=True)
@@ -91,6 +106,7 @@ class RunningCall:
     """What other calls on the sandbox (interrupt, restart) can do to the running execution."""
 
     language: str = "python"
+    context: str | None = None  # the code context whose kernel runs it (None: the main kernel)
     run_id: str = ""
     sub: Subscription | None = None
     interrupt_requested: bool = False
@@ -152,7 +168,15 @@ class _Driver:
                 keep_state=cell.keep_state,
             )
             if cell.language == "bash"
-            else PythonCall(agent, run_id, budget, policy.agent_timeout, code=cell.code, session=session)
+            else PythonCall(
+                agent,
+                run_id,
+                budget,
+                policy.agent_timeout,
+                code=cell.code,
+                session=session,
+                context=cell.context,
+            )
         )
         self.status: ExecutionStatus | None = None
         self.recovery: Recovery | None = None

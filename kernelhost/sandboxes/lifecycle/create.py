@@ -51,9 +51,10 @@ class SandboxWatch(ChannelListener):
         if what == Event.KERNEL_DIED:
             self.lifecycle.ctx.metrics.count_kernel_death("kernel")
             code = event.get("exit_code")
-            if self.sbx.call is not None:
+            call = self.sbx.call
+            if call is not None and call.context == event.get("context"):  # its kernel died
                 exit_code = code if isinstance(code, int) and not isinstance(code, bool) else None
-                self.sbx.call.notify("kernel_died", exit_code=exit_code)
+                call.notify("kernel_died", exit_code=exit_code)
 
     def on_close(self, reason: str, violation: bool) -> None:
         if self.sbx.agent is self.agent:

@@ -52,6 +52,9 @@ class Recoverer:
                 if call.language == "bash":
                     await agent.request(Op.BASH_SIGNAL, timeout=timeout, run_id=call.run_id, signal="INT")
                     return True
+                if call.context is not None:  # a code context's cell: its own kernel
+                    await agent.request(Op.CONTEXT_INTERRUPT, timeout=timeout, context=call.context)
+                    return True
             await agent.request(Op.INTERRUPT, timeout=timeout)
         except ChannelError as exc:
             raise AgentUnresponsive(
@@ -72,7 +75,7 @@ class Recoverer:
             if not self.registry.holds(sbx):
                 raise SandboxNotFound(sbx.id)  # deleted meanwhile
             await self.hibernation.wake(sbx)
-            if sbx.call is not None:
+            if sbx.call is not None and sbx.call.context is None:  # a context's kernel goes on
                 sbx.call.notify("restarted")
             agent = sbx.live_agent
             if agent is not None:
