@@ -70,7 +70,9 @@ async def test_a_context_the_agent_does_not_have_ends_the_cell_with_its_error(
     agent: FakeAgent, client: AgentClient
 ) -> None:
     async def unknown(fake: FakeAgent, request: dict[str, Any]) -> None:  # the agent's answer
-        await fake.execute_reply(request, "error", None, ename="ContextNotFound", evalue=CONTEXT, traceback=[])
+        await fake.execute_reply(
+            request, "error", None, ename="ContextNotFound", evalue=CONTEXT, traceback=[]
+        )
 
     agent.on_execute = unknown
     events = await collect(cell(client, context=CONTEXT), timeout=WAIT)
