@@ -70,13 +70,14 @@ async def test_a_context_the_agent_does_not_have_ends_the_cell_with_its_error(
     agent: FakeAgent, client: AgentClient
 ) -> None:
     async def unknown(fake: FakeAgent, request: dict[str, Any]) -> None:  # the agent's answer
-        await fake.execute_reply(
-            request, "error", None, ename="ContextNotFound", evalue=CONTEXT, traceback=[]
-        )
+        said = {"ename": "ContextNotFound", "evalue": f"no code context {CONTEXT!r}", "traceback": []}
+        await fake.iopub(request, "error", said)
+        await fake.status(request, "idle")
+        await fake.execute_reply(request, "error", None, **said)
 
     agent.on_execute = unknown
-    events = await collect(cell(client, context=CONTEXT), timeout=WAIT)
-    assert events[-1]["type"] == "end" and events[-1]["status"] == "error"
+    events = without_duration(await collect(cell(client, context=CONTEXT), timeout=WAIT))
+    assert events[0]["name"] == "ContextNotFound" and events[-1]["status"] == "error"
 
 
 async def test_an_agent_without_contexts_is_told_so_before_anything_is_sent(

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ...channel import AgentClient, ChannelError, JupyterMessage, NotSupportedByAgent
-from ...channel.protocol import CONTEXT_NOT_FOUND, BashFrame, Op, jupyter_message
+from ...channel.protocol import BashFrame, Op, jupyter_message
 from ..states import Recovery
 from .events import ClearOutput, Error, Event, Result, Stream
 from .output import OutputBudget
@@ -158,8 +158,6 @@ class PythonCall(Call):
             self.got_reply = True
             self._count(m.content.get("execution_count"))
             self.failed = m.content.get("status") != "ok"
-            if self.context is not None and m.content.get("ename") == CONTEXT_NOT_FOUND:
-                self.got_idle = True  # the agent answers for a kernel it does not have
             if m.content.get("status") == "aborted":
                 events = [Error("Aborted", "the kernel aborted this request without running it")]
             self.outcome.update(usage(m.msg.get("metadata", {}).get("kernelhost")))
