@@ -22,6 +22,7 @@ __all__ = [
     "AGENT_PROTOCOL",
     "BASH_OUT_MAX",
     "CAPABILITY_OF",
+    "CONTEXT_NOT_FOUND",
     "JUPYTER_PROTOCOL_VERSION",
     "LEGACY_CAPABILITIES",
     "NET_CHUNK",
@@ -62,7 +63,9 @@ class Frame(enum.StrEnum):
 class Op(enum.StrEnum):
     """Requests the host sends to the agent."""
 
-    HELLO = "hello"  # answered once the kernel is ready: version, capabilities, kernel_info
+    #: answered once the kernel is ready: version, capabilities, kernel_info, and (agents with
+    #: ``Capability.CONTEXTS``) the installed kernelspecs ``kernels: [{name, language}]``
+    HELLO = "hello"
     PING = "ping"
     INTERRUPT = "interrupt"  # SIGINT to the kernel
     RESTART = "restart"  # a fresh kernel process (same VM, same files)
@@ -80,10 +83,18 @@ class Op(enum.StrEnum):
     PREPARE_SNAPSHOT = "prepare_snapshot"  # warm up before the VM is frozen into a template
     RESUMED = "resumed"  # after a clone, wake or fork: clock, entropy, RNG seeds
     WARM_UP = "warm_up"  # a pooled clone's first cells, before it is handed out (no trace)
+    #: a kernel of its own {kernel?: kernelspec name, cwd?: absolute path}, answered
+    #: {context, kernel, language, cwd} once it is ready (``Capability.CONTEXTS``)
+    CONTEXT_START = "context_start"
+    CONTEXT_STOP = "context_stop"  # {context}: shut its kernel down and forget it
+    CONTEXT_RESTART = "context_restart"  # {context}: a fresh kernel process; answered {kernel_info}
+    CONTEXT_INTERRUPT = "context_interrupt"  # {context}: SIGINT to its kernel
+    CONTEXT_LIST = "context_list"  # answered {contexts: [{context, kernel, language, cwd}]}
 
 
 class Event(enum.StrEnum):
-    """``{"op": "event", "event": ...}`` frames of the agent."""
+    """``{"op": "event", "event": ...}`` frames of the agent; those of a context's kernel carry
+    its ``context`` (the main kernel's carry none)."""
 
     KERNEL_DIED = "kernel_died"  # {exit_code}; the agent restarts the kernel on its own
     KERNEL_RESTARTED = "kernel_restarted"  # {reason: "died" | "requested"}
@@ -136,6 +147,10 @@ class Capability(enum.StrEnum):
     #: ``net`` frames ``connect`` (host -> guest, a tunnel id below 0): a connection of the
     #: host's to a port a server in the guest listens on (docs/ports.md)
     INGRESS = "ingress"
+    #: code contexts: kernels of their own beside the main one (``context_*`` ops); a
+    #: ``jupyter`` frame with ``context`` goes to (and one from it comes from) that context's
+    #: kernel (the agent's ``contexts.py``)
+    CONTEXTS = "contexts"
 
 
 #: The capability each optional op needs; ops not listed every agent has.
@@ -154,7 +169,16 @@ CAPABILITY_OF: dict[Op, Capability] = {
     Op.PREPARE_SNAPSHOT: Capability.SNAPSHOT,
     Op.RESUMED: Capability.SNAPSHOT,
     Op.WARM_UP: Capability.WARM_UP,
+    Op.CONTEXT_START: Capability.CONTEXTS,
+    Op.CONTEXT_STOP: Capability.CONTEXTS,
+    Op.CONTEXT_RESTART: Capability.CONTEXTS,
+    Op.CONTEXT_INTERRUPT: Capability.CONTEXTS,
+    Op.CONTEXT_LIST: Capability.CONTEXTS,
 }
+
+#: The ``ename`` of the error the agent answers a shell or control request with when its
+#: ``jupyter`` frame names a context the agent does not have (stopped, or never started).
+CONTEXT_NOT_FOUND = "ContextNotFound"
 
 #: What an agent of protocol 1 (which announced no capabilities) could do.
 LEGACY_CAPABILITIES = frozenset({Capability.BASH, Capability.FILES, Capability.NETWORK, Capability.SNAPSHOT})

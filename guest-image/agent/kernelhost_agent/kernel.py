@@ -56,10 +56,15 @@ class KernelNotReady(RuntimeError):
 
 
 class Kernel:
-    """One ipykernel process, restarted in place when it dies or the host asks."""
+    """One ipykernel process, restarted in place when it dies or the host asks.
 
-    def __init__(self, config: AgentConfig, send: Send) -> None:
+    ``config`` says which kernelspec, working directory and connection file (a code context's
+    kernel gets a copy of the agent's with its own, ``contexts.py``); ``context`` is the id its
+    events carry (None: the sandbox's main kernel, whose events carry none)."""
+
+    def __init__(self, config: AgentConfig, send: Send, context: str | None = None) -> None:
         self.config = config
+        self.context_id = context
         self._send = send
         self.context = zmq.asyncio.Context()
         self.km = self._manager(config.connection_file)
@@ -182,13 +187,14 @@ class Kernel:
                 self.spawn_standby(STANDBY_AFTER_SWAP)
             finally:
                 self._restarting = False
-        self._send(
-            {
-                "op": protocol.Frame.EVENT,
-                "event": protocol.Event.KERNEL_RESTARTED,
-                "reason": reason,
-            }
-        )
+        self.send_event(protocol.Event.KERNEL_RESTARTED, reason=reason)
+
+    def send_event(self, event: protocol.Event, **fields: Any) -> None:
+        """An event frame of this kernel (with its context's id, if it is a context's)."""
+        frame: dict[str, Any] = {"op": protocol.Frame.EVENT, "event": event, **fields}
+        if self.context_id is not None:
+            frame["context"] = self.context_id
+        self._send(frame)
 
     # -- the standby ---------------------------------------------------------------------------
 
@@ -274,9 +280,8 @@ class Kernel:
                 code = await asyncio.to_thread(proc.wait)
                 if self._restarting or self._process() is not proc:
                     continue  # a restart we asked for replaced it
-                log("kernel died, exit code", code)
-                died = {"op": protocol.Frame.EVENT, "event": protocol.Event.KERNEL_DIED, "exit_code": code}
-                self._send(died)
+                log(f"kernel {self.context_id or '(main)'} died, exit code", code)
+                self.send_event(protocol.Event.KERNEL_DIED, exit_code=code)
             # A dead kernel, or none at all (a restart failed): a sandbox needs one.
             try:
                 await self.restart(reason="died")
