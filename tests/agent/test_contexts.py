@@ -95,13 +95,15 @@ async def test_contexts_have_their_own_variables(host: HostEnd, running: Running
 
 async def test_the_frames_of_a_context_carry_its_id(host: HostEnd, start: Start) -> None:
     context = (await start())["context"]
-    # ASCII output takes the relay's raw path, other text the parsed one: both are tagged
-    run = await host.execute("print('ascii'); print('é'); 1 + 1", context=context)
-    assert run.stream() == "ascii\né\n" and value(run) == "2"
-    for msg in [*run.iopub, run.reply]:
-        assert host.context_of[msg["header"]["msg_id"]] == context, msg["header"]["msg_type"]
-    main = await host.execute("print('ascii'); print('é')")
-    assert {host.context_of[m["header"]["msg_id"]] for m in [*main.iopub, main.reply]} == {None}
+    # ASCII output takes the relay's raw path (streamwire), other text the parsed one: both
+    # are tagged (one cell each: a cell's prints arrive as one stream message)
+    for code, out in (("print('ascii'); 1 + 1", "ascii\n"), ("print('é'); 1 + 1", "é\n")):
+        run = await host.execute(code, context=context)
+        assert run.stream() == out and value(run) == "2"
+        for msg in [*run.iopub, run.reply]:
+            assert host.context_of[msg["header"]["msg_id"]] == context, msg["header"]["msg_type"]
+        main = await host.execute(code)
+        assert {host.context_of[m["header"]["msg_id"]] for m in [*main.iopub, main.reply]} == {None}
 
 
 async def test_a_contexts_cwd_is_honoured_and_created(host: HostEnd, running: Running, start: Start) -> None:
