@@ -7,11 +7,14 @@ import os
 import random
 import re
 import signal
+import subprocess
+import threading
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
+from kernelhost_agent.kernel import wait_process
 
 from kernelhost.channel import protocol
 
@@ -218,3 +221,23 @@ async def test_the_cap_and_the_agents_stop(tmp_path: Path) -> None:
         second = (await host.ok(protocol.Op.CONTEXT_START, timeout=START_TIMEOUT))["context"]
         pid = int(value(await host.execute("import os; os.getpid()", context=second)))
     await gone(pid)  # the agent's stop stopped the context's kernel
+
+
+async def test_waiting_on_kernel_processes_parks_no_thread() -> None:
+    """Each context's monitor waits on its kernel process: a thread each would exhaust the
+    loop's default executor (min(32, CPUs + 4) threads) that the agent's blocking calls share."""
+    procs = [subprocess.Popen(["sleep", "30"]) for _ in range(12)]  # noqa: ASYNC220  (no waiting)
+    try:
+        threads = threading.active_count()
+        waits = [asyncio.ensure_future(wait_process(p)) for p in procs]
+        await asyncio.sleep(0.2)
+        assert threading.active_count() == threads
+        procs[0].kill()
+        assert await asyncio.wait_for(waits[0], WAIT) == -signal.SIGKILL
+        for wait in waits[1:]:
+            wait.cancel()
+        await asyncio.gather(*waits[1:], return_exceptions=True)
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()

@@ -11,6 +11,7 @@ import asyncio
 import collections
 import contextlib
 import dataclasses
+import os
 import subprocess
 import time
 from collections.abc import Callable
@@ -274,10 +275,10 @@ class Kernel:
                 continue
             proc = self._process()
             if proc is not None:
-                # Wait on the kernel process itself (a thread parked in waitpid) rather than
+                # Wait on the kernel process itself (its pidfd in the loop) rather than
                 # polling: an idle sandbox then costs no wake-ups here, which matters for many
                 # idle VMs under TCG.
-                code = await asyncio.to_thread(proc.wait)
+                code = await wait_process(proc)
                 if self._restarting or self._process() is not proc:
                     continue  # a restart we asked for replaced it
                 log(f"kernel {self.context_id or '(main)'} died, exit code", code)
@@ -406,6 +407,36 @@ class Kernel:
         """The kernel process's pid, if one runs."""
         pid = getattr(getattr(self.km, "provisioner", None), "pid", None)
         return pid if isinstance(pid, int) and not isinstance(pid, bool) else None
+
+
+async def wait_process(proc: subprocess.Popen[Any]) -> int:
+    """Wait until ``proc`` exits; its exit code. Its pidfd is watched by the loop, so no thread
+    is parked per kernel (a sandbox's code contexts each have one, and a thread parked in
+    waitpid each would exhaust the loop's default executor, which the agent's blocking calls
+    share); a cancelled wait leaves nothing behind. Without pidfds, a thread in waitpid."""
+    loop = asyncio.get_running_loop()
+    try:
+        fd = os.pidfd_open(proc.pid)
+    except (AttributeError, OSError):  # no pidfd_open here, or the process is reaped already
+        return await asyncio.to_thread(proc.wait)
+    try:
+        exited: asyncio.Future[None] = loop.create_future()
+
+        def readable() -> None:
+            if not exited.done():
+                exited.set_result(None)
+
+        try:
+            loop.add_reader(fd, readable)
+        except NotImplementedError:  # a loop without add_reader
+            return await asyncio.to_thread(proc.wait)
+        try:
+            await exited
+        finally:
+            loop.remove_reader(fd)
+    finally:
+        os.close(fd)
+    return proc.wait()  # exited: reaps it at once
 
 
 def silent_cell(code: str, *, silent: bool = True) -> dict[str, Any]:
