@@ -165,6 +165,20 @@ async def test_stop_forgets_the_context(host: HostEnd, running: Running) -> None
     assert value(await host.execute("1 + 1")) == "2"  # the main kernel is untouched
 
 
+async def test_a_stop_waits_for_a_restart_in_progress(host: HostEnd, running: Running) -> None:
+    context = (await host.ok(protocol.Op.CONTEXT_START, timeout=START_TIMEOUT))["context"]
+    kernel = running.agent.contexts.kernels()[-1]
+    assert kernel.context_id == context
+    restart = asyncio.ensure_future(host.request(protocol.Op.CONTEXT_RESTART, START_TIMEOUT, context=context))
+    async with asyncio.timeout(WAIT):
+        while kernel.ready.is_set():  # noqa: ASYNC110  (polled: the restart has begun)
+            await asyncio.sleep(0.01)
+    await host.ok(protocol.Op.CONTEXT_STOP, timeout=START_TIMEOUT, context=context)
+    assert (await restart)["ok"] is True  # it finished first, then the stop took its kernel
+    assert not await kernel.is_alive()
+    assert running.agent.contexts.kernels() == []
+
+
 async def gone(pid: int) -> None:
     """Wait (at most WAIT) until the process ``pid`` no longer exists."""
     async with asyncio.timeout(WAIT):

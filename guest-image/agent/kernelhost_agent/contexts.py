@@ -68,6 +68,8 @@ class Context:
     kernel: Kernel
     relay: Relay
     monitor: asyncio.Task[None] | None = None
+    #: held by a requested restart and by the stop: a stop waits for a restart in progress
+    busy: asyncio.Lock = dataclasses.field(default_factory=asyncio.Lock)
 
     def describe(self) -> dict[str, str]:
         """What ``context_start`` and ``context_list`` say of it."""
@@ -174,15 +176,26 @@ class Contexts:
     async def op_stop(self, frame: dict[str, Any]) -> dict[str, Any]:
         """Shut a context's kernel down and forget the context."""
         context = self._find(frame.get("context"))
-        del self._contexts[context.id]
-        await context.close()
+        del self._contexts[context.id]  # from now on its frames and ops get ContextNotFound
+        acquired = False
+        try:  # a restart in progress: its deadlines (ready_timeout, twice at most), then anyway
+            async with asyncio.timeout(2 * self.config.ready_timeout):
+                acquired = await context.busy.acquire()
+        except TimeoutError:
+            log(f"context {context.id}: its restart still runs; stopping it anyway")
+        try:
+            await context.close()
+        finally:
+            if acquired:
+                context.busy.release()
         log(f"context {context.id} stopped")
         return {}
 
     async def op_restart(self, frame: dict[str, Any]) -> dict[str, Any]:
         """A fresh kernel process for a context (its variables gone, its cwd and kernel kept)."""
         context = self._find(frame.get("context"))
-        await context.kernel.restart(reason="requested")
+        async with context.busy:  # the restart has its own deadline (ready_timeout)
+            await context.kernel.restart(reason="requested")
         return {"kernel_info": context.kernel.kernel_info}
 
     async def op_interrupt(self, frame: dict[str, Any]) -> dict[str, Any]:
