@@ -18,7 +18,7 @@ from typing import Any
 from .bash import Bash
 from .cgroups import Cgroups
 from .config import AgentConfig
-from .contexts import Contexts, installed_kernels
+from .contexts import Contexts, hello_kernels
 from .dispatch import Dispatcher, Handler
 from .files import Files
 from .kernel import Kernel
@@ -59,13 +59,13 @@ class KernelOps:
         agent is, what it can do, and the kernelspecs a code context may start."""
         if self.config.start_kernel:
             await self.kernel.until_ready()
-        kernels = await asyncio.to_thread(installed_kernels, self.config)
+        kernels = await asyncio.to_thread(hello_kernels, self.config)
         return {
             "agent_version": protocol.AGENT_PROTOCOL,
             "capabilities": self.dispatcher.capabilities(),
             "kernel_info": self.kernel.kernel_info,
             "boot_id": self.boot_id,
-            "kernels": [{"name": name, "language": language} for name, language in kernels.items()],
+            "kernels": kernels,  # [{name, language}], the main kernel's first
         }
 
     async def op_ping(self, frame: dict[str, Any]) -> dict[str, Any]:

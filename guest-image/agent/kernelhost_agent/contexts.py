@@ -36,10 +36,10 @@ from .dispatch import Handler
 from .kernel import HOST_CHANNELS, Kernel
 from .limits import ExecutionMeter
 from .relay import Relay
-from .shared import log, protocol
+from .shared import log, log_exception, protocol
 from .tasks import TaskSet
 
-__all__ = ["Context", "ContextNotFound", "Contexts", "installed_kernels"]
+__all__ = ["Context", "ContextNotFound", "Contexts", "hello_kernels", "installed_kernels"]
 
 Send = Callable[[dict[str, Any]], bool]
 SendFrames = Callable[[list[tuple[bytes, memoryview]]], bool]
@@ -55,6 +55,19 @@ def installed_kernels(config: AgentConfig) -> dict[str, str]:
     manager = KernelSpecManager() if dirs is None else KernelSpecManager(kernel_dirs=list(dirs))
     specs = manager.get_all_specs()
     return {name: str(info.get("spec", {}).get("language", "")) for name, info in sorted(specs.items())}
+
+
+def hello_kernels(config: AgentConfig) -> list[dict[str, str]]:
+    """What ``hello`` lists: the installed kernelspecs, the main kernel's first (the one a host
+    should pick for its language: the others may lack kernelhost's launcher, so their reseed
+    after a clone waits for a reply they never send); none if they cannot be read (logged)."""
+    try:
+        kernels = installed_kernels(config)
+    except Exception:  # hello must be answered: a broken kernelspec directory is logged only
+        log_exception("cannot list the kernelspecs:")
+        return []
+    names = sorted(kernels, key=lambda name: name != config.kernel_name)
+    return [{"name": name, "language": kernels[name]} for name in names]
 
 
 @dataclasses.dataclass
@@ -288,7 +301,9 @@ class Contexts:
             idle = {"execution_state": "idle"}
             replies.append(("iopub", protocol.jupyter_message("status", idle, session, parent=parent)))
         reply_type = msg_type[: -len("_request")] + "_reply"
-        content = {"status": "error", **error}
+        content: dict[str, Any] = {"status": "error", **error}
+        if reply_type == "execute_reply":
+            content["execution_count"] = None  # no kernel counted it
         replies.append((channel, protocol.jupyter_message(reply_type, content, session, parent=parent)))
         for reply_channel, reply in replies:
             self._send(
