@@ -257,3 +257,18 @@ async def test_waiting_on_kernel_processes_parks_no_thread() -> None:
         for p in procs:
             p.kill()
             p.wait()
+
+
+async def test_net_config_reaches_running_contexts_and_later_ones(host: HostEnd, start: Start) -> None:
+    proxy = {"HTTP_PROXY": "http://127.0.0.1:3128"}
+    earlier = (await start())["context"]
+    await host.ok(protocol.Op.NET_CONFIG, mode="outbound", env=proxy)
+    try:
+        later = (await start())["context"]
+        for context in (earlier, later):
+            run = await host.execute("import os; print(os.environ.get('HTTP_PROXY'))", context=context)
+            assert run.stream() == proxy["HTTP_PROXY"] + "\n", context
+    finally:
+        await host.ok(protocol.Op.NET_CONFIG, mode="none")
+    run = await host.execute("import os; print(os.environ.get('HTTP_PROXY'))", context=earlier)
+    assert run.stream() == "None\n"
