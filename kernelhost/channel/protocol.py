@@ -51,7 +51,9 @@ class Frame(enum.StrEnum):
     """Frame kinds that are not requests."""
 
     REPLY = "reply"  # agent -> host: the answer to one request
-    JUPYTER = "jupyter"  # both ways: one Jupyter message {"channel", "msg"}
+    #: both ways: one Jupyter message {"channel", "msg"}, and "context" if it is to or from a
+    #: code context's kernel (none: the main kernel's)
+    JUPYTER = "jupyter"
     NET = "net"  # both ways: one frame of a network tunnel (``NetFrame``)
     EVENT = "event"  # agent -> host: something happened (``Event``)
     #: agent -> host: raw output bytes of a bash run started with ``raw_output``

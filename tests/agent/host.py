@@ -67,6 +67,9 @@ class HostEnd:
         )
         self.sent_parents: set[str] = set()  # msg_ids (and bash run_ids) the host sent
         self.jupyter_log: list[tuple[str, dict[str, Any]]] = []
+        #: the ``context`` of the frame each Jupyter message (by its msg_id) came in (None: the
+        #: main kernel's, whose frames carry none)
+        self.context_of: dict[str, Any] = {}
         self.bash_out_log: list[dict[str, Any]] = []
         self._reader_task: asyncio.Task[None] | None = None
         self._writer: asyncio.StreamWriter | None = None
@@ -110,6 +113,7 @@ class HostEnd:
         elif op == protocol.Frame.JUPYTER:
             msg = frame["msg"]
             self.jupyter_log.append((frame["channel"], msg))
+            self.context_of[msg["header"].get("msg_id", "")] = frame.get("context")
             parent = msg["parent_header"].get("msg_id", "")
             self._jupyter[parent].put_nowait((frame["channel"], msg))
         else:
@@ -179,8 +183,10 @@ class HostEnd:
         self.sent_parents.add(msg["header"]["msg_id"])
         return msg
 
-    async def send_jupyter(self, channel: str, msg: dict[str, Any]) -> None:
-        await self.send({"op": protocol.Frame.JUPYTER, "channel": channel, "msg": msg})
+    async def send_jupyter(self, channel: str, msg: dict[str, Any], context: str | None = None) -> None:
+        """One Jupyter message to the main kernel, or (``context``) to that code context's."""
+        tag = {} if context is None else {"context": context}
+        await self.send({"op": protocol.Frame.JUPYTER, "channel": channel, **tag, "msg": msg})
 
     async def next_message(self, parent_id: str, timeout: float = WAIT) -> tuple[str, dict[str, Any]]:
         """The next Jupyter message (channel, msg) whose parent is ``parent_id``; a bash_out
@@ -194,13 +200,20 @@ class HostEnd:
         metadata: dict[str, Any] | None = None,
         allow_stdin: bool = False,
         timeout: float = WAIT,
+        context: str | None = None,
     ) -> Execution:
-        """Run one cell and collect its iopub messages up to idle and its execute_reply."""
-        msg_id = await self.start(code, metadata=metadata, allow_stdin=allow_stdin)
+        """Run one cell (in the main kernel, or a code context's) and collect its iopub
+        messages up to idle and its execute_reply."""
+        msg_id = await self.start(code, metadata=metadata, allow_stdin=allow_stdin, context=context)
         return await self.collect(msg_id, timeout)
 
     async def start(
-        self, code: str, *, metadata: dict[str, Any] | None = None, allow_stdin: bool = False
+        self,
+        code: str,
+        *,
+        metadata: dict[str, Any] | None = None,
+        allow_stdin: bool = False,
+        context: str | None = None,
     ) -> str:
         """Send one cell as a notebook does; its msg_id (``collect`` gathers what it gives)."""
         msg = self.jupyter_msg(
@@ -215,7 +228,7 @@ class HostEnd:
             },
             metadata,
         )
-        await self.send_jupyter("shell", msg)
+        await self.send_jupyter("shell", msg, context)
         return str(msg["header"]["msg_id"])
 
     async def collect(self, msg_id: str, timeout: float = WAIT) -> Execution:

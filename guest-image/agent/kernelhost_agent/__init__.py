@@ -16,6 +16,8 @@ Modules, by area:
 - ``port``: the virtio-serial port's reader and writer threads
 - ``dispatch``: the op table and the frame kinds; ``tasks``: owned background tasks
 - ``kernel``: the ipykernel process; ``relay``: Jupyter messages both ways
+- ``contexts``: code contexts, kernels of their own beside the main one (a ``kernel`` and a
+  ``relay`` each), and the routing of the host's jupyter frames
 - ``limits``: per-execution output caps and usage figures
 - ``bash`` (with ``cgroups``), ``files``, ``network`` (with ``netproxy``), ``snapshot``
 - ``shared``: ``codec``, ``protocol`` and the log

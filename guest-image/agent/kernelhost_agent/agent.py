@@ -18,6 +18,7 @@ from typing import Any
 from .bash import Bash
 from .cgroups import Cgroups
 from .config import AgentConfig
+from .contexts import Contexts, hello_kernels
 from .dispatch import Dispatcher, Handler
 from .files import Files
 from .kernel import Kernel
@@ -40,6 +41,7 @@ class KernelOps:
 
     def __init__(self, kernel: Kernel, dispatcher: Dispatcher, boot_id: str) -> None:
         self.kernel = kernel
+        self.config = kernel.config
         self.dispatcher = dispatcher
         self.boot_id = boot_id
 
@@ -54,14 +56,16 @@ class KernelOps:
 
     async def op_hello(self, frame: dict[str, Any]) -> dict[str, Any]:
         """Answered once the kernel is ready (at once in a build VM, which has none): who this
-        agent is and what it can do."""
-        if self.kernel.config.start_kernel:
+        agent is, what it can do, and the kernelspecs a code context may start."""
+        if self.config.start_kernel:
             await self.kernel.until_ready()
+        kernels = await asyncio.to_thread(hello_kernels, self.config)
         return {
             "agent_version": protocol.AGENT_PROTOCOL,
             "capabilities": self.dispatcher.capabilities(),
             "kernel_info": self.kernel.kernel_info,
             "boot_id": self.boot_id,
+            "kernels": kernels,  # [{name, language}], the main kernel's first
         }
 
     async def op_ping(self, frame: dict[str, Any]) -> dict[str, Any]:
@@ -90,10 +94,11 @@ class Agent:
         self.kernel = Kernel(config, self.send)
         meter = ExecutionMeter(self.kernel.pid)
         self.relay = Relay(self.kernel, meter, self.send, self.tasks, self.send_frames)
+        self.contexts = Contexts(config, self.relay, self.send, self.tasks, self.send_frames)
         self.proxy = NetProxy(self.send, config.proxy_port)
         cgroups = Cgroups(config.cgroup_root)
         self.bash = Bash(config, self.send, self.tasks, cgroups, self.write_spliced)
-        self.network = Network(config, self.kernel, self.bash, self.proxy)
+        self.network = Network(config, self.kernel, self.bash, self.proxy, self.contexts.kernels)
         self.dispatcher = Dispatcher(self.send, self.tasks)
         self.dispatcher.register(KernelOps(self.kernel, self.dispatcher, self.boot_id))
         self.dispatcher.register(self.bash)
@@ -103,10 +108,12 @@ class Agent:
             self.dispatcher.register(raw_output)
         self.dispatcher.register(Files(config))
         self.dispatcher.register(self.network)
-        self.dispatcher.register(Snapshots(config, self.kernel))
+        self.dispatcher.register(Snapshots(config, self.kernel, self.contexts.kernels))
         self.dispatcher.register(WarmUp(self.kernel, config.language))
         self.dispatcher.register(self.proxy)  # announces INGRESS; its frames are kinds below
-        self.dispatcher.register_kinds(self.relay.frame_handlers())
+        self.dispatcher.register(self.contexts)
+        # jupyter frames: the main kernel's to its relay, a context's to that context's
+        self.dispatcher.register_kinds(self.contexts.frame_handlers())
         self.dispatcher.register_kinds(self.proxy.frame_handlers())
 
     def send(self, message: dict[str, Any]) -> bool:
@@ -166,10 +173,12 @@ class Agent:
         return Port.open(path, loop, on_frame, self.config.max_frame_bytes)
 
     async def stop(self) -> None:
-        """Kill bash commands, close the proxy, cancel every task, stop the kernel and port."""
+        """Kill bash commands, close the proxy, cancel every task, stop the code contexts, the
+        kernel and the port."""
         await self.bash.stop()
         await self.proxy.close()
         await self.tasks.cancel_all()
+        await self.contexts.stop()
         await self.kernel.stop()
         if self.port is not None:
             await asyncio.to_thread(self.port.close)

@@ -60,6 +60,9 @@ class AgentConfig:
     #: How long a request that needs the kernel (hello, shell messages) waits for it to be ready
     #: (a start or restart in progress) before it is refused.
     request_ready_timeout: float = 300.0
+    #: Code contexts (kernels of their own beside the main one, ``contexts.py``) a sandbox may
+    #: have at once; ``context_start`` past it is refused.
+    max_contexts: int = 8
     #: Run the kernel without message signatures (an empty key): the kernelhost kernel, whose
     #: sockets only the agent reaches (``kernel_wire.py``); None: only the "kernelhost" kernel.
     unsigned_kernel: bool | None = None

@@ -11,6 +11,7 @@ import asyncio
 import collections
 import contextlib
 import dataclasses
+import os
 import subprocess
 import time
 from collections.abc import Callable
@@ -56,10 +57,15 @@ class KernelNotReady(RuntimeError):
 
 
 class Kernel:
-    """One ipykernel process, restarted in place when it dies or the host asks."""
+    """One ipykernel process, restarted in place when it dies or the host asks.
 
-    def __init__(self, config: AgentConfig, send: Send) -> None:
+    ``config`` says which kernelspec, working directory and connection file (a code context's
+    kernel gets a copy of the agent's with its own, ``contexts.py``); ``context`` is the id its
+    events carry (None: the sandbox's main kernel, whose events carry none)."""
+
+    def __init__(self, config: AgentConfig, send: Send, context: str | None = None) -> None:
         self.config = config
+        self.context_id = context
         self._send = send
         self.context = zmq.asyncio.Context()
         self.km = self._manager(config.connection_file)
@@ -182,13 +188,14 @@ class Kernel:
                 self.spawn_standby(STANDBY_AFTER_SWAP)
             finally:
                 self._restarting = False
-        self._send(
-            {
-                "op": protocol.Frame.EVENT,
-                "event": protocol.Event.KERNEL_RESTARTED,
-                "reason": reason,
-            }
-        )
+        self.send_event(protocol.Event.KERNEL_RESTARTED, reason=reason)
+
+    def send_event(self, event: protocol.Event, **fields: Any) -> None:
+        """An event frame of this kernel (with its context's id, if it is a context's)."""
+        frame: dict[str, Any] = {"op": protocol.Frame.EVENT, "event": event, **fields}
+        if self.context_id is not None:
+            frame["context"] = self.context_id
+        self._send(frame)
 
     # -- the standby ---------------------------------------------------------------------------
 
@@ -268,15 +275,14 @@ class Kernel:
                 continue
             proc = self._process()
             if proc is not None:
-                # Wait on the kernel process itself (a thread parked in waitpid) rather than
+                # Wait on the kernel process itself (its pidfd in the loop) rather than
                 # polling: an idle sandbox then costs no wake-ups here, which matters for many
                 # idle VMs under TCG.
-                code = await asyncio.to_thread(proc.wait)
+                code = await wait_process(proc)
                 if self._restarting or self._process() is not proc:
                     continue  # a restart we asked for replaced it
-                log("kernel died, exit code", code)
-                died = {"op": protocol.Frame.EVENT, "event": protocol.Event.KERNEL_DIED, "exit_code": code}
-                self._send(died)
+                log(f"kernel {self.context_id or '(main)'} died, exit code", code)
+                self.send_event(protocol.Event.KERNEL_DIED, exit_code=code)
             # A dead kernel, or none at all (a restart failed): a sandbox needs one.
             try:
                 await self.restart(reason="died")
@@ -401,6 +407,36 @@ class Kernel:
         """The kernel process's pid, if one runs."""
         pid = getattr(getattr(self.km, "provisioner", None), "pid", None)
         return pid if isinstance(pid, int) and not isinstance(pid, bool) else None
+
+
+async def wait_process(proc: subprocess.Popen[Any]) -> int:
+    """Wait until ``proc`` exits; its exit code. Its pidfd is watched by the loop, so no thread
+    is parked per kernel (a sandbox's code contexts each have one, and a thread parked in
+    waitpid each would exhaust the loop's default executor, which the agent's blocking calls
+    share); a cancelled wait leaves nothing behind. Without pidfds, a thread in waitpid."""
+    loop = asyncio.get_running_loop()
+    try:
+        fd = os.pidfd_open(proc.pid)
+    except (AttributeError, OSError):  # no pidfd_open here, or the process is reaped already
+        return await asyncio.to_thread(proc.wait)
+    try:
+        exited: asyncio.Future[None] = loop.create_future()
+
+        def readable() -> None:
+            if not exited.done():
+                exited.set_result(None)
+
+        try:
+            loop.add_reader(fd, readable)
+        except NotImplementedError:  # a loop without add_reader
+            return await asyncio.to_thread(proc.wait)
+        try:
+            await exited
+        finally:
+            loop.remove_reader(fd)
+    finally:
+        os.close(fd)
+    return proc.wait()  # exited: reaps it at once
 
 
 def silent_cell(code: str, *, silent: bool = True) -> dict[str, Any]:

@@ -9,7 +9,7 @@ and sets the proxy environment of the kernel (now, and for kernels started later
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from .bash import Bash
@@ -18,7 +18,7 @@ from .dispatch import Handler
 from .kernel import Kernel
 from .languages import language_for
 from .netproxy import NetProxy
-from .shared import log, protocol
+from .shared import log, log_exception, protocol
 
 __all__ = ["Network", "write_pip_conf"]
 
@@ -32,9 +32,17 @@ class Network:
 
     capability = protocol.Capability.NETWORK
 
-    def __init__(self, config: AgentConfig, kernel: Kernel, bash: Bash, proxy: NetProxy) -> None:
+    def __init__(
+        self,
+        config: AgentConfig,
+        kernel: Kernel,
+        bash: Bash,
+        proxy: NetProxy,
+        contexts: Callable[[], list[Kernel]] = list,
+    ) -> None:
         self.config = config
         self.kernel = kernel
+        self.contexts = contexts  # the code contexts' kernels, running: they get the cell too
         self.bash = bash
         self.proxy = proxy
         self.applied: Any = None  # (mode, env, pip) last written into the kernel and pip.conf
@@ -70,10 +78,13 @@ class Network:
             config = None if mode == "none" else {**(pip or {}), "mode": mode}
             write_pip_conf(self.config.pip_conf, config, self.config.proxy_port)
             self._set_env(env)
-            code = self._kernel_code(env)
-            if code is not None and self.config.start_kernel:
-                await self.kernel.until_ready()
-                await self.kernel.run_silent(code, timeout=_APPLY_TIMEOUT)
+            if self.config.start_kernel:
+                await self._apply(self.kernel, env)
+                for kernel in self.contexts():
+                    try:  # one may be stopped meanwhile: the main kernel's answer is what counts
+                        await self._apply(kernel, env)
+                    except Exception:
+                        log_exception(f"net_config: cannot set the variables in context {kernel.context_id}:")
             self.applied = wanted
         return {"listening": self.proxy.server is not None, "port": self.config.proxy_port}
 
@@ -86,11 +97,14 @@ class Network:
         environ.update(env)
         self.bash.set_proxy_env(env)
 
-    def _kernel_code(self, env: dict[str, str]) -> str | None:
-        """The same for the running kernel (for Python, also pip's install directory on its
-        sys.path); None for a kernel language the agent writes no cells in."""
+    async def _apply(self, kernel: Kernel, env: dict[str, str]) -> None:
+        """The same in a running kernel (for Python, also pip's install directory on its
+        sys.path); nothing for a kernel language the agent writes no cells in."""
         unset = sorted(set(protocol.NET_ENV_KEYS) - set(env))
-        return language_for(self.config.language).set_env(env, unset, self.config.pip_site)
+        code = language_for(kernel.config.language).set_env(env, unset, self.config.pip_site)
+        if code is not None:
+            await kernel.until_ready()
+            await kernel.run_silent(code, timeout=_APPLY_TIMEOUT)
 
 
 def write_pip_conf(path: str, pip: dict[str, Any] | None, proxy_port: int) -> None:

@@ -34,7 +34,8 @@ STREAM_PIECE = 1 << 20
 
 
 class Relay:
-    """Moves Jupyter messages between the host and the kernel."""
+    """Moves Jupyter messages between the host and the kernel; the frames to the host of a code
+    context's kernel carry its id (the kernel's ``context_id``)."""
 
     def __init__(
         self,
@@ -63,6 +64,13 @@ class Relay:
             for channel in CHANNELS
         ]
 
+    def stop(self) -> None:
+        """Cancel the socket readers (a code context stopped; the agent's stop cancels them with
+        every task)."""
+        for task in self._readers:
+            task.cancel()
+        self._readers = []
+
     def frame_handlers(self) -> dict[str, Callable[[dict[str, Any]], None]]:
         """The frame kinds this area takes from the host."""
         return {protocol.Frame.JUPYTER: self.on_jupyter_frame}
@@ -88,8 +96,9 @@ class Relay:
         if self.kernel.claim(channel, wire):
             return
         if self.meter.cap_and_measure(channel, wire):
+            tag = {} if self.kernel.context_id is None else {"context": self.kernel.context_id}
             for piece in split_stream(wire):
-                self._send({"op": protocol.Frame.JUPYTER, "channel": channel, "msg": piece})
+                self._send({"op": protocol.Frame.JUPYTER, "channel": channel, **tag, "msg": piece})
 
     def _pass_stream(self, frames: list[zmq.Frame]) -> bool:
         """An iopub stream message of ASCII text that fits its cap, sent on with its text as the
@@ -118,7 +127,9 @@ class Relay:
             return False  # to be cut at the cap: the slow path cuts it
         max_bytes = self.kernel.config.max_frame_bytes
         try:
-            parts = frame_parts("iopub", header, parent, metadata, stream, STREAM_PIECE, max_bytes)
+            parts = frame_parts(
+                "iopub", header, parent, metadata, stream, STREAM_PIECE, max_bytes, self.kernel.context_id
+            )
         except (codec.FrameTooLarge, TypeError, ValueError, OverflowError):  # the slow path says why
             return False
         self._send_frames(parts)

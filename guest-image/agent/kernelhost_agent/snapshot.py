@@ -8,12 +8,13 @@ state and Python's random streams.
 
 from __future__ import annotations
 
+import asyncio
 import fcntl
 import gc
 import os
 import struct
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from .config import AgentConfig
@@ -36,9 +37,14 @@ class Snapshots:
 
     capability = protocol.Capability.SNAPSHOT
 
-    def __init__(self, config: AgentConfig, kernel: Kernel) -> None:
+    def __init__(
+        self, config: AgentConfig, kernel: Kernel, contexts: Callable[[], list[Kernel]] = list
+    ) -> None:
         self.config = config
         self.kernel = kernel
+        #: the code contexts' kernels: reseeded with the main one after a clone. A template is
+        #: frozen before any user starts one, so ``prepare_snapshot`` warms the main kernel only.
+        self.contexts = contexts
         self.language = language_for(config.language)
 
     def ops(self) -> Mapping[str, Handler]:
@@ -88,7 +94,8 @@ class Snapshots:
     async def op_resumed(self, frame: dict[str, Any]) -> dict[str, Any]:
         """After a restore, clone or resume: set the clock from the host, mix fresh entropy into
         the kernel RNG and reseed it, and reseed Python's ``random`` (and numpy's global RNG) in
-        the kernel, so no two sandboxes share a random stream or a stale clock."""
+        the kernel and in every code context's, so no two sandboxes share a random stream or a
+        stale clock."""
         t0 = time.monotonic()
         time_ns = frame.get("time_ns")
         if isinstance(time_ns, int) and not isinstance(time_ns, bool):
@@ -98,9 +105,13 @@ class Snapshots:
         if isinstance(entropy, bytes) and entropy:
             if self.config.add_entropy:
                 add_entropy(entropy)
-        await self.kernel.until_ready()
-        await self.kernel.reseed(timeout=RESEED_TIMEOUT)
+        await asyncio.gather(*(_reseed(k) for k in [self.kernel, *self.contexts()]))
         return {"seconds": round(time.monotonic() - t0, 4)}
+
+
+async def _reseed(kernel: Kernel) -> None:
+    await kernel.until_ready()
+    await kernel.reseed(timeout=RESEED_TIMEOUT)
 
 
 class WarmUp:

@@ -101,24 +101,28 @@ def frame_parts(
     stream: RawStream,
     piece: int,
     max_frame_bytes: int,
+    context: str | None = None,
 ) -> list[tuple[bytes, memoryview]]:
     """The frames of ``stream``: for each piece of at most ``piece`` bytes of its text, the
     frame's head (length prefix, then the map up to the text's str header) and the piece. Pieces
-    after the first get msg_ids of their own, as ``relay.split_stream`` gives them.
+    after the first get msg_ids of their own, as ``relay.split_stream`` gives them. With
+    ``context`` (a code context's kernel), the frames carry it.
     ``codec.FrameTooLarge`` if a frame would pass ``max_frame_bytes``."""
     packer = msgpack.Packer(use_bin_type=True)
     msg_id = str(header.get("msg_id", ""))
     frames = []
     text = memoryview(stream.text)
+    tag = b"" if context is None else packer.pack("context") + packer.pack(context)
     for i, start in enumerate(range(0, max(len(text), 1), piece)):
         chunk = text[start : start + piece]
         head = b"".join(
             (
-                packer.pack_map_header(3),
+                packer.pack_map_header(3 if context is None else 4),
                 packer.pack("op"),
                 packer.pack(str(protocol.Frame.JUPYTER.value)),
                 packer.pack("channel"),
                 packer.pack(channel),
+                tag,
                 packer.pack("msg"),
                 packer.pack_map_header(5),
                 packer.pack("header"),
