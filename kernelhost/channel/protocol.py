@@ -86,12 +86,13 @@ class Op(enum.StrEnum):
     RESUMED = "resumed"  # after a clone, wake or fork: clock, entropy, RNG seeds
     WARM_UP = "warm_up"  # a pooled clone's first cells, before it is handed out (no trace)
     #: a kernel of its own {kernel?: kernelspec name, cwd?: absolute path}, answered
-    #: {context, kernel, language, cwd} once it is ready (``Capability.CONTEXTS``)
+    #: {context, kernel, language, cwd, default} once it is ready (``Capability.CONTEXTS``);
+    #: ``default: true`` marks its language's default context (kept and listed, nothing more)
     CONTEXT_START = "context_start"
     CONTEXT_STOP = "context_stop"  # {context}: shut its kernel down and forget it
     CONTEXT_RESTART = "context_restart"  # {context}: a fresh kernel process; answered {kernel_info}
     CONTEXT_INTERRUPT = "context_interrupt"  # {context}: SIGINT to its kernel
-    CONTEXT_LIST = "context_list"  # answered {contexts: [{context, kernel, language, cwd}]}
+    CONTEXT_LIST = "context_list"  # answered {contexts: [{context, kernel, language, cwd, default}]}
 
 
 class Event(enum.StrEnum):

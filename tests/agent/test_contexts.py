@@ -94,7 +94,16 @@ async def test_contexts_have_their_own_variables(host: HostEnd, running: Running
     await host.execute("del x")
     listed = (await host.ok(protocol.Op.CONTEXT_LIST))["contexts"]
     assert [c["context"] for c in listed] == [a["context"], b["context"]]
-    assert listed[0] == {k: a[k] for k in ("context", "kernel", "language", "cwd")}
+    assert listed[0] == {k: a[k] for k in ("context", "kernel", "language", "cwd", "default")}
+    assert a["default"] is False
+
+
+async def test_the_default_mark_is_kept_and_listed(host: HostEnd, start: Start) -> None:
+    """The host marks a language's default context; the mark lives with the guest (a fork's
+    child, or a host that re-attached, finds the same context by it)."""
+    marked, plain = await start(default=True), await start(default="yes")  # only true marks
+    listed = {c["context"]: c["default"] for c in (await host.ok(protocol.Op.CONTEXT_LIST))["contexts"]}
+    assert listed == {marked["context"]: True, plain["context"]: False}
 
 
 async def test_the_frames_of_a_context_carry_its_id(host: HostEnd, start: Start) -> None:

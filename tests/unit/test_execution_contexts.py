@@ -5,6 +5,7 @@ channel's checks of what a guest says about contexts."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -23,7 +24,7 @@ CONTEXT = "ctx-0123456789ab"
 
 
 @pytest.fixture
-async def client(agent: FakeAgent, sock_path: str):
+async def client(agent: FakeAgent, sock_path: str) -> AsyncIterator[AgentClient]:
     """A channel to an agent that announced code contexts."""
     agent.reply_fields["hello"] = {"agent_version": 3, "capabilities": ["contexts", "bash"]}
     client = AgentClient(sock_path)

@@ -2,10 +2,14 @@
 
 ``context_start`` starts a kernel of an installed kernelspec (default: the main kernel's) in a
 working directory (default: the main kernel's; created if missing) and answers its id
-(``ctx-`` and 12 hex digits). Each context is a ``Kernel`` and a ``Relay`` of its own, built
-from a copy of the agent's configuration with the context's kernelspec, directory and
-connection file and no standby kernel, so it has its own variables, cwd and language, is
-restarted when it dies, and is metered per execution like the main kernel. Its frames to the
+(``ctx-`` and 12 hex digits). ``default: true`` marks it as its language's default context:
+the agent only keeps and lists the mark (it lives in the guest's memory, so a fork's child and
+a re-attached host find the same default context).
+
+Each context is a ``Kernel`` and a ``Relay`` of its own, built from a copy of the agent's
+configuration with the context's kernelspec, directory and connection file and no standby
+kernel, so it has its own variables, cwd and language, is restarted when it dies, and is
+metered per execution like the main kernel. Its frames to the
 host, Jupyter messages and kernel events alike, carry ``"context": id``; a host ``jupyter``
 frame with ``context`` goes to that context's kernel, one without it to the main kernel.
 
@@ -83,10 +87,17 @@ class Context:
     monitor: asyncio.Task[None] | None = None
     #: held by a requested restart and by the stop: a stop waits for a restart in progress
     busy: asyncio.Lock = dataclasses.field(default_factory=asyncio.Lock)
+    default: bool = False  # its language's default context (the host's mark, kept for it)
 
-    def describe(self) -> dict[str, str]:
+    def describe(self) -> dict[str, Any]:
         """What ``context_start`` and ``context_list`` say of it."""
-        return {"context": self.id, "kernel": self.kernel_name, "language": self.language, "cwd": self.cwd}
+        return {
+            "context": self.id,
+            "kernel": self.kernel_name,
+            "language": self.language,
+            "cwd": self.cwd,
+            "default": self.default,
+        }
 
     async def close(self) -> None:
         """Stop the monitor first (it would restart the kernel), then the relay and the kernel."""
@@ -158,6 +169,7 @@ class Contexts:
             context = await self._launch(context_id, name, language, cwd)
         finally:
             self._starting.discard(context_id)
+        context.default = frame.get("default") is True
         self._contexts[context_id] = context
         log(f"context {context_id} started: kernel {name!r}, cwd {cwd!r}")
         return context.describe()
