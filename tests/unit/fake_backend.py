@@ -80,6 +80,10 @@ class FakeBackend:
         self.background = TaskSet("fake-vms")
         self._pool = WarmPool(0, self._no_clone, self.discard)
         self._names = 0
+        #: what every new VM's agent adds to its hello (capabilities beyond ``CAPABILITIES``,
+        #: kernelspecs), and how it answers ops of its own (``FakeAgent.replies``)
+        self.hello: dict[str, Any] = {}
+        self.replies: dict[str, Any] = {}
 
     # -- misbehaviour ------------------------------------------------------------------------------
 
@@ -102,7 +106,10 @@ class FakeBackend:
     async def _start(self, domain: str, state: dict[str, Any], meta: dict[str, str], how: str) -> Launched:
         assert domain not in self.vms, f"domain {domain} started twice"
         fake = FakeAgent(str(self.sockets / f"{domain}.sock"))
-        fake.reply_fields["hello"] = {"agent_version": 2, "capabilities": CAPABILITIES}
+        hello = {"agent_version": 2, "capabilities": CAPABILITIES, **self.hello}
+        hello["capabilities"] = [*CAPABILITIES, *self.hello.get("capabilities", [])]
+        fake.reply_fields["hello"] = hello
+        fake.replies.update(self.replies)
         await fake.start()
         self.vms[domain] = FakeVm(domain, fake, json.loads(json.dumps(state)), dict(meta))
         agent = AgentClient(Path(fake.path))
