@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..channel import AgentError, ChannelClosed, ChannelTimeout, NotSupportedByAgent
-from ..channel.protocol import Op
+from ..channel.protocol import Capability, Op
 from ..config import Settings
 from .errors import (
     AgentUnresponsive,
@@ -136,6 +136,17 @@ class CodeContexts:
         """End the context's kernel and forget it."""
         await self.get(sbx, context_id)
         await self._request(sbx, Op.CONTEXT_STOP, self.settings.restart_timeout, context=context_id)
+
+    async def stop_all(self, sbx: Sandbox) -> int:
+        """End every context (a pause that keeps the files only); how many there were. An
+        image without contexts has none."""
+        agent = sbx.live_agent
+        if agent is None or not agent.supports(Capability.CONTEXTS):
+            return 0
+        found = await self.list(sbx)
+        for ctx in found:
+            await self._request(sbx, Op.CONTEXT_STOP, self.settings.restart_timeout, context=ctx.id)
+        return len(found)
 
     async def _ready(self, sbx: Sandbox) -> None:
         await self._wait_for_vm(sbx)

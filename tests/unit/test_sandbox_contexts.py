@@ -105,6 +105,16 @@ async def test_stop_forgets_and_an_unknown_context_is_not_found(house: Any) -> N
     assert not h.vm_of(sbx.id).agent.requests("context_restart")
 
 
+async def test_stop_all_ends_every_context_and_an_old_image_has_none(house: Any) -> None:
+    h, guest, contexts = house
+    sbx = await h.lifecycle.create("k", "python")
+    for language in ("python", "r"):
+        await contexts.start(sbx, language)
+    assert await contexts.stop_all(sbx) == 2 and guest.contexts == {}
+    h.vms.hello = {}
+    assert await contexts.stop_all(await h.lifecycle.create("k", "python")) == 0
+
+
 async def test_a_guest_refusal_is_said_and_an_old_image_is_named(house: Any) -> None:
     h, _, contexts = house
     sbx = await h.lifecycle.create("k", "python")

@@ -312,13 +312,15 @@ async def set_timeout(request: web.Request) -> web.Response:
 @lifecycle_view
 async def pause(request: web.Request) -> web.Response:
     """Pause: the whole VM saved. ``memory`` false (``mode="filesystem"``) keeps the files
-    only: the kernel is restarted (variables, imports and processes gone) before the save."""
+    only: the kernel is restarted and the code contexts ended (variables, imports and processes
+    gone) before the save."""
     sbx = _sandbox(request)
     memory = _memory(await read_body(request))
     if sbx.record.state == SandboxState.HIBERNATED:
         raise E2BError(409, f"sandbox {sbx.id} is already paused")
     manager = runtime(request).manager
     if not memory:
+        await manager.contexts.stop_all(sbx)
         await manager.restart(sbx)
     await manager.hibernate(sbx)
     return web.Response(status=204)
@@ -337,6 +339,7 @@ async def connect(request: web.Request) -> web.Response:
     end = sbx.record.last_active_at + sbx.record.idle_timeout_seconds
     await manager.wake(sbx)
     if was_paused and not memory:
+        await manager.contexts.stop_all(sbx)
         await manager.restart(sbx)
     if timeout is not None and (was_paused or time.time() + timeout > end):
         manager.set_idle_timeout(sbx, timeout)

@@ -83,6 +83,22 @@ def test_15_an_interrupted_context_keeps_its_state_and_leaves_the_others_alone(s
     assert _text(sandbox, "main_var") == "main"
 
 
+def test_15_contexts_come_through_a_pause_and_end_with_a_filesystem_one(sandbox: Any) -> None:
+    from e2b.exceptions import NotFoundException
+    from e2b_code_interpreter import Sandbox
+
+    ctx = sandbox.create_code_context(cwd="/tmp/ctx")
+    sandbox.run_code("held = 'in memory'", context=ctx)
+    sandbox.pause()  # the whole VM, its context kernels with it
+    again = Sandbox.connect(sandbox.sandbox_id)
+    assert _text(again, "held", context=ctx) == "in memory"
+    again.pause(mode="filesystem")  # the files only: no process is left, contexts neither
+    third = Sandbox.connect(sandbox.sandbox_id)
+    assert ctx.id not in {c.id for c in third.list_code_contexts()}
+    with pytest.raises(NotFoundException):
+        third.run_code("held", context=ctx)
+
+
 def test_16_language_opens_a_context_on_the_kernel_the_template_holds(e2b: Service) -> None:
     from e2b_code_interpreter import Sandbox
 
