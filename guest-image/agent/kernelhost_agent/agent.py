@@ -44,6 +44,9 @@ class KernelOps:
         self.config = kernel.config
         self.dispatcher = dispatcher
         self.boot_id = boot_id
+        #: the kernelspecs, read at the first hello (a template's VM, so its clones answer
+        #: without reading them again: they are the image's, fixed)
+        self._kernels: list[dict[str, str]] | None = None
 
     def ops(self) -> Mapping[str, Handler]:
         """hello, ping, interrupt and restart."""
@@ -59,7 +62,9 @@ class KernelOps:
         agent is, what it can do, and the kernelspecs a code context may start."""
         if self.config.start_kernel:
             await self.kernel.until_ready()
-        kernels = await asyncio.to_thread(hello_kernels, self.config)
+        if self._kernels is None:
+            self._kernels = await asyncio.to_thread(hello_kernels, self.config)
+        kernels = self._kernels
         return {
             "agent_version": protocol.AGENT_PROTOCOL,
             "capabilities": self.dispatcher.capabilities(),
