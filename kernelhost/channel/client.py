@@ -16,10 +16,12 @@ were added, on the reader task: a listener must not block.
 
 A guest restored from a saved state (a clone, a fork's child, a woken or rewound sandbox) or
 re-attached after a service restart may still be handling requests of the channel it had
-before, and answers them on this one. Such a channel is opened ``inherited=True``: its request
-ids start at a random point far from where any earlier channel's were, and replies to ids
-outside its own range are dropped quietly (up to ``EXPIRED_KEPT`` of them, counted in
-``stats.earlier_replies``) instead of closing the channel.
+before, and answers them on this one. So a request id is a counter (each channel's from a
+random start) with a tag, a keyed MAC of the counter, in its low bits: a reply to an id this
+channel did not make but another channel of the service did (under the same ``id_key``) is
+dropped quietly (up to ``EXPIRED_KEPT`` of them, counted in ``stats.earlier_replies``), while a
+reply to an id no channel made is a violation, as a reply to this channel's own id answered
+twice is.
 
 Every wait has a deadline: a request's ``timeout`` covers sending it (a guest that stopped
 reading cannot hold the sender) as well as the reply, and closing never waits for a guest.
@@ -37,6 +39,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
+import hmac
 import itertools
 import secrets
 from collections import OrderedDict
@@ -87,10 +91,25 @@ EXPIRED_KEPT = 4096
 #: frames dispatched before the reader yields to the event loop: a guest flooding tiny frames
 #: gets its turn like every other channel, and never holds the loop for a whole 64 KiB read
 FRAMES_PER_TURN = 32
-#: where an inherited channel's request ids start: past any fresh channel's, at a random point of
-#: a range wide enough that two channels of one guest never share an id (JSON-safe integers)
-INHERITED_IDS_FROM = 1 << 32
-INHERITED_IDS_SPREAD = 1 << 44
+#: request ids: ``counter << ID_TAG_BITS | tag``, each channel's counter from a random point of a
+#: range wide enough that two channels of one guest do not meet (and every id JSON-safe)
+ID_TAG_BITS = 20
+ID_COUNTERS_FROM = 1 << 20
+ID_COUNTERS_SPREAD = 1 << 31
+#: the tags' key when the owner gives none: this process's channels know each other's ids
+PROCESS_ID_KEY = secrets.token_bytes(32)
+
+
+def request_id(key: bytes, counter: int) -> int:
+    """The id of request ``counter`` of a channel keyed ``key``."""
+    return counter << ID_TAG_BITS | _tag(key, counter)
+
+
+def _tag(key: bytes, counter: int) -> int:
+    digest = hmac.new(key, counter.to_bytes(8, "big"), hashlib.sha256).digest()
+    return int.from_bytes(digest[:4], "big") & ((1 << ID_TAG_BITS) - 1)
+
+
 CLOSED_BY_HOST = "closed by the host"
 
 
@@ -121,7 +140,7 @@ class ChannelStats:
     bytes_in: int = 0
     frames_in: int = 0
     late_replies: int = 0
-    earlier_replies: int = 0  # answers to an earlier channel's requests (an inherited channel)
+    earlier_replies: int = 0  # answers to requests of an earlier channel of the guest (dropped)
 
 
 class AgentClient:
@@ -133,10 +152,11 @@ class AgentClient:
         *,
         max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
         queue_size: int = 1024,
-        inherited: bool = False,
+        id_key: bytes | None = None,
     ) -> None:
-        """``inherited``: the guest may still answer an earlier channel's requests (a VM restored
-        from a saved state, or one already running); see the module's docstring."""
+        """``id_key``: the key of the request ids' tags, the same for every channel of the
+        service (kept across its restarts), so that a guest that answers an earlier channel's
+        request is known from one that invents it (the module's docstring)."""
         self.socket_path = Path(socket_path)
         self.max_frame_bytes = max_frame_bytes
         self.queue_size = queue_size
@@ -146,11 +166,12 @@ class AgentClient:
         self._reader: asyncio.StreamReader | None = None
         self._writer: asyncio.StreamWriter | None = None
         self._task: asyncio.Task[None] | None = None
-        first = INHERITED_IDS_FROM + secrets.randbelow(INHERITED_IDS_SPREAD) if inherited else 1
-        self._first_id = first
-        self._ids = itertools.count(first)
-        self._last_id = first - 1
-        self._earlier_allowed = EXPIRED_KEPT if inherited else 0
+        self._id_key = id_key or PROCESS_ID_KEY
+        first = ID_COUNTERS_FROM + secrets.randbelow(ID_COUNTERS_SPREAD)
+        self._first_counter = first
+        self._counters = itertools.count(first)
+        self._last_counter = first - 1
+        self._earlier_allowed = EXPIRED_KEPT
         self._pending: dict[int, asyncio.Future[dict[str, Any]]] = {}
         self._expired: OrderedDict[int, None] = OrderedDict()
         self._subs: dict[str, Subscription] = {}
@@ -230,8 +251,9 @@ class AgentClient:
             raise ChannelClosed(self.closed_reason or "channel not connected")
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
-        req_id = next(self._ids)
-        self._last_id = req_id
+        counter = next(self._counters)
+        self._last_counter = counter
+        req_id = request_id(self._id_key, counter)
         fut: asyncio.Future[dict[str, Any]] = loop.create_future()
         self._pending[req_id] = fut
         try:
@@ -401,12 +423,15 @@ class AgentClient:
 
     def _on_reply(self, frame: dict[str, Any]) -> None:
         req_id = frame.get("id")
-        if not isinstance(req_id, int) or isinstance(req_id, bool) or req_id <= 0:
+        if not isinstance(req_id, int) or isinstance(req_id, bool) or not 0 < req_id < 1 << 63:
             raise ProtocolViolation(f"guest replied to request {req_id!r:.40}, never made")
-        if not self._first_id <= req_id <= self._last_id:
-            if self._earlier_allowed <= 0:
-                raise ProtocolViolation(f"guest replied to request {req_id!r:.40}, never made")
-            self._earlier_allowed -= 1  # a request of the channel the guest had before this one
+        counter = req_id >> ID_TAG_BITS
+        if request_id(self._id_key, counter) != req_id:
+            raise ProtocolViolation(f"guest replied to request {req_id}, never made")
+        if not self._first_counter <= counter <= self._last_counter:
+            if self._earlier_allowed <= 0:  # a guest replaying old ids, not a saved state's few
+                raise ProtocolViolation(f"guest replied to {EXPIRED_KEPT} requests of earlier channels")
+            self._earlier_allowed -= 1  # made by the channel the guest had before this one
             self.stats.earlier_replies += 1
             return
         fut = self._pending.get(req_id)

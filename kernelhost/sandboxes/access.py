@@ -83,6 +83,12 @@ def token_matches(hashes: list[str], presented: str) -> bool:
 KEY_FILE = "access-token-key"
 
 
+def channel_key(token_key: bytes) -> bytes:
+    """The key of the VM channels' request ids (``kernelhost/channel/client.py``), derived from
+    the token key: a restarted service, or a cluster's other node, knows its earlier ids."""
+    return hmac.new(token_key, b"kernelhost channel request ids", hashlib.sha256).digest()
+
+
 def load_token_key(state_dir: Path, cluster_secret: str = "") -> bytes:
     """The key tokens are derived under: from ``cluster_secret`` on a cluster's nodes (each
     derives the same), else a random one kept in ``state_dir`` (made at first start, 0600)."""

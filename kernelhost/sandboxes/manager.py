@@ -28,7 +28,7 @@ from ..channel import ChannelError
 from ..config import Settings
 from ..metrics import Metrics
 from ..tasks import TaskSet
-from .access import kept_hashes, load_token_key, new_access_token, token_matches, tokens_of
+from .access import channel_key, kept_hashes, load_token_key, new_access_token, token_matches, tokens_of
 from .checkpoints.service import Checkpoints
 from .cluster import Location, Membership, Node, Placement
 from .context import Context
@@ -93,7 +93,9 @@ class SandboxManager:
             settings=settings,
             images=images,
             registry=registry,
-            vms=backend if backend is not None else VmFactory(settings, hv, images, accel),
+            vms=backend
+            if backend is not None
+            else VmFactory(settings, hv, images, accel, channel_key(self._token_key)),
             metrics=self.metrics,
             network=SandboxNetwork(settings, self.host_network, self.metrics),
             tasks=TaskSet("sandboxes"),

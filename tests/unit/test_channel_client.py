@@ -21,6 +21,7 @@ from kernelhost.channel import (
     ChannelTimeout,
     JupyterMessage,
 )
+from kernelhost.channel.client import PROCESS_ID_KEY, request_id
 
 from .fake_agent import (
     WAIT,
@@ -156,29 +157,43 @@ async def test_replies_to_requests_never_made_are_violations(agent, connect, rep
     assert violation and "never made" in reason
 
 
-async def test_an_inherited_channel_drops_answers_to_its_predecessors_requests(agent, connect):
+async def test_answers_to_an_earlier_channels_requests_are_dropped_and_invented_ones_cut_off(agent, connect):
     """A restored or re-attached guest may answer requests of the channel it had before (a fork
     taken while the sampler's read was in flight): those answers are dropped, never matched to
-    this channel's own requests, and the channel stays open; past the budget they are a flood."""
-    client, closes = await connect(inherited=True)
+    this channel's own requests, and the channel stays open. An id no channel of the service
+    made (its tag is wrong) is a violation, and so is a flood of old ones."""
+    key = b"k" * 32
+    client, closes = await connect(id_key=key)
     await round_trip(client)
     own = await agent.wait_for_request("ping")
-    assert own["id"] > 1 << 32  # its ids start far from any earlier channel's
-    for earlier in (1, 2, 3, own["id"] - 1):  # a fresh channel's first ids; the one just before
-        await agent.send({"op": "reply", "id": earlier, "ok": True})
+    earlier = AgentClient("/nonexistent", id_key=key)  # the guest's channel before this one
+    earlier_ids = [request_id(key, earlier._first_counter + n) for n in range(3)]
+    assert not set(earlier_ids) & {own["id"]}
+    for stale in earlier_ids:
+        await agent.send({"op": "reply", "id": stale, "ok": True})
     await round_trip(client)
     assert client.connected and closes.calls == []
-    assert client.stats.earlier_replies == 4
+    assert client.stats.earlier_replies == 3
     client._earlier_allowed = 1
-    await agent.send({"op": "reply", "id": 5, "ok": True})
-    await agent.send({"op": "reply", "id": 6, "ok": True})
+    await agent.send({"op": "reply", "id": request_id(key, earlier._first_counter + 3), "ok": True})
+    await agent.send({"op": "reply", "id": request_id(key, earlier._first_counter + 4), "ok": True})
+    reason, violation = await closes.wait()
+    assert violation and "earlier channels" in reason
+
+
+async def test_an_id_under_another_key_was_never_made(agent, connect):
+    client, closes = await connect(id_key=b"k" * 32)
+    await round_trip(client)
+    forged = request_id(b"x" * 32, client._first_counter)  # the right counter, a wrong tag
+    await agent.send({"op": "reply", "id": forged, "ok": True})
     reason, violation = await closes.wait()
     assert violation and "never made" in reason
 
 
-async def test_two_inherited_channels_never_share_request_ids(sock_path):
-    firsts = {AgentClient(sock_path, inherited=True)._first_id for _ in range(64)}
-    assert len(firsts) == 64 and min(firsts) > 1 << 32
+def test_two_channels_start_their_counters_apart(sock_path):
+    firsts = sorted(AgentClient(sock_path)._first_counter for _ in range(64))
+    assert len(set(firsts)) == 64 and firsts[0] >= 1 << 20
+    assert request_id(PROCESS_ID_KEY, firsts[-1] + 10**6) < 1 << 53  # JSON-safe, for the logs
 
 
 async def test_request_before_connect_raises_channel_closed(sock_path):

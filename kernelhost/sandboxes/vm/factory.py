@@ -46,8 +46,18 @@ log = structlog.get_logger("kernelhost.vms")
 class VmFactory:
     """The libvirt and QEMU ``VmBackend`` (``backend.py`` has the contract)."""
 
-    def __init__(self, settings: Settings, hv: Hypervisor, images: ImageStore, accel: str) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        hv: Hypervisor,
+        images: ImageStore,
+        accel: str,
+        channel_key: bytes | None = None,
+    ) -> None:
+        """``channel_key``: the key of the channels' request ids, kept across restarts (the
+        manager derives it from the access-token key); None: this process's."""
         self.settings = settings
+        self.channel_key = channel_key
         self.timeouts = settings.timeouts
         self.hv = hv
         self.images = images
@@ -130,10 +140,14 @@ class VmFactory:
 
     # -- agents --------------------------------------------------------------------------------
 
-    async def connect_agent(self, socket: Path, timeout: float, *, inherited: bool = False) -> AgentClient:
-        """Connect to a VM's channel and wait until its agent has a ready kernel; ``inherited``:
-        the VM was running before (its agent may answer an earlier channel's requests)."""
-        agent = AgentClient(socket, max_frame_bytes=self.settings.max_frame_bytes, inherited=inherited)
+    def agent_client(self, socket: Path) -> AgentClient:
+        """A channel (not connected yet) to a VM's agent, its request ids tagged under the
+        service's key (a restored VM's answers to an earlier channel are then dropped)."""
+        return AgentClient(socket, max_frame_bytes=self.settings.max_frame_bytes, id_key=self.channel_key)
+
+    async def connect_agent(self, socket: Path, timeout: float) -> AgentClient:
+        """Connect to a VM's channel and wait until its agent has a ready kernel."""
+        agent = self.agent_client(socket)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
         await agent.connect(timeout=timeout)
@@ -234,10 +248,9 @@ class VmFactory:
         when the state was saved, then never sees its host go away and answers at once (else
         it notices the new connection only on its next look, up to 0.1 s later). Then the clone
         hygiene: fresh clock, entropy and seeds. The agent is closed on failure; the caller
-        destroys the domain. The channel is inherited: requests in flight when the state was
-        saved are answered on it."""
-        limit = self.settings.max_frame_bytes
-        agent = AgentClient(spec.channel_socket, max_frame_bytes=limit, inherited=True)
+        destroys the domain. Requests in flight when the state was saved are answered on the
+        new channel, which drops them (``agent_client``)."""
+        agent = self.agent_client(spec.channel_socket)
         try:
             await agent.connect(timeout=self.timeouts.attach)
             await asyncio.to_thread(self.hv.load_into, spec.name, state, ignore_shared=ignore_shared)
@@ -393,7 +406,7 @@ class VmFactory:
             await asyncio.to_thread(self.cpu.move, domain, meta["key"])
 
     async def reattach(self, domain: str, timeout: float) -> AgentClient:
-        return await self.connect_agent(self.hv.vm_dir(domain) / "agent.sock", timeout, inherited=True)
+        return await self.connect_agent(self.hv.vm_dir(domain) / "agent.sock", timeout)
 
     async def running_domains(self) -> set[str]:
         return {d.name for d in await asyncio.to_thread(self.hv.domains) if d.running}
