@@ -19,9 +19,10 @@ re-attached after a service restart may still be handling requests of the channe
 before, and answers them on this one. So a request id is a counter (each channel's from a
 random start) with a tag, a keyed MAC of the counter, in its low bits: a reply to an id this
 channel did not make but another channel of the service did (under the same ``id_key``) is
-dropped quietly (up to ``EXPIRED_KEPT`` of them, counted in ``stats.earlier_replies``), while a
-reply to an id no channel made is a violation, as a reply to this channel's own id answered
-twice is.
+dropped quietly, as is a second answer to a request of this channel (seen once, right after a
+service restart re-attached a VM: a frame its port sent twice across the reconnect): up to
+``EXPIRED_KEPT`` of either, counted in ``stats``. A reply to an id no channel made is a
+violation, and so is a flood of the others.
 
 Every wait has a deadline: a request's ``timeout`` covers sending it (a guest that stopped
 reading cannot hold the sender) as well as the reply, and closing never waits for a guest.
@@ -141,6 +142,7 @@ class ChannelStats:
     frames_in: int = 0
     late_replies: int = 0
     earlier_replies: int = 0  # answers to requests of an earlier channel of the guest (dropped)
+    repeated_replies: int = 0  # second answers to a request of this channel (dropped)
 
 
 class AgentClient:
@@ -171,7 +173,7 @@ class AgentClient:
         self._first_counter = first
         self._counters = itertools.count(first)
         self._last_counter = first - 1
-        self._earlier_allowed = EXPIRED_KEPT
+        self._spare_replies = EXPIRED_KEPT  # answers to earlier channels' or answered requests
         self._pending: dict[int, asyncio.Future[dict[str, Any]]] = {}
         self._expired: OrderedDict[int, None] = OrderedDict()
         self._subs: dict[str, Subscription] = {}
@@ -428,20 +430,24 @@ class AgentClient:
         counter = req_id >> ID_TAG_BITS
         if request_id(self._id_key, counter) != req_id:
             raise ProtocolViolation(f"guest replied to request {req_id}, never made")
-        if not self._first_counter <= counter <= self._last_counter:
-            if self._earlier_allowed <= 0:  # a guest replaying old ids, not a saved state's few
-                raise ProtocolViolation(f"guest replied to {EXPIRED_KEPT} requests of earlier channels")
-            self._earlier_allowed -= 1  # made by the channel the guest had before this one
-            self.stats.earlier_replies += 1
-            return
-        fut = self._pending.get(req_id)
+        earlier = not self._first_counter <= counter <= self._last_counter
+        fut = None if earlier else self._pending.get(req_id)
         if fut is not None and not fut.done():
             fut.set_result(frame)
-        elif req_id in self._expired:
+        elif not earlier and req_id in self._expired:
             del self._expired[req_id]  # the request gave up waiting; one late reply is fine
             self.stats.late_replies += 1
+        elif self._spare_replies > 0:
+            # made by the channel the guest had before this one (a saved state's requests in
+            # flight), or answered again (a frame the guest's port sent twice across a host's
+            # reconnect): dropped, as long as there are few
+            self._spare_replies -= 1
+            if earlier:
+                self.stats.earlier_replies += 1
+            else:
+                self.stats.repeated_replies += 1
         else:
-            raise ProtocolViolation(f"guest replied to request {req_id} again")
+            raise ProtocolViolation(f"guest replied to {EXPIRED_KEPT} requests again or of earlier channels")
 
     # -- closing ---------------------------------------------------------------------------------
 

@@ -142,7 +142,22 @@ async def test_request_timeout_then_late_reply_is_ignored(agent, connect):
     await round_trip(client)
     assert client.connected
     assert closes.calls == []
-    await agent.reply(late)  # but the same late reply twice is a guest playing games
+    assert client.stats.late_replies == 1
+
+
+async def test_a_reply_sent_twice_is_dropped_and_a_flood_of_them_cut_off(agent, connect):
+    """A guest's port may send a frame twice across a host's reconnect: the second answer is
+    dropped, never taken for another request's; a guest repeating answers by the thousand is
+    playing games."""
+    client, closes = await connect()
+    await round_trip(client)
+    answered = await agent.wait_for_request("ping")
+    await agent.reply(answered)
+    await round_trip(client)
+    assert client.connected and client.stats.repeated_replies == 1
+    client._spare_replies = 1
+    await agent.reply(answered)
+    await agent.reply(answered)
     reason, violation = await closes.wait()
     assert violation and "again" in reason
 
@@ -174,7 +189,7 @@ async def test_answers_to_an_earlier_channels_requests_are_dropped_and_invented_
     await round_trip(client)
     assert client.connected and closes.calls == []
     assert client.stats.earlier_replies == 3
-    client._earlier_allowed = 1
+    client._spare_replies = 1
     await agent.send({"op": "reply", "id": request_id(key, earlier._first_counter + 3), "ok": True})
     await agent.send({"op": "reply", "id": request_id(key, earlier._first_counter + 4), "ok": True})
     reason, violation = await closes.wait()
