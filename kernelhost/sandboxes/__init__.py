@@ -6,11 +6,11 @@ This face exports what the callers outside the layer use (the API, the CLI), and
 and each name has a caller): the manager, the errors, events, states and records they render,
 and the values they hand the manager typed. The service's start-up opens the store by the
 store's own face. The families are packages with a face of their own: ``lifecycle/``, ``vm/``,
-``checkpoints/``, ``templates/``, ``store/``, ``execution/``, ``network/``, ``cluster/``.
+``checkpoints/``, ``templates/``, ``store/``, ``execution/``, ``inside/``, ``network/``,
+``cluster/``.
 """
 
 from .cluster import FORWARDED_RESERVATION, HOST_FAILED, Node
-from .contexts import CodeContext
 from .errors import (
     AgentUnresponsive,
     BackendUnavailable,
@@ -40,9 +40,9 @@ from .errors import (
     TemplateNotFound,
 )
 from .execution import End, Error, Event, Result, Stream
+from .inside import CodeContext, Process
 from .manager import SandboxManager
 from .network import NetworkSpec, parse_network
-from .processes import Process
 from .registry import ADMITTED, MAX_WAIT
 from .sampler import Sample
 from .sandbox import Sandbox, iso_time, sandbox_view

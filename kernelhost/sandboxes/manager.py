@@ -32,17 +32,14 @@ from .access import channel_key, kept_hashes, load_token_key, new_access_token, 
 from .checkpoints.service import Checkpoints
 from .cluster import Location, Membership, Node, Placement
 from .context import Context
-from .contexts import CodeContexts
 from .errors import InvalidRequest
 from .execution import Cell, CellPolicy, End, Event, OutputLimits, RunningCall, run_cell
-from .files import FileService
+from .inside import CodeContexts, FileService, Ports, Processes, UsageMeter
 from .lifecycle.create import Lifecycle
 from .lifecycle.fork import Forker
 from .lifecycle.hibernation import Hibernation, Reaper
 from .lifecycle.recovery import Recoverer
 from .network import HostNetwork, NetworkSpec, SandboxNetwork
-from .ports import Ports
-from .processes import Processes
 from .registry import Quota, Registry
 from .sampler import UsageSampler
 from .sandbox import Sandbox, ensure_usable, wait_replacement
@@ -55,7 +52,6 @@ from .templates import TemplateSpec
 from .templates.builds import Build
 from .templates.service import OperatorTemplates, TemplateService
 from .templates.views import TemplateView
-from .usage import UsageMeter
 from .vm.backend import VmBackend
 from .vm.factory import VmFactory
 from .vm.pool import WarmPool

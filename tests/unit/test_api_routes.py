@@ -25,7 +25,7 @@ from kernelhost.sandboxes import (
     Sandbox,
     SandboxDiskFull,
 )
-from kernelhost.sandboxes.files import _fs_error, _rechunk
+from kernelhost.sandboxes.inside.files import _fs_error, _rechunk
 
 from .offline import fake_image_dir, offline_settings
 

@@ -1,4 +1,4 @@
-"""Background processes (kernelhost/sandboxes/processes.py) without a VM: who hears a process's
+"""Background processes (kernelhost/sandboxes/inside/processes.py) without a VM: who hears a process's
 output, from when, a listener that stops reading, and what a process refuses."""
 
 from __future__ import annotations
@@ -9,8 +9,9 @@ from typing import Any
 
 import pytest
 
-from kernelhost.sandboxes import End, ExecutionStatus, InvalidRequest, ProcessNotFound, Stream, processes
-from kernelhost.sandboxes.processes import Process
+from kernelhost.sandboxes import End, ExecutionStatus, InvalidRequest, ProcessNotFound, Stream
+from kernelhost.sandboxes.inside import processes
+from kernelhost.sandboxes.inside.processes import Process
 
 pytestmark = pytest.mark.unit
 

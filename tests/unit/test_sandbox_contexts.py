@@ -1,4 +1,4 @@
-"""Code contexts (``sandboxes/contexts.py``) on the fake VM backend, whose agents play the
+"""Code contexts (``sandboxes/inside/contexts.py``) on the fake VM backend, whose agents play the
 guest's part (``GuestContexts``), and where E2B's ``/execute`` runs (``api/e2b/contexts.py``)."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from kernelhost.api.e2b.contexts import target
-from kernelhost.sandboxes.contexts import CodeContexts
 from kernelhost.sandboxes.errors import ContextNotFound, InvalidRequest, NotSupportedByImage
+from kernelhost.sandboxes.inside.contexts import CodeContexts
 from kernelhost.sandboxes.sandbox import Sandbox
 
 from .fake_agent import FakeAgent

@@ -1,4 +1,4 @@
-"""A sandbox's usage reading (kernelhost/sandboxes/usage.py): what the guest's probe prints,
+"""A sandbox's usage reading (kernelhost/sandboxes/inside/usage.py): what the guest's probe prints,
 parsed."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-from kernelhost.sandboxes.usage import PROBE, parse_probe
+from kernelhost.sandboxes.inside.usage import PROBE, parse_probe
 
 pytestmark = pytest.mark.unit
 

@@ -3,7 +3,7 @@ runs on.
 
 A sandbox's main kernel is the context named by its language (``python``, or the template's
 kernel language), and its shell the context ``bash``: both always there, neither removable.
-Every context created here is a kernel of its own in the VM (``sandboxes/contexts.py``), with
+Every context created here is a kernel of its own in the VM (``sandboxes/inside/contexts.py``), with
 its own variables, working directory and language, restarted and removed on its own. An
 ``/execute`` with a ``language`` other than the main kernel's and bash runs in that language's
 default context, started on first use, as E2B's interpreter does.

@@ -4,7 +4,7 @@ symlink, its target.
 
 The guest agent's file ops do not say who owns a file or where a link points, so a small
 script (``LISTER``) reads them in the sandbox: one process of the service's per sandbox
-(``kernelhost/sandboxes/processes.py``: beside the sandbox's calls, not counted against its
+(``kernelhost/sandboxes/inside/processes.py``: beside the sandbox's calls, not counted against its
 limits, not keeping it from idling), started at the first listing and then asked over its
 stdin, one JSON request a line, answering with one JSON line per entry tagged with the
 request's id (so a listing costs a round trip, not a process start). The host only parses

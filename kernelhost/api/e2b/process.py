@@ -1,5 +1,5 @@
 """envd's ``process.Process`` Connect service over the sandbox layer's background processes
-(``kernelhost/sandboxes/processes.py``): ``Start`` streams a command's output and exit code
+(``kernelhost/sandboxes/inside/processes.py``): ``Start`` streams a command's output and exit code
 (``commands.run`` in E2B's SDKs, foreground or background), ``Connect`` follows a running one
 again, ``List`` shows them, ``SendInput`` and ``CloseStdin`` write its stdin, ``SendSignal``
 ends it.

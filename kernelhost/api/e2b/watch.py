@@ -1,7 +1,7 @@
 """envd's ``filesystem.Filesystem/WatchDir`` (``files.watch_dir`` in E2B's SDKs): changes under a
 directory of the sandbox, streamed as filesystem events.
 
-The watcher is a background process of the sandbox (``kernelhost/sandboxes/processes.py``) that
+The watcher is a background process of the sandbox (``kernelhost/sandboxes/inside/processes.py``) that
 polls the directory every ``POLL_SECONDS`` and prints one JSON line per change: create, write
 (a file's size or mtime changed), remove and chmod; a rename shows as a remove and a create, as
 polling cannot pair them. It runs beside the sandbox's code, and ends with the stream (the

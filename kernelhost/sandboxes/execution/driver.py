@@ -46,7 +46,7 @@ class Cell:
     code: str
     language: str = "python"
     timeout: float | None = None
-    #: bash only: a stdin the caller writes (op ``bash_input``: sandboxes/processes.py), and
+    #: bash only: a stdin the caller writes (op ``bash_input``: sandboxes/inside/processes.py), and
     #: whether the shell's state (cwd, exports) is what the command leaves (false for a
     #: background process)
     stdin: bool = False

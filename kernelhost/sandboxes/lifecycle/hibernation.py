@@ -22,7 +22,7 @@ from ...channel import ChannelError
 from ...ratelimit import TokenBucket
 from ..context import Context
 from ..errors import CapacityExceeded, Remedy, SandboxNotFound, SandboxNotRunning, StoreRowRefused
-from ..processes import stop_processes
+from ..inside import stop_processes
 from ..sandbox import Sandbox, wait_replacement
 from ..states import SandboxState
 from .create import Lifecycle

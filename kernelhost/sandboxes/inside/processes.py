@@ -35,12 +35,12 @@ from typing import Any, cast
 
 import structlog
 
-from ..channel import AgentClient, ChannelError
-from ..channel.protocol import Capability, Op
-from .context import Context
-from .errors import CapacityExceeded, InvalidRequest, NotSupportedByImage, ProcessNotFound, Remedy
-from .execution import Cell, CellPolicy, End, Error, Event, OutputLimits, RunningCall, run_cell
-from .sandbox import Sandbox, ensure_usable
+from ...channel import AgentClient, ChannelError
+from ...channel.protocol import Capability, Op
+from ..context import Context
+from ..errors import CapacityExceeded, InvalidRequest, NotSupportedByImage, ProcessNotFound, Remedy
+from ..execution import Cell, CellPolicy, End, Error, Event, OutputLimits, RunningCall, run_cell
+from ..sandbox import Sandbox, ensure_usable
 
 log = structlog.get_logger("kernelhost.processes")
 

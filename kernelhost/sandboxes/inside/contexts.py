@@ -20,10 +20,10 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ..channel import AgentError, ChannelClosed, ChannelTimeout, NotSupportedByAgent
-from ..channel.protocol import Capability, Op
-from ..config import Settings
-from .errors import (
+from ...channel import AgentError, ChannelClosed, ChannelTimeout, NotSupportedByAgent
+from ...channel.protocol import Capability, Op
+from ...config import Settings
+from ..errors import (
     AgentUnresponsive,
     ContextNotFound,
     InvalidRequest,
@@ -31,7 +31,7 @@ from .errors import (
     Remedy,
     SandboxNotRunning,
 )
-from .sandbox import Sandbox, ensure_usable
+from ..sandbox import Sandbox, ensure_usable
 
 #: ``Hibernation.wait_for_vm``: wait for a VM change in flight and wake a hibernated sandbox
 WaitForVm = Callable[[Sandbox], Awaitable[None]]

@@ -15,10 +15,10 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
-from ..channel import AgentError, ChannelClosed, ChannelTimeout, NotSupportedByAgent
-from ..channel.protocol import Op
-from ..config import Settings
-from .errors import (
+from ...channel import AgentError, ChannelClosed, ChannelTimeout, NotSupportedByAgent
+from ...channel.protocol import Op
+from ...config import Settings
+from ..errors import (
     AgentUnresponsive,
     FileOperationFailed,
     FileTooLarge,
@@ -30,7 +30,7 @@ from .errors import (
     SandboxError,
     SandboxNotRunning,
 )
-from .sandbox import Sandbox, ensure_usable, iso_time
+from ..sandbox import Sandbox, ensure_usable, iso_time
 
 #: ``Hibernation.wait_for_vm``: wait for a VM change in flight and wake a hibernated sandbox
 WaitForVm = Callable[[Sandbox], Awaitable[None]]

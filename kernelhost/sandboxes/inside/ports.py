@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import socket
 
-from ..channel import ChannelError, NotSupportedByAgent
-from .context import Context
-from .errors import (
+from ...channel import ChannelError, NotSupportedByAgent
+from ..context import Context
+from ..errors import (
     AgentUnresponsive,
     InvalidRequest,
     NotSupportedByImage,
@@ -15,9 +15,9 @@ from .errors import (
     Remedy,
     SandboxNotRunning,
 )
+from ..network import PortClosed
+from ..sandbox import Sandbox, ensure_usable
 from .files import WaitForVm
-from .network import PortClosed
-from .sandbox import Sandbox, ensure_usable
 
 
 class Ports:

@@ -15,11 +15,11 @@ import contextlib
 import time
 from dataclasses import dataclass
 
-from .context import Context
-from .errors import AgentUnresponsive
-from .execution import End, Stream
+from ..context import Context
+from ..errors import AgentUnresponsive
+from ..execution import End, Stream
+from ..sandbox import Sandbox, ensure_usable
 from .processes import Processes
-from .sandbox import Sandbox, ensure_usable
 
 FIRST_WINDOW = 0.5  # seconds of CPU time measured when a sandbox has no earlier reading
 READING_TIMEOUT = 30.0
