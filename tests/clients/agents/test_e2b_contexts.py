@@ -32,6 +32,13 @@ def _text(sbx: Any, code: str, **where: Any) -> str | None:
     return execution.text  # type: ignore[no-any-return]
 
 
+def _printed(sbx: Any, code: str, **where: Any) -> str:
+    """What ``code`` printed (IRkernel shows a value as a display, not a main result)."""
+    execution = sbx.run_code(code, **where)
+    assert execution.error is None, execution.error
+    return "".join(execution.logs.stdout)
+
+
 def test_15_contexts_have_their_own_variables_cwd_restart_and_removal(sandbox: Any) -> None:
     from e2b.exceptions import NotFoundException
 
@@ -104,13 +111,14 @@ def test_16_language_opens_a_context_on_the_kernel_the_template_holds(e2b: Servi
 
     sbx = Sandbox.create(template="r", metadata={"suite": "contexts-r"})
     try:
-        assert _text(sbx, "x <- 40 + 2; x") == "[1] 42"  # R is its main kernel
+        assert _printed(sbx, "x <- 40 + 2; cat(x)") == "42"  # R is its main kernel
         # Python is the other kernel this template's image holds: its default context
         assert _text(sbx, "import sys; sys.version_info[0]", language="python") == "3"
         assert _text(sbx, "y = 7", language="python") is None
         assert _text(sbx, "y * 6", language="python") == "42"  # the same default context
         r_ctx = sbx.create_code_context(language="r")
-        assert _text(sbx, "exists('x')", context=r_ctx) == "[1] FALSE"  # an R kernel of its own
+        assert _printed(sbx, "cat(exists('x'))", context=r_ctx) == "FALSE"  # an R kernel of its own
+        assert _printed(sbx, "cat(R.version$language)", context=r_ctx) == "R"
         languages = {c.language for c in sbx.list_code_contexts()}
         assert {"r", "python", "bash"} <= languages
     finally:
