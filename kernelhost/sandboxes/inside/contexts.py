@@ -16,25 +16,20 @@ guest keeps that mark, so a fork's child or a restarted service finds it again.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ...channel import AgentError, ChannelClosed, ChannelTimeout, NotSupportedByAgent
+from ...channel import AgentError
 from ...channel.protocol import Capability, Op
 from ...config import Settings
 from ..errors import (
     AgentUnresponsive,
     ContextNotFound,
     InvalidRequest,
-    NotSupportedByImage,
-    Remedy,
-    SandboxNotRunning,
 )
 from ..sandbox import Sandbox, ensure_usable
+from .files import WaitForVm, agent_request
 
-#: ``Hibernation.wait_for_vm``: wait for a VM change in flight and wake a hibernated sandbox
-WaitForVm = Callable[[Sandbox], Awaitable[None]]
 #: what a guest's error text may add to ours (it is the guest's, so it is bounded)
 GUEST_TEXT_MAX = 300
 #: the id the main kernel has as a context (its language is the template's)
@@ -153,32 +148,8 @@ class CodeContexts:
         ensure_usable(sbx)
 
     async def _request(self, sbx: Sandbox, op: Op, wait: float, **fields: Any) -> dict[str, Any]:
-        agent = sbx.live_agent
-        if agent is None:
-            raise SandboxNotRunning(
-                f"sandbox {sbx.id} is {sbx.record.state}",
-                remedy=Remedy.RESTART,
-                state=sbx.record.state.value,
-                sandbox_id=sbx.id,
-            )
         try:
-            return await agent.request(op, timeout=wait, **fields)
-        except ChannelTimeout:
-            raise AgentUnresponsive(
-                f"the agent of sandbox {sbx.id} did not answer {op} within {wait:g}s", sandbox_id=sbx.id
-            ) from None
-        except ChannelClosed as exc:
-            raise SandboxNotRunning(
-                f"sandbox {sbx.id} lost its VM during {op}: {exc}",
-                remedy=Remedy.RESTART,
-                state=sbx.record.state.value,
-                sandbox_id=sbx.id,
-            ) from exc
-        except NotSupportedByAgent as exc:
-            raise NotSupportedByImage(
-                f"sandbox {sbx.id} runs a guest image without code contexts; rebuild the images "
-                "(make image) and create a new sandbox"
-            ) from exc
+            return await agent_request(sbx, op, wait, "code contexts", **fields)
         except AgentError as exc:
             said = str(exc)[:GUEST_TEXT_MAX]
             raise InvalidRequest(f"sandbox {sbx.id} refused {op}: {said}") from exc

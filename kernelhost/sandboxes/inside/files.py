@@ -36,6 +36,39 @@ from ..sandbox import Sandbox, ensure_usable, iso_time
 WaitForVm = Callable[[Sandbox], Awaitable[None]]
 
 
+async def agent_request(sbx: Sandbox, op: Op, wait: float, feature: str, **fields: Any) -> dict[str, Any]:
+    """``op`` to the sandbox's agent within ``wait`` seconds, the channel's errors as the layer's:
+    no live channel or a lost VM (``SandboxNotRunning``), no answer (``AgentUnresponsive``), an
+    image without ``feature`` (``NotSupportedByImage``). The agent's refusal (``AgentError``) is
+    the caller's to word."""
+    agent = sbx.live_agent
+    if agent is None:
+        raise SandboxNotRunning(
+            f"sandbox {sbx.id} is {sbx.record.state}",
+            remedy=Remedy.RESTART,
+            state=sbx.record.state.value,
+            sandbox_id=sbx.id,
+        )
+    try:
+        return await agent.request(op, timeout=wait, **fields)
+    except ChannelTimeout:
+        raise AgentUnresponsive(
+            f"the agent of sandbox {sbx.id} did not answer {op} within {wait:g}s", sandbox_id=sbx.id
+        ) from None
+    except ChannelClosed as exc:
+        raise SandboxNotRunning(
+            f"sandbox {sbx.id} lost its VM during {op}: {exc}",
+            remedy=Remedy.RESTART,
+            state=sbx.record.state.value,
+            sandbox_id=sbx.id,
+        ) from exc
+    except NotSupportedByAgent as exc:
+        raise NotSupportedByImage(
+            f"sandbox {sbx.id} runs a guest image without {feature}; rebuild the images (make "
+            "image) and create a new sandbox"
+        ) from exc
+
+
 class FileService:
     """The files API of the sandboxes."""
 
@@ -55,33 +88,8 @@ class FileService:
     async def _fs(self, sbx: Sandbox, op: Op, **fields: Any) -> dict[str, Any]:
         await self._wait_for_vm(sbx)
         ensure_usable(sbx)
-        agent = sbx.live_agent
-        if agent is None:
-            raise SandboxNotRunning(
-                f"sandbox {sbx.id} is {sbx.record.state}",
-                remedy=Remedy.RESTART,
-                state=sbx.record.state.value,
-                sandbox_id=sbx.id,
-            )
-        wait = self.settings.timeouts.file_op
         try:
-            reply = await agent.request(op, timeout=wait, **fields)
-        except ChannelTimeout:
-            raise AgentUnresponsive(
-                f"the agent of sandbox {sbx.id} did not answer {op} within {wait:g}s", sandbox_id=sbx.id
-            ) from None
-        except ChannelClosed as exc:
-            raise SandboxNotRunning(
-                f"sandbox {sbx.id} lost its VM during {op}: {exc}",
-                remedy=Remedy.RESTART,
-                state=sbx.record.state.value,
-                sandbox_id=sbx.id,
-            ) from exc
-        except NotSupportedByAgent as exc:
-            raise NotSupportedByImage(
-                f"sandbox {sbx.id} runs a guest image without file operations; rebuild the "
-                "images (make image) and create a new sandbox"
-            ) from exc
+            reply = await agent_request(sbx, op, self.settings.timeouts.file_op, "file operations", **fields)
         except AgentError as exc:
             raise FileOperationFailed(f"{op} was refused: {exc}") from exc
         if "oserror" in reply:
