@@ -38,7 +38,8 @@ MAIN = "main"
 
 @dataclass(frozen=True)
 class CodeContext:
-    """One kernel of a sandbox: a context's, or the main one (``id == MAIN``)."""
+    """One code context of a sandbox (a guest's entry named ``MAIN`` is dropped: that name is
+    the main kernel's)."""
 
     id: str
     language: str
