@@ -43,6 +43,7 @@ HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:  # loaded by path (the tests do): its sibling modules still import
     sys.path.insert(0, str(HERE))
 
+from account import add_user  # noqa: E402  (guest-image/account.py)
 from buildroot import unmount_all  # noqa: E402  (guest-image/buildroot.py)
 from initramfs import build_initramfs  # noqa: E402  (guest-image/initramfs.py)
 from sources import codename, host_sources, sources_for  # noqa: E402  (guest-image/sources.py)
@@ -279,7 +280,6 @@ def install_overlay(root: Path) -> None:
     init = root / "sbin" / "kernelhost-init"
     shutil.copy2(HERE / "rootfs-init", init)
     init.chmod(0o755)
-    (root / "home" / "user").mkdir(parents=True, exist_ok=True)
     (root / "etc" / "hostname").write_text("sandbox\n")
     (root / "etc" / "hosts").write_text("127.0.0.1 localhost sandbox\n::1 localhost\n")
     run(["chroot", str(root), "python3", "-m", "compileall", "-q", "/opt/kernelhost"])
@@ -313,27 +313,20 @@ def kernel_info(root: Path, template: str, spec: dict[str, Any]) -> dict[str, st
 
 def warm_up(root: Path, preload: list[str]) -> None:
     """Import the template's preloaded modules once at build time, as the guest's kernel will
-    (HOME=/root), so caches they build on first use (matplotlib's font list) are in the image."""
+    (HOME=/root, and the user's home), so caches they build on first use (matplotlib's font
+    list) are in the image."""
     if not preload:
         return
     for module in preload:
         if not all(part.isidentifier() for part in module.split(".")):
             raise SystemExit(f"templates.json: preload entry {module!r} is not a module name")
     stage("warm-up", "import " + ", ".join(preload))
-    env = ["HOME=/root", "PATH=/usr/bin:/bin", "LANG=C.UTF-8", "MPLBACKEND=Agg"]
-    run(
-        [
-            "chroot",
-            str(root),
-            "/usr/bin/env",
-            "-i",
-            *env,
-            "python3",
-            "-c",
-            "; ".join(f"import {m}" for m in preload),
-        ],
-        stdout=subprocess.DEVNULL,
-    )
+    # as root, and as ``user`` (add_user), whose kernels a sandbox with that user launches
+    for user, home in (("0:0", "/root"), ("1000:1000", "/home/user")):
+        env = [f"HOME={home}", "PATH=/usr/bin:/bin", "LANG=C.UTF-8", "MPLBACKEND=Agg"]
+        imports = "; ".join(f"import {m}" for m in preload)
+        argv = ["chroot", f"--userspec={user}", str(root), "/usr/bin/env", "-i", *env, "python3", "-c"]
+        run([*argv, imports], stdout=subprocess.DEVNULL)
 
 
 def distribution_spec(suite: str) -> dict[str, Any]:
@@ -398,6 +391,7 @@ def _build(
         kernel_version, modules = take_kernel(root, out)
         stage("overlay", "agent, codec, init, kernelspec")
         install_overlay(root)
+        add_user(root, run)
         pip = install_wheels(root, list(spec.get("pip", [])), work, run, stage)
         kernel = kernel_info(root, template, spec)
         warm_up(root, list(spec.get("preload", [])))

@@ -93,6 +93,10 @@ class Op(enum.StrEnum):
     CONTEXT_RESTART = "context_restart"  # {context}: a fresh kernel process; answered {kernel_info}
     CONTEXT_INTERRUPT = "context_interrupt"  # {context}: SIGINT to its kernel
     CONTEXT_LIST = "context_list"  # answered {contexts: [{context, kernel, language, cwd, default}]}
+    #: {user}: the sandbox's code runs as this account of the image from now on (its kernel,
+    #: later kernels, commands, files written); answered {user, uid, gid, home}. ``bash`` and
+    #: ``fs_write`` then take an optional ``user`` ("root", or the sandbox's) of their own
+    SET_USER = "set_user"
 
 
 class Event(enum.StrEnum):
@@ -154,6 +158,8 @@ class Capability(enum.StrEnum):
     #: ``jupyter`` frame with ``context`` goes to (and one from it comes from) that context's
     #: kernel (the agent's ``contexts.py``)
     CONTEXTS = "contexts"
+    #: ``set_user``, and a ``user`` of ``bash`` and ``fs_write`` (the agent's ``accounts.py``)
+    USERS = "users"
 
 
 #: The capability each optional op needs; ops not listed every agent has.
@@ -172,6 +178,7 @@ CAPABILITY_OF: dict[Op, Capability] = {
     Op.PREPARE_SNAPSHOT: Capability.SNAPSHOT,
     Op.RESUMED: Capability.SNAPSHOT,
     Op.WARM_UP: Capability.WARM_UP,
+    Op.SET_USER: Capability.USERS,
     Op.CONTEXT_START: Capability.CONTEXTS,
     Op.CONTEXT_STOP: Capability.CONTEXTS,
     Op.CONTEXT_RESTART: Capability.CONTEXTS,

@@ -293,18 +293,20 @@ class SandboxManager:
         network: NetworkSpec | None = None,
         auto_checkpoint: int = 0,
         checkpoint: str | None = None,
+        run_as: str = "",
     ) -> Sandbox:
         """A new sandbox of ``template``, or (``checkpoint``) holding a checkpoint's state.
         ``network``: ``parse_network``'s (None: the template's default); ``auto_checkpoint``:
-        how many calls ``undo`` reaches (``parse_auto_checkpoint``'s; 0: none)."""
-        keep = auto_checkpoint
+        how many calls ``undo`` reaches (``parse_auto_checkpoint``'s; 0: none); ``run_as``: the
+        account of the image its code runs as ("": root; inside/accounts.py)."""
         if checkpoint is None:
-            return await self._lifecycle.create(owner, template, idle_timeout, metadata, network, keep)
+            keep, user = auto_checkpoint, run_as
+            return await self._lifecycle.create(owner, template, idle_timeout, metadata, network, keep, user)
         idle = self._lifecycle.idle_timeout(idle_timeout)
         meta = self._lifecycle.check_metadata(metadata)
         sbx = await self._checkpoints.branch(owner, checkpoint, idle, meta)
-        if keep:
-            self._ctx.registry.update(sbx, auto_checkpoint=keep)
+        if auto_checkpoint:
+            self._ctx.registry.update(sbx, auto_checkpoint=auto_checkpoint)
         return sbx
 
     async def branch(

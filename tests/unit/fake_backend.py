@@ -52,7 +52,7 @@ from kernelhost.tasks import TaskSet
 
 from .fake_agent import WAIT, FakeAgent, short_socket_dir
 
-CAPABILITIES = ["bash", "processes", "files", "network", "warm_up"]
+CAPABILITIES = ["bash", "processes", "files", "network", "warm_up", "users"]
 
 
 @dataclass

@@ -30,6 +30,7 @@ from .relay import Relay
 from .shared import codec, log, protocol
 from .snapshot import Snapshots, WarmUp
 from .tasks import TaskSet
+from .users import Users
 
 __all__ = ["Agent", "KernelOps", "run"]
 
@@ -117,6 +118,7 @@ class Agent:
         self.dispatcher.register(WarmUp(self.kernel, config.language))
         self.dispatcher.register(self.proxy)  # announces INGRESS; its frames are kinds below
         self.dispatcher.register(self.contexts)
+        self.dispatcher.register(Users(config, self.kernel, self.bash))
         # jupyter frames: the main kernel's to its relay, a context's to that context's
         self.dispatcher.register_kinds(self.contexts.frame_handlers())
         self.dispatcher.register_kinds(self.proxy.frame_handlers())
@@ -148,6 +150,10 @@ class Agent:
         """Open the port, start the kernel, and return once it answers (a build VM's agent
         starts no kernel)."""
         os.makedirs(self.config.kernel_cwd, exist_ok=True)
+        if self.config.connection_file is not None:  # passable by a kernel launched as a user
+            runtime = os.path.dirname(self.config.connection_file)
+            os.makedirs(runtime, exist_ok=True)
+            os.chmod(runtime, 0o755)
         self.network.start()
         self.port = await self._open_port()
         self.port.start()

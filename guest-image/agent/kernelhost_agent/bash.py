@@ -26,7 +26,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import IO, Any
 
-from . import bashstandby, outpipe, rawout
+from . import bashprocess, bashstandby, outpipe, rawout
+from .accounts import Account
 from .cgroups import Cgroups
 from .config import AgentConfig
 from .dispatch import Handler
@@ -46,45 +47,6 @@ STATE_END = b"__kh_end"  # the last entry of a whole saved state
 RUN_ID_MAX = 64
 STDIN_BUFFER_MAX = 4 << 20  # input written but not yet read by the command
 SIGNALS = {"INT": signal.SIGINT, "TERM": signal.SIGTERM, "KILL": signal.SIGKILL}
-# $1: where the EXIT trap saves the working directory and the exported environment (NUL-separated,
-# the directory first, then STATE_END: a state cut short, its trap killed, lacks it); $2: the file
-# holding the command, run by eval so errors read "bash: ...". Under emulation every process bash
-# starts costs tens of milliseconds of each call, so the prelude and the trap start none: they
-# read the command with `read`, list the exported variables with `compgen -e` (set ones, not
-# arrays), and only when a function is exported (which `env -0` writes as bash passes it on)
-# take `env -0`. What they would print on stderr (`set -x` in the command) goes to /dev/null. A
-# standby (bashstandby.py) gets this far ahead of its command, then waits for its go.
-PRELUDE = r"""__kh_state=$1 __kh_cmd=$2 __kh_go=$4
-[ -z "$3" ] || echo $$ >"$3/cgroup.procs" 2>/dev/null  # $3: the run's cgroup, or empty
-set --
-__kh_save() {
-    {
-        local IFS=$' \t\n' __kh_a __kh_n __kh_names __kh_fx=
-        compgen -e >"$__kh_state.names" || :
-        declare -F >"$__kh_state.funcs" || :
-        while read -r __kh_a __kh_a __kh_n; do
-            [[ $__kh_a == -fx ]] && __kh_fx=1
-        done <"$__kh_state.funcs"
-        mapfile -t __kh_names <"$__kh_state.names"
-        {
-            printf '%s\0' "$PWD"
-            if [[ -n $__kh_fx ]]; then
-                env -0
-            else
-                for __kh_n in "${__kh_names[@]}"; do
-                    [[ -v $__kh_n && ${!__kh_n@a} != *[aA]* ]] && printf '%s=%s\0' "$__kh_n" "${!__kh_n}"
-                done
-            fi
-            printf '__kh_end\0'
-        } >"$__kh_state"
-    } 2>/dev/null
-}
-# $4: a standby's FIFO (bashstandby), whose line says the command is in $2; or empty
-[ -z "$__kh_go" ] || read -r __kh_go <"$__kh_go" || exit 1
-trap '{ set +x; } 2>/dev/null; __kh_save' EXIT
-IFS= read -r -d '' __kh_code <"$__kh_cmd"
-eval "$__kh_code"
-"""
 
 
 @dataclass
@@ -169,9 +131,11 @@ class Bash:
                 "stdin, keep_state and raw_output must be booleans, got "
                 f"{stdin!r:.20}, {keep_state!r:.20}, {raw!r:.20}"
             )
-        run = None if stdin else self._take_standby(run_id, command)
+        account = self.config.identity.resolve(frame.get("user"))  # None: root
+        own = account == self.config.identity.account  # the sandbox's user: the standby is theirs
+        run = None if stdin or not own else self._take_standby(run_id, command)
         if run is None:
-            run = self._start(run_id, command, stdin)
+            run = self._start(run_id, command, stdin, account)
         run.keep_state = keep_state
         self.runs[run_id] = run
         if stdin:
@@ -240,7 +204,7 @@ class Bash:
 
     # -- one run -----------------------------------------------------------------------------
 
-    def _start(self, run_id: str, command: str, stdin: bool = False) -> _Run:
+    def _start(self, run_id: str, command: str, stdin: bool = False, account: Account | None = None) -> _Run:
         """Write the command's script and start bash on it, in its own session and cgroup."""
         script, state = self._paths(run_id)
         bashstandby.write_script(script, command)
@@ -248,7 +212,7 @@ class Bash:
         cgroup = self._cgroups.create(f"kh-bash-{run_id}")
         env, cwd = self._environment()
         try:
-            proc = self._spawn([state, script, cgroup, ""], env, cwd, stdin)
+            proc = self._spawn([state, script, cgroup, ""], env, cwd, stdin, account)
         except BaseException:
             with contextlib.suppress(OSError):
                 os.unlink(script)
@@ -268,20 +232,11 @@ class Bash:
         env = dict(self.config.environ) if self.env is None else dict(self.env)
         return env, self.cwd if os.path.isdir(self.cwd) else self.config.kernel_cwd
 
-    def _spawn(self, args: list[str], env: dict[str, str], cwd: str, stdin: bool) -> subprocess.Popen[bytes]:
-        """bash on the prelude (``args``: its $1 to $4), in a session of its own."""
-        return subprocess.Popen(  # reaped by wait_process (pidfd), not by Popen
-            [bashstandby.BASH, "--noprofile", "--norc", "-c", PRELUDE, "bash", *args],
-            executable=bashstandby.executable(),
-            stdin=subprocess.PIPE if stdin else subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            cwd=cwd,
-            env=env,
-            start_new_session=True,
-            close_fds=True,
-            bufsize=0,
-        )
+    def _spawn(
+        self, args: list[str], env: dict[str, str], cwd: str, stdin: bool, account: Account | None = None
+    ) -> subprocess.Popen[bytes]:
+        """bash on the prelude (``args``: its $1 to $4) as ``account`` (None: root)."""
+        return bashprocess.spawn(args, env, cwd, stdin, account, self.config.identity, self._cgroups)
 
     # -- the standby (bashstandby) -----------------------------------------------------------
 
@@ -297,12 +252,19 @@ class Bash:
         self._prune_cgroups()
         cgroup = self._cgroups.create(f"kh-bash-{name}")
         try:
-            spawn = functools.partial(self._spawn, stdin=False)
+            spawn = functools.partial(self._spawn, stdin=False, account=self.config.identity.account)
             self._standby = bashstandby.start(spawn, script, state, go, cgroup, env, cwd)
         except Exception:
             log_exception("bash: cannot start a standby (commands start their own bash):")
             if cgroup:
                 self._cgroups.remove(cgroup)
+
+    def renew_standby(self) -> None:
+        """Kill the waiting standby (started for the shell's user as it was) and start the next."""
+        standby, self._standby = self._standby, None
+        if standby is not None:
+            self._drop_standby(standby)
+        self.prepare_standby()
 
     def _take_standby(self, run_id: str, command: str) -> _Run | None:
         """The standby, given ``command``; None (and the standby killed) if there is none or it

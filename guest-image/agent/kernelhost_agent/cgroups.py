@@ -74,6 +74,14 @@ class Cgroups:
             return None
 
     @staticmethod
+    def join(path: str, pid: int) -> None:
+        """Move process ``pid`` into the group (one started as a user, who cannot move itself)."""
+        if path:
+            with contextlib.suppress(OSError):
+                with open(f"{path}/cgroup.procs", "w") as f:
+                    f.write(str(pid))
+
+    @staticmethod
     def kill(path: str) -> None:
         """SIGKILL every process of the group."""
         if path:

@@ -15,6 +15,7 @@ import os
 import sys
 from collections.abc import MutableMapping
 
+from .accounts import Identity
 from .shared import codec, log, protocol
 
 __all__ = ["TEMPLATE_FILE", "AgentConfig", "build_vm", "guest_config"]
@@ -51,8 +52,10 @@ class AgentConfig:
     #: The kernel's language: what the agent's own cells (preloads, reseeding, the network's
     #: variables) are written in (``languages.py``).
     language: str = "python"
-    #: Where jupyter_client writes the kernel's connection file (None: its runtime directory).
-    connection_file: str | None = None
+    #: Where jupyter_client writes the kernel's connection file (None: its runtime directory,
+    #: under root's home); in the guest a directory any user may pass through, as a kernel
+    #: launched as the sandbox's user reads (and rewrites) its file (``accounts.py``).
+    connection_file: str | None = "/run/kernelhost/kernel.json"
     #: The kernel's and bash's working directory, and the base of relative file paths.
     kernel_cwd: str = "/home/user"
     #: How long a started kernel has to answer kernel_info before start or restart fails.
@@ -75,6 +78,9 @@ class AgentConfig:
     #: in it. The guest uses the agent's own ``os.environ``; tests pass a copy, so nothing leaks
     #: into the test process.
     environ: MutableMapping[str, str] = dataclasses.field(default_factory=_process_environ)
+    #: Whose the sandbox's code is (``accounts.py``): root until the host's ``set_user``; one
+    #: object, shared by the copies a code context makes of this configuration.
+    identity: Identity = dataclasses.field(default_factory=Identity)
 
     #: Scripts and saved state of bash commands (tmpfs in the guest).
     bash_dir: str = "/run/kernelhost/bash"

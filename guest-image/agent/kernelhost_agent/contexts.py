@@ -166,6 +166,8 @@ class Contexts:
         self._starting.add(context_id)
         try:
             await asyncio.to_thread(os.makedirs, cwd, exist_ok=True)
+            if self.config.identity.account is not None:
+                self.config.identity.account.own(cwd)
             context = await self._launch(context_id, name, language, cwd)
         finally:
             self._starting.discard(context_id)

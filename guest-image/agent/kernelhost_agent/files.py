@@ -34,6 +34,7 @@ class Files:
 
     def __init__(self, config: AgentConfig) -> None:
         self.base = config.kernel_cwd
+        self.identity = config.identity
 
     def ops(self) -> Mapping[str, Handler]:
         """The fs_* ops."""
@@ -95,7 +96,9 @@ class Files:
                 "files in pieces at increasing offsets"
             )
         create = frame.get("create") is True
+        account = self.identity.resolve(frame.get("user"))  # whose what it makes is
         try:
+            made = _missing(path) if create and account is not None else []
             if create:
                 os.makedirs(os.path.dirname(path) or "/", exist_ok=True)
             flags = os.O_WRONLY | (os.O_CREAT | os.O_TRUNC if create else 0)
@@ -107,6 +110,9 @@ class Files:
                     view, offset = view[n:], offset + n
             finally:
                 os.close(fd)
+            if account is not None:
+                for made_path in made:
+                    account.own(made_path)
         except OSError as exc:
             return oserror(exc, path)
         return {"path": path}
@@ -161,6 +167,15 @@ class Files:
         except OSError as exc:
             return oserror(exc, path)
         return {"path": path}
+
+
+def _missing(path: str) -> list[str]:
+    """``path`` and those of its parents that do not exist yet (what a write with create makes)."""
+    missing: list[str] = []
+    while path not in ("", "/") and not os.path.lexists(path):
+        missing.append(path)
+        path = os.path.dirname(path)
+    return missing
 
 
 def _int_field(frame: dict[str, Any], key: str, low: int, high: int) -> int:

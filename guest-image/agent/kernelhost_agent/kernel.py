@@ -20,8 +20,8 @@ from typing import Any, cast
 import zmq
 import zmq.asyncio
 from jupyter_client.kernelspec import KernelSpecManager
-from jupyter_client.manager import AsyncKernelManager
 
+from .accounts import Account, AccountKernelManager
 from .config import AgentConfig
 from .languages import language_for
 from .shared import log, log_exception, protocol
@@ -84,14 +84,15 @@ class Kernel:
         self.language = language_for(config.language)
         self._standby_task: asyncio.Task[None] | None = None
 
-    def _manager(self, connection_file: str | None) -> AsyncKernelManager:
+    def _manager(self, connection_file: str | None) -> AccountKernelManager:
         extra: dict[str, Any] = {}
         if self.config.kernelspec_dirs is not None:
             extra["kernel_spec_manager"] = KernelSpecManager(kernel_dirs=list(self.config.kernelspec_dirs))
         if connection_file is not None:
             extra["connection_file"] = connection_file
         # jupyter_client 7 defaults to a blocking zmq.Context; the relay needs asyncio sockets.
-        km = AsyncKernelManager(kernel_name=self.config.kernel_name, context=self.context, **extra)
+        km = AccountKernelManager(kernel_name=self.config.kernel_name, context=self.context, **extra)
+        km.kh_identity = self.config.identity  # launched as the sandbox's user, once it has one
         km.session.unpacker = "kernel_wire.unpack"  # msgpack from our kernel, JSON from others
         unsigned = self.config.unsigned_kernel
         if unsigned or (unsigned is None and self.config.kernel_name == "kernelhost"):
@@ -190,6 +191,15 @@ class Kernel:
                 self._restarting = False
         self.send_event(protocol.Event.KERNEL_RESTARTED, reason=reason)
 
+    async def become(self, account: Account) -> None:
+        """Make the running kernel ``account``'s: in place where its language can drop root
+        (the process and its state stay), else a restart, which launches it as the user."""
+        code = self.language.become(account)
+        if code is not None and self.ready.is_set():
+            await self.run_silent(code)
+        else:
+            await self.restart(reason="user")
+
     def send_event(self, event: protocol.Event, **fields: Any) -> None:
         """An event frame of this kernel (with its context's id, if it is a context's)."""
         frame: dict[str, Any] = {"op": protocol.Frame.EVENT, "event": event, **fields}
@@ -230,7 +240,7 @@ class Kernel:
             self.standby = None
             await standby.stop()
             return None
-        if standby is None or not self._env_cell(standby)[0]:
+        if standby is None or not self._env_cell(standby)[0] or not self._can_become(standby):
             return None
         km = standby.take()
         if km is None:
@@ -258,9 +268,19 @@ class Kernel:
         code = self.language.set_env(changed, unset, self.config.pip_site)
         return code is not None, code
 
+    def _can_become(self, standby: Standby) -> bool:
+        """Whether the standby runs as the sandbox's user, or can drop root to become it."""
+        account = self.config.identity.account
+        return standby.account == account or account is None or self.language.become(account) is not None
+
     async def _freshen(self, standby: Standby) -> None:
-        """Make the promoted standby this sandbox's fresh kernel: its environment and random
-        streams."""
+        """Make the promoted standby this sandbox's fresh kernel: its user, its environment and
+        its random streams."""
+        account = self.config.identity.account
+        if account is not None and standby.account != account:
+            code = self.language.become(account)
+            if code is not None:
+                await self.run_silent(code)
         _, code = self._env_cell(standby)
         if code is not None:
             await self.run_silent(code)

@@ -10,6 +10,10 @@ from __future__ import annotations
 
 import json
 import re
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .accounts import Account
 
 __all__ = ["Language", "language_for"]
 
@@ -34,6 +38,10 @@ class Language:
         raise ValueError(f"preloading is not supported for {self.name} kernels")
 
     def set_env(self, env: dict[str, str], unset: list[str], site: str) -> str | None:
+        return None
+
+    def become(self, account: Account) -> str | None:
+        """The cell that makes a running kernel ``account``'s (None: it is restarted as it)."""
         return None
 
 
@@ -81,6 +89,29 @@ class Python(Language):
             f"if {site!r} not in _kh_sys.path:\n"
             f"    _kh_site.addsitedir({site!r})\n"
             "del _kh_os, _kh_site, _kh_sys"
+        )
+
+    def become(self, account: Account) -> str:
+        """Drop root in place: groups, gid, uid (all threads: glibc sets them process-wide),
+        the user's environment, and the user's site-packages where ``pip install`` as the user
+        puts packages (before the system's, as at a start as the user). The process is made
+        dumpable again, so the user's tools (``py-spy``, ``/proc/<pid>``) reach it."""
+        return (
+            "def _kh_become():\n"
+            "    import ctypes, os, site, sys\n"
+            f"    os.setgroups({list(account.groups)!r})\n"
+            f"    os.setresgid({account.gid}, {account.gid}, {account.gid})\n"
+            f"    os.setresuid({account.uid}, {account.uid}, {account.uid})\n"
+            f"    os.environ.update(HOME={account.home!r}, USER={account.name!r}, LOGNAME={account.name!r})\n"
+            "    ctypes.CDLL(None).prctl(4, 1, 0, 0, 0)  # PR_SET_DUMPABLE\n"
+            "    site.USER_BASE = site.USER_SITE = None\n"
+            "    user_site = site.getusersitepackages()\n"
+            "    if site.ENABLE_USER_SITE is not False and user_site not in sys.path:\n"
+            "        os.makedirs(user_site, exist_ok=True)\n"
+            "        at = [i for i, p in enumerate(sys.path) if p.endswith('-packages')]\n"
+            "        sys.path.insert(at[0] if at else len(sys.path), user_site)\n"
+            "_kh_become()\n"
+            "del _kh_become"
         )
 
 

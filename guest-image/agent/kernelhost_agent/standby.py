@@ -45,6 +45,7 @@ class Standby:
             name = f"{config.connection_file}.standby-{next(_generations)}"
         self.km = make_manager(name)
         self.env: dict[str, str] = {}  # the environment it was started with
+        self.account = config.identity.account  # the user it runs as (None: root)
         self.ready = asyncio.Event()
         self.failed = False
         self._client: Any = None
@@ -53,6 +54,7 @@ class Standby:
         """Start the process and wait until it answers (``ready``); ``failed`` if it did not."""
         try:
             self.env = dict(self.config.environ)
+            self.account = self.config.identity.account
             await self.km.start_kernel(
                 cwd=self.config.kernel_cwd,
                 env=self.env,

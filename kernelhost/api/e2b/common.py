@@ -18,6 +18,7 @@ errors in the two shapes E2B's SDKs parse.
 from __future__ import annotations
 
 import asyncio
+import base64
 import functools
 import json
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
@@ -134,6 +135,34 @@ def api_key_id(request: web.Request) -> str | None:
         scheme, _, rest = request.headers.get("Authorization", "").partition(" ")
         presented = rest.strip() if scheme.lower() == "bearer" else ""
     return request.app[KEYS].identify(presented) if presented else None
+
+
+#: the accounts an envd call may name (E2B's SDKs: ``user=``); every kernelhost image has both
+ENVD_USERS = ("user", "root")
+
+
+class UnknownUser(ValueError):
+    """An envd call names a user the sandbox does not have (the message names it and the fix)."""
+
+
+def envd_user(request: web.Request) -> str | None:
+    """The user an envd call runs as: the SDK's ``user`` (``Authorization: Basic <user>:``, or
+    ``?username=`` on ``/files``); None: the sandbox's own (``user``, E2B's default)."""
+    name = request.query.get("username", "")
+    scheme, _, rest = request.headers.get("Authorization", "").partition(" ")
+    if not name and scheme.lower() == "basic":
+        try:
+            name = base64.b64decode(rest.strip(), validate=True).decode("utf-8").partition(":")[0]
+        except (ValueError, UnicodeDecodeError):
+            raise UnknownUser("the Authorization header is not Basic base64('<user>:')") from None
+    if not name:
+        return None
+    if name not in ENVD_USERS:
+        raise UnknownUser(
+            f"user {name!r:.40} does not exist in this sandbox; kernelhost's images have "
+            f"{' and '.join(repr(u) for u in ENVD_USERS)} (the default)"
+        )
+    return name
 
 
 #: the one answer to an in-sandbox call that does not prove it may use the sandbox it names

@@ -2,8 +2,8 @@
 multipart or octet-stream upload) and the ``filesystem.Filesystem`` Connect service (ListDir,
 Stat, MakeDir, Move, Remove), over the sandbox manager's file operations.
 
-Paths are the guest's: relative ones are under ``/home/user``. ``username`` is accepted and
-ignored: a kernelhost sandbox runs its code as one user.
+Paths are the guest's: relative ones are under ``/home/user``. An upload's files belong to the
+SDK's ``user`` (``?username=`` or ``Authorization: Basic``: ``user`` by default, or ``root``).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from ...sandboxes import (
     SandboxState,
 )
 from ..errors import status_for
-from .common import body_too_slow, not_running, runtime, sandbox_of
+from .common import UnknownUser, body_too_slow, envd_user, not_running, runtime, sandbox_of
 from .connect import UNARY_CONTENT_TYPE, ConnectError, parse_message
 from .entries import read_entries
 
@@ -104,6 +104,10 @@ async def upload(request: web.Request) -> web.Response:
     query_path = request.query.get("path")
     written: list[dict[str, Any]] = []
     try:
+        user = envd_user(request)
+    except UnknownUser as exc:
+        return _http_error(InvalidRequest(str(exc), field="username"))
+    try:
         if request.content_type.startswith("multipart/"):
             reader = await request.multipart()
             while (part := await _in_time(reader.next(), wait)) is not None:
@@ -112,12 +116,12 @@ async def upload(request: web.Request) -> web.Response:
                 path = query_path or part.filename
                 if not path:
                     raise InvalidRequest("a file part names no path: send ?path= or the part's filename")
-                written.append(await files.write_file(sbx, path, _part_chunks(part, wait)))
+                written.append(await files.write_file(sbx, path, _part_chunks(part, wait), user=user))
         else:
             if not query_path:
                 raise InvalidRequest("path is required (?path=...) for an octet-stream upload")
             chunks = _body_chunks(request, wait)
-            written.append(await files.write_file(sbx, query_path, chunks, request.content_length))
+            written.append(await files.write_file(sbx, query_path, chunks, request.content_length, user))
     except SandboxError as exc:
         return _http_error(exc)
     except _BodyTooSlow:

@@ -36,6 +36,8 @@ from .common import (
 from .envs import apply_env
 
 DEFAULT_TIMEOUT = 300  # E2B's, seconds
+#: whose an E2B sandbox's code is, as on E2B: ``user`` (home /home/user, sudo without a password)
+E2B_USER = "user"
 
 
 def _describe(request: web.Request, sbx: Sandbox, *, secrets: bool = False) -> dict[str, Any]:
@@ -128,7 +130,7 @@ async def create(request: web.Request) -> web.Response:
         sbx = await manager.branch(owner, snapshot, timeout, metadata, _network(body))
     else:
         template = our_template(request, template)
-        sbx = await manager.create(owner, template, timeout, metadata, _network(body))
+        sbx = await manager.create(owner, template, timeout, metadata, _network(body), run_as=E2B_USER)
     env = _strings(body, "envVars")
     try:
         manager.set_idle_action(sbx, *lifecycle_options)

@@ -35,7 +35,16 @@ from ...sandboxes import (
     SandboxError,
     Stream,
 )
-from .common import SandboxGone, break_transport, check_not_gone, runtime, sandbox_of, with_keepalives
+from .common import (
+    SandboxGone,
+    UnknownUser,
+    break_transport,
+    check_not_gone,
+    envd_user,
+    runtime,
+    sandbox_of,
+    with_keepalives,
+)
 from .connect import (
     STREAM_CONTENT_TYPE,
     UNARY_CONTENT_TYPE,
@@ -67,7 +76,7 @@ def command_line(config: dict[str, Any]) -> str:
     return shlex.join([cmd, *args])
 
 
-def script(config: dict[str, Any]) -> str:
+def script(config: dict[str, Any], user: str | None = None) -> str:
     line = command_line(config)
     envs = config.get("envs") or {}
     if not isinstance(envs, dict) or not all(isinstance(v, str) for v in envs.values()):
@@ -79,8 +88,9 @@ def script(config: dict[str, Any]) -> str:
     cwd = config.get("cwd")
     if cwd is not None and not isinstance(cwd, str):
         raise ConnectError("invalid_argument", "process.cwd must be a path")
-    # as an E2B process: in the user's home unless told, with HOME there
-    enter = f"export HOME={HOME}\ncd -- {shlex.quote(cwd or HOME)} || exit 1\n"
+    # as an E2B process: in its user's home unless told, with HOME there
+    home = "/root" if user == "root" else HOME
+    enter = f"export HOME={home}\ncd -- {shlex.quote(cwd or home)} || exit 1\n"
     return f"(\n{enter}{bash_prefix(envs)}{line}\n)"
 
 
@@ -154,12 +164,16 @@ async def start(request: web.Request) -> web.StreamResponse:
         stdin = message.get("stdin", False)
         if not isinstance(stdin, bool):
             raise ConnectError("invalid_argument", "stdin must be a boolean")
-        code = script(config)
+        try:
+            user = envd_user(request)
+        except UnknownUser as exc:
+            raise ConnectError("invalid_argument", str(exc)) from None
+        code = script(config, user)
         sbx = sandbox_of(request)
         tag = message.get("tag")
         info = {"config": summary(config), "tag": shorten(tag) if isinstance(tag, str) else None}
         proc = await runtime(request).manager.processes.start(
-            sbx, code, deadline(request), stdin=stdin, info=info
+            sbx, code, deadline(request), stdin=stdin, info=info, user=user
         )
     except ConnectError as exc:
         return web.json_response(exc.wire(), status=exc.status)

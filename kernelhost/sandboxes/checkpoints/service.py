@@ -414,6 +414,8 @@ class Checkpoints:
                 metadata={**metadata, "branched_from": cp.id},
                 network=net,
             )
+            source = self.registry.find(cp.sandbox_id)  # its guest's memory holds the same user
+            rec.run_as = source.record.run_as if source is not None else ""
             sbx = Sandbox(rec)
             await self.lifecycle.admit(sbx, lambda: self._launch(sbx, cp, image))
         log.info("checkpoint.branched", sandbox_id=rec.id, checkpoint_id=cp.id)

@@ -195,6 +195,7 @@ class BashCall(Call):
     command: str = ""
     stdin: bool = False
     keep_state: bool = True
+    user: str | None = None
 
     language = "bash"
     stop_rung = Recovery.KILLED
@@ -203,6 +204,8 @@ class BashCall(Call):
         process = {"stdin": True} if self.stdin else {}
         if not self.keep_state:
             process["keep_state"] = False
+        if self.user is not None:
+            process["user"] = self.user
         try:
             await self.agent.start_bash(
                 self.run_id,

@@ -51,6 +51,9 @@ class Cell:
     #: background process)
     stdin: bool = False
     keep_state: bool = True
+    #: bash only: the account it runs as ("root", or the sandbox's: ``set_user``); None: the
+    #: sandbox's user (root unless one was set)
+    user: str | None = None
     #: Python only: the code context whose kernel runs it (None: the main kernel)
     context: str | None = None
 
@@ -166,6 +169,7 @@ class _Driver:
                 command=cell.code,
                 stdin=cell.stdin,
                 keep_state=cell.keep_state,
+                user=cell.user,
             )
             if cell.language == "bash"
             else PythonCall(

@@ -4,12 +4,14 @@
 - ``processes``: ``Processes``: background commands, their output, input and signals;
 - ``contexts``: ``CodeContexts``: code contexts, kernels of their own beside the main one;
 - ``ports``: ``Ports``: a connection to a server listening in the sandbox (``api/ports.py``);
-- ``usage``: ``UsageMeter``: a sandbox's CPU, memory and disk now.
+- ``usage``: ``UsageMeter``: a sandbox's CPU, memory and disk now;
+- ``accounts``: ``set_user``: the account its code runs as, told to a VM it gets.
 
 Each wakes a hibernated sandbox and waits for a VM replacement in flight, and none queues behind
 a running execution (a code context's cells run through ``execution/``, as the main kernel's).
 """
 
+from .accounts import set_user
 from .contexts import CodeContext, CodeContexts
 from .files import FileService, WaitForVm
 from .ports import Ports
@@ -25,5 +27,6 @@ __all__ = [
     "Processes",
     "UsageMeter",
     "WaitForVm",
+    "set_user",
     "stop_processes",
 ]

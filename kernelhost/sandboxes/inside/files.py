@@ -98,10 +98,17 @@ class FileService:
         return reply
 
     async def write_file(
-        self, sbx: Sandbox, path: str, chunks: AsyncIterator[bytes], length: int | None = None
+        self,
+        sbx: Sandbox,
+        path: str,
+        chunks: AsyncIterator[bytes],
+        length: int | None = None,
+        user: str | None = None,
     ) -> dict[str, Any]:
         """Stream ``chunks`` into ``path`` (parents created); atomic: a failed upload leaves
-        nothing. The size limit is checked up front when ``length`` is known, and as bytes come."""
+        nothing. The size limit is checked up front when ``length`` is known, and as bytes come.
+        What it makes belongs to ``user`` (None: the sandbox's user, root unless one was set)."""
+        owner = {} if user is None else {"user": user}
         self._path(path)
         limit = self.settings.max_file_bytes
         if length is not None and length > limit:
@@ -120,7 +127,7 @@ class FileService:
                 if written + len(piece) > limit:
                     raise _too_large(path, written + len(piece), limit)
                 if not created:
-                    await self._fs(sbx, Op.FS_WRITE, path=tmp, offset=0, data=piece, create=True)
+                    await self._fs(sbx, Op.FS_WRITE, path=tmp, offset=0, data=piece, create=True, **owner)
                     created = True
                 else:
                     if len(inflight) >= FILE_WINDOW:
@@ -134,7 +141,7 @@ class FileService:
                     )
                 written += len(piece)
             if not created:
-                await self._fs(sbx, Op.FS_WRITE, path=tmp, offset=0, data=b"", create=True)
+                await self._fs(sbx, Op.FS_WRITE, path=tmp, offset=0, data=b"", create=True, **owner)
                 created = True
             for task in asyncio.as_completed(inflight):
                 await task

@@ -170,9 +170,11 @@ class Processes:
         stdin: bool = False,
         info: dict[str, Any] | None = None,
         own: bool = False,
+        user: str | None = None,
     ) -> Process:
         """Start ``command`` in the sandbox's shell; returns once the guest runs it. ``own``: the
-        service's (not counted against the process limits)."""
+        service's (not counted against the process limits); ``user``: the account it runs as
+        (None: the sandbox's)."""
         if timeout is not None and timeout <= 0:
             raise InvalidRequest(f"timeout={timeout} must be positive (seconds) or null", field="timeout")
         shown = dict(info or {})
@@ -203,7 +205,7 @@ class Processes:
             self.policy.agent_timeout,
             own=own,
         )
-        cell = Cell(command, "bash", timeout, stdin=stdin, keep_state=False)
+        cell = Cell(command, "bash", timeout, stdin=stdin, keep_state=False, user=user)
         events = run_cell(agent, cell, self.policy, proc.running, sbx.session_id)
         sbx.processes[proc.pid] = proc
         proc.task = self.ctx.tasks.spawn(self._own(sbx, proc, events), name=f"process:{sbx.id}:{proc.pid}")

@@ -25,6 +25,7 @@ from ...channel.client import CLOSED_BY_HOST
 from ...ratelimit import TokenBucket
 from ..context import Context
 from ..errors import BackendUnavailable, BootFailed, InvalidRequest, UnknownTemplate
+from ..inside.accounts import set_user
 from ..network import NetworkSpec, parse_network
 from ..registry import new_record
 from ..sandbox import Sandbox
@@ -122,6 +123,7 @@ class Lifecycle:
         metadata: dict[str, str] | None = None,
         network: NetworkSpec | None = None,
         auto_checkpoint: int = 0,
+        run_as: str = "",
     ) -> Sandbox:
         t0 = time.monotonic()
         name, image = self._image(owner, template)
@@ -143,6 +145,7 @@ class Lifecycle:
                     network=spec.to_dict(),
                 )
                 rec.auto_checkpoint = auto_checkpoint
+                rec.run_as = run_as  # told to the guest at its hand-over (inside/accounts.py)
                 sbx = Sandbox(rec)
                 vms = self.ctx.vms
                 # a shared template's pool fills once it is used (idempotent); a key's own template
@@ -206,6 +209,7 @@ class Lifecycle:
             with tracing.span("sandbox.pool_handover", sandbox_id=sbx.id, template=rec.template):
                 self.bind(sbx, clone.agent)
                 await self.ctx.network.configure(sbx, strict=True)
+                await set_user(sbx, self.ctx.settings.timeouts.restart)
 
         await self.admit(sbx, start)
         # the key's from now on: its metadata, its CPU partition
@@ -248,6 +252,7 @@ class Lifecycle:
             tracing.set_attributes(launching, how=launched.timings.how)
             self.bind(sbx, launched.agent)
             await self.ctx.network.configure(sbx, strict=True)
+            await set_user(sbx, self.ctx.settings.timeouts.restart)
         return launched.timings.how
 
     def bind(self, sbx: Sandbox, agent: AgentClient) -> None:

@@ -76,6 +76,7 @@ class Forker:
             for _ in range(n)
         ]
         for kid in kids:
+            kid.record.run_as = prec.run_as  # its guest's memory is the parent's: the same user
             self.registry.record(kid.record)
         t0 = time.monotonic()
         try:

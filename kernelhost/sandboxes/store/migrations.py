@@ -28,7 +28,7 @@ from typing import Any
 import structlog
 
 from .db import Database, StoreUnavailable, redact
-from .schema import TABLES, version_1
+from .schema import TABLES, version_1, version_2
 
 log = structlog.get_logger("kernelhost.store")
 
@@ -54,6 +54,7 @@ class Migration:
 #: every schema version, in order; a new one goes at the end and is never edited once released
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(1, "the tables of the releases before versioned migrations", version_1, 1),
+    Migration(2, "sandboxes.run_as: the account a sandbox's code runs as", version_2, 1),
 )
 
 

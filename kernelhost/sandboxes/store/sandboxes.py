@@ -69,6 +69,7 @@ class SandboxRecord:
     access_tokens: list[str] = field(default_factory=list)  # SHA-256 hashes, never tokens (access.py)
     idle_action: str = ""  # "hibernate" or "delete" at its idle timeout; "": the service's
     wake_on_call: int = 1  # 0: hibernated, it wakes only when asked to (E2B's auto_resume off)
+    run_as: str = ""  # the account its code runs as (the agent's set_user); "": root
 
 
 class Store:

@@ -151,3 +151,9 @@ def version_1(db: Database) -> None:
     db.add_columns("template_builds", TEMPLATE_BUILD_COLUMNS)
     db.script(NODES)
     db.add_columns("nodes", NODE_COLUMNS)
+
+
+def version_2(db: Database) -> None:
+    """``sandboxes.run_as``: the account of the image a sandbox's code runs as ("": root, as
+    every sandbox before it; E2B's sandboxes: ``user``). Older nodes ignore it."""
+    db.add_columns("sandboxes", {"run_as": "TEXT NOT NULL DEFAULT ''"})

@@ -254,13 +254,13 @@ def test_9_entries_carry_mode_permissions_owner_and_target_and_list_depth_first(
     ], "not depth first"
     by_name = {e.name: e for e in entries}
     b, a = by_name["b.txt"], by_name["a"]
-    assert (b.mode, b.permissions, b.owner, b.group) == (0o600, "-rw-------", "root", "root"), b
+    assert (b.mode, b.permissions, b.owner, b.group) == (0o600, "-rw-------", "user", "user"), b
     assert (a.type, a.permissions) == (FileType.DIR, "drwxr-xr-x"), a
     link = by_name["link"]
     assert link.type == FileType.SYMLINK and link.symlink_target == "/home/user/t/b.txt", link
     assert link.permissions == "Lrwxrwxrwx", link
     info = sandbox.files.get_info("/home/user/t/link")
-    assert info.symlink_target == "/home/user/t/b.txt" and info.owner == "root", info
+    assert info.symlink_target == "/home/user/t/b.txt" and info.owner == "user", info
 
 
 def test_10_write_metadata_is_refused_by_the_sdk_not_dropped(sandbox: Any) -> None:

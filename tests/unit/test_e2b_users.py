@@ -1,0 +1,57 @@
+"""Whose an envd call is (``api/e2b/common.py:envd_user``): the E2B SDKs name a user with
+``Authorization: Basic base64("<user>:")`` (``?username=`` on ``/files``), or none, which is the
+sandbox's own (``user``); and where a process of each starts (``api/e2b/process.py:script``)."""
+
+from __future__ import annotations
+
+import base64
+
+import pytest
+from aiohttp.test_utils import make_mocked_request
+
+from kernelhost.api.e2b.common import UnknownUser, envd_user
+from kernelhost.api.e2b.process import script
+
+pytestmark = pytest.mark.unit
+
+
+def _basic(value: str) -> dict[str, str]:
+    return {"Authorization": "Basic " + base64.b64encode(value.encode()).decode()}
+
+
+@pytest.mark.parametrize(
+    ("path", "headers", "expected"),
+    [
+        ("/process.Process/Start", {}, None),
+        ("/process.Process/Start", _basic("root:"), "root"),
+        ("/process.Process/Start", _basic("user:"), "user"),
+        ("/files?path=a&username=root", {}, "root"),
+        ("/files?path=a&username=user", _basic("root:"), "user"),  # the query names it first
+        ("/process.Process/Start", {"Authorization": "Bearer k"}, None),  # an API key, no user
+    ],
+)
+def test_the_user_an_envd_call_names(path: str, headers: dict[str, str], expected: str | None) -> None:
+    assert envd_user(make_mocked_request("POST", path, headers=headers)) == expected
+
+
+@pytest.mark.parametrize(
+    ("headers", "message"),
+    [
+        (
+            _basic("nobody:"),
+            "user 'nobody' does not exist in this sandbox; kernelhost's images have 'user' and 'root'",
+        ),
+        ({"Authorization": "Basic !!!"}, "is not Basic base64('<user>:')"),
+    ],
+)
+def test_a_user_the_sandbox_lacks_is_named(headers: dict[str, str], message: str) -> None:
+    with pytest.raises(UnknownUser) as refused:
+        envd_user(make_mocked_request("POST", "/process.Process/Start", headers=headers))
+    assert message in str(refused.value)
+
+
+def test_a_process_starts_in_its_users_home() -> None:
+    config = {"cmd": "/bin/bash", "args": ["-l", "-c", "pwd"]}
+    assert "export HOME=/home/user\ncd -- /home/user " in script(config)
+    assert "export HOME=/root\ncd -- /root " in script(config, "root")
+    assert "cd -- /srv " in script({**config, "cwd": "/srv"}, "root")
