@@ -87,7 +87,7 @@ class Identity:
         return None if account.uid == 0 else account
 
 
-class AccountKernelManager(AsyncKernelManager):  # type: ignore[misc]
+class AccountKernelManager(AsyncKernelManager):
     """jupyter_client's manager, launching its kernel as the sandbox's user when it has one:
     each launch (a start, a restart) reads the identity then, so a kernel of a sandbox whose user
     was set later is the user's too."""

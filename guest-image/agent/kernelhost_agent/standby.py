@@ -24,12 +24,13 @@ import subprocess
 from collections.abc import Callable
 from typing import Any
 
-from jupyter_client.manager import AsyncKernelManager
-
+from .accounts import AccountKernelManager
 from .config import AgentConfig
 from .shared import log, log_exception
 
 __all__ = ["Standby"]
+
+MakeManager = Callable[[str | None], AccountKernelManager]  # Kernel._manager
 
 _generations = itertools.count(1)
 OOM_FIRST = 1000  # the kernel's oom_score_adj range is -1000..1000: the first one it kills
@@ -38,7 +39,7 @@ OOM_FIRST = 1000  # the kernel's oom_score_adj range is -1000..1000: the first o
 class Standby:
     """One kernel process started ahead: ``start``, ``run`` cells in it, then ``take`` it."""
 
-    def __init__(self, config: AgentConfig, make_manager: Callable[[str | None], AsyncKernelManager]) -> None:
+    def __init__(self, config: AgentConfig, make_manager: MakeManager) -> None:
         self.config = config
         name = None
         if config.connection_file is not None:
@@ -82,7 +83,7 @@ class Standby:
         if content.get("status") not in ("ok", "error"):
             log(f"a standby cell ended {content.get('status')!r}")
 
-    def take(self) -> AsyncKernelManager | None:
+    def take(self) -> AccountKernelManager | None:
         """The ready kernel's manager, handed over (its own client closed) as an ordinary
         process for the OOM killer; None if not ready. (A ready one that died is the caller's
         to stop: ``alive``.)"""

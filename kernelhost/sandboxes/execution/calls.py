@@ -201,7 +201,7 @@ class BashCall(Call):
     stop_rung = Recovery.KILLED
 
     async def start(self) -> list[Event]:
-        process = {"stdin": True} if self.stdin else {}
+        process: dict[str, Any] = {"stdin": True} if self.stdin else {}
         if not self.keep_state:
             process["keep_state"] = False
         if self.user is not None:
