@@ -94,13 +94,17 @@ def test_17_a_paused_and_rebooted_sandbox_and_a_restarted_kernel_stay_the_users(
     sandbox.pause()
     resumed = Sandbox.connect(sandbox.sandbox_id)
     assert resumed.commands.run("whoami").stdout.strip() == "user"
-    resumed.restart_code_context()
+    main = next(c for c in resumed.list_code_contexts() if c.language == "python")
+    resumed.restart_code_context(main)  # the main kernel: the standby, promoted
     assert _printed(resumed, "import os\nprint(os.getuid(), os.environ['HOME'])") == "1000 /home/user"
     context = resumed.create_code_context(cwd="/home/user/ctx")
     shown = resumed.run_code("import os\nprint(os.getuid(), os.getcwd())", context=context)
     assert shown.error is None and "".join(shown.logs.stdout).strip() == "1000 /home/user/ctx", shown
     owner = resumed.commands.run("stat -c %U /home/user/ctx").stdout.strip()
     assert owner == "user", owner
+    resumed.restart_code_context(context)  # a kernel launched afresh, as the user
+    shown = resumed.run_code("import os\nprint(os.getuid(), os.environ['HOME'])", context=context)
+    assert shown.error is None and "".join(shown.logs.stdout).strip() == "1000 /home/user", shown
     resumed.pause(mode="filesystem")  # the files only: a new VM boots
     rebooted = Sandbox.connect(sandbox.sandbox_id)
     assert rebooted.commands.run("whoami").stdout.strip() == "user"
