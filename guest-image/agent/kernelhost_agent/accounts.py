@@ -100,3 +100,7 @@ class AccountKernelManager(AsyncKernelManager):
             account.own(self.connection_file)  # written by the agent (0600): the kernel reads it
             kw = {**kw, **account.popen(), "env": account.environ(kw.get("env") or os.environ)}
         await super()._async_launch_kernel(kernel_cmd, **kw)
+
+    # jupyter_client 7 (Debian 12's) starts and restarts through ``_launch_kernel``, bound in
+    # AsyncKernelManager to the base class's function; 8 calls ``_async_launch_kernel`` by name
+    _launch_kernel = _async_launch_kernel
