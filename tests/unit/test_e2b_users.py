@@ -5,11 +5,16 @@ sandbox's own (``user``); and where a process of each starts (``api/e2b/process.
 from __future__ import annotations
 
 import base64
+import os
+import pwd
+import subprocess
+from pathlib import Path
 
 import pytest
 from aiohttp.test_utils import make_mocked_request
 
 from kernelhost.api.e2b.common import UnknownUser, envd_user
+from kernelhost.api.e2b.files import make_dir_script
 from kernelhost.api.e2b.process import script
 
 pytestmark = pytest.mark.unit
@@ -55,3 +60,22 @@ def test_a_process_starts_in_its_users_home() -> None:
     assert "export HOME=/home/user\ncd -- /home/user " in script(config)
     assert "export HOME=/root\ncd -- /root " in script(config, "root")
     assert "cd -- /srv " in script({**config, "cwd": "/srv"}, "root")
+
+
+def test_make_dir_makes_what_is_missing_anywhere_and_gives_it_to_the_user(tmp_path: Path) -> None:
+    """envd's MakeDir: made through sudo (a stand-in here, as this host has none), the
+    directories it made given to the caller's user (the ones that were there stay as they were);
+    an existing path is exit code 17 (already_exists)."""
+    if os.geteuid() != 0:
+        pytest.skip("giving a directory to another user needs root")
+    shim = tmp_path / "bin"
+    shim.mkdir()
+    (shim / "sudo").write_text('#!/bin/sh\n[ "$1" = -n ] && shift\nexec "$@"\n')
+    (shim / "sudo").chmod(0o755)
+    target = tmp_path / "work space" / "deep"
+    script = make_dir_script(str(target), "nobody").replace("cd /home/user", f"cd {tmp_path}")
+    env = {**os.environ, "PATH": f"{shim}:{os.environ['PATH']}"}
+    assert subprocess.run(["bash", "-c", script], env=env, check=False).returncode == 0
+    nobody = pwd.getpwnam("nobody").pw_uid
+    assert [p.stat().st_uid for p in (target, target.parent, tmp_path)] == [nobody, nobody, 0]
+    assert subprocess.run(["bash", "-c", script], env=env, check=False).returncode == 17

@@ -179,11 +179,28 @@ async def _stat(request: web.Request, sbx: Sandbox, message: dict[str, Any]) -> 
     return {"entry": found[0]}
 
 
+def make_dir_script(path: str, user: str | None) -> str:
+    """The shell's ``MakeDir``, in a subshell (its cwd stays): as envd, it makes the directory
+    anywhere (through sudo, which every image has, as the sandbox's user may not write there)
+    and gives what it made to the caller's ``user`` (None: the sandbox's, who runs the shell),
+    so ``make_dir("/workspace")`` is the user's to fill (the OpenAI Agents SDK's workspace)."""
+    quoted = shlex.quote(path)
+    owner = shlex.quote(user) if user else '"$(id -un)"'
+    return (
+        f"( cd /home/user && if [ -e {quoted} ]; then exit 17; fi; p={quoted}; set --; "
+        'while [ ! -e "$p" ]; do set -- "$p" "$@"; p=$(dirname -- "$p"); done; '
+        f'sudo -n mkdir -p -- {quoted} && sudo -n chown -h -- {owner}: "$@" )'
+    )
+
+
 async def _make_dir(request: web.Request, sbx: Sandbox, message: dict[str, Any]) -> dict[str, Any]:
     path = _path_field(message)
-    quoted = shlex.quote(path)
-    # no guest op makes a directory: the shell does, in a subshell (its cwd stays)
-    code = f"( cd /home/user && if [ -e {quoted} ]; then exit 17; fi; mkdir -p -- {quoted} )"
+    try:
+        user = envd_user(request)
+    except UnknownUser as exc:
+        raise ConnectError("invalid_argument", str(exc)) from None
+    # no guest op makes a directory: the shell does
+    code = make_dir_script(path, user)
     manager = runtime(request).manager
     events = await manager.execute(sbx, code, "bash")
     exit_code = None

@@ -60,8 +60,9 @@ def test_17_code_runs_as_user_with_sudo_and_root_when_asked(sandbox: Any) -> Non
 
 def test_17_the_kernel_commands_and_uploads_share_the_users_files(sandbox: Any) -> None:
     """A file the kernel wrote, a command can append to, and the other way round; an upload is
-    the user's unless it names root; what a command puts in the user's site-packages (where
-    ``pip install`` as the user puts packages) the running kernel imports."""
+    the user's unless it names root; ``make_dir`` makes a directory anywhere and gives it to the
+    user (as envd does: the OpenAI Agents SDK's /workspace); what a command puts in the user's
+    site-packages (where ``pip install`` as the user puts packages) the running kernel imports."""
     _printed(sandbox, "open('by-kernel.txt', 'w').write('kernel\\n')")
     sandbox.commands.run("echo command >> by-kernel.txt && echo made > by-command.txt")
     assert sandbox.files.read("by-kernel.txt") == "kernel\ncommand\n"
@@ -78,6 +79,9 @@ def test_17_the_kernel_commands_and_uploads_share_the_users_files(sandbox: Any) 
         "sudo stat -c %U /root/by-root.txt"
     ).stdout.split()
     assert owners == ["user", "user", "root"], owners
+    sandbox.files.make_dir("/workspace/project")  # as envd: anywhere, and the user's to fill
+    made = sandbox.commands.run("touch /workspace/project/f && stat -c %U /workspace /workspace/project/f")
+    assert made.stdout.split() == ["user", "user"], made.stdout
     site = sandbox.commands.run("python3 -m site --user-site").stdout.strip()
     assert site.startswith("/home/user/.local/"), site
     sandbox.commands.run(f"mkdir -p {site} && echo 'ANSWER = 42' > {site}/kh_user_module.py")
