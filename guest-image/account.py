@@ -16,8 +16,8 @@ Run = Callable[..., Any]
 def add_user(root: Path, run: Run) -> None:
     """The account E2B's images have: ``user`` (uid 1000), home /home/user, sudo without a
     password. A sandbox's code runs as root until the host names a user (``set_user``: E2B's
-    sandboxes); the home, and the user's site-packages (on a Python's path only if it exists at
-    its start), are the user's."""
+    sandboxes); the home is the user's, and stays empty (a sandbox of root lists nothing there):
+    the agent makes the user's site-packages and cache when it is named."""
     home = root / "home" / "user"
     home.mkdir(parents=True, exist_ok=True)
     run(
@@ -28,10 +28,4 @@ def add_user(root: Path, run: Run) -> None:
     sudoers.parent.mkdir(parents=True, exist_ok=True)
     sudoers.write_text("user ALL=(ALL:ALL) NOPASSWD: ALL\n")
     sudoers.chmod(0o440)
-    site = run(
-        ["chroot", str(root), "/usr/bin/env", "-i", "HOME=/home/user", "python3", "-c",
-         "import site; print(site.getusersitepackages())"],
-        capture_output=True, text=True,
-    ).stdout.strip()  # fmt: skip
-    (root / site.lstrip("/")).mkdir(parents=True, exist_ok=True)
-    run(["chroot", str(root), "chown", "-R", "user:user", "/home/user"])
+    run(["chroot", str(root), "chown", "user:user", "/home/user"])

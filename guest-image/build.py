@@ -313,20 +313,18 @@ def kernel_info(root: Path, template: str, spec: dict[str, Any]) -> dict[str, st
 
 def warm_up(root: Path, preload: list[str]) -> None:
     """Import the template's preloaded modules once at build time, as the guest's kernel will
-    (HOME=/root, and the user's home), so caches they build on first use (matplotlib's font
-    list) are in the image."""
+    (HOME=/root), so caches they build on first use (matplotlib's font list) are in the image
+    (and the agent copies them for a sandbox's user: kernelhost_agent/users.py)."""
     if not preload:
         return
     for module in preload:
         if not all(part.isidentifier() for part in module.split(".")):
             raise SystemExit(f"templates.json: preload entry {module!r} is not a module name")
     stage("warm-up", "import " + ", ".join(preload))
-    # as root, and as ``user`` (add_user), whose kernels a sandbox with that user launches
-    for user, home in (("0:0", "/root"), ("1000:1000", "/home/user")):
-        env = [f"HOME={home}", "PATH=/usr/bin:/bin", "LANG=C.UTF-8", "MPLBACKEND=Agg"]
-        imports = "; ".join(f"import {m}" for m in preload)
-        argv = ["chroot", f"--userspec={user}", str(root), "/usr/bin/env", "-i", *env, "python3", "-c"]
-        run([*argv, imports], stdout=subprocess.DEVNULL)
+    env = ["HOME=/root", "PATH=/usr/bin:/bin", "LANG=C.UTF-8", "MPLBACKEND=Agg"]
+    imports = "; ".join(f"import {m}" for m in preload)
+    argv = ["chroot", str(root), "/usr/bin/env", "-i", *env, "python3", "-c", imports]
+    run(argv, stdout=subprocess.DEVNULL)
 
 
 def distribution_spec(suite: str) -> dict[str, Any]:

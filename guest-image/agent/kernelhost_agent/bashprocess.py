@@ -26,7 +26,9 @@ __all__ = ["PRELUDE", "spawn"]
 # take `env -0`. What they would print on stderr (`set -x` in the command) goes to /dev/null. A
 # standby (bashstandby.py) gets this far ahead of its command, then waits for its go.
 PRELUDE = r"""__kh_state=$1 __kh_cmd=$2 __kh_go=$4
-[ -z "$3" ] || echo $$ >"$3/cgroup.procs" 2>/dev/null  # $3: the run's cgroup, or empty
+# $3: the run's cgroup, or empty; a user's bash may not move itself (the agent moves it), and
+# a redirection that fails reports before a 2>/dev/null after it applies: the group's braces
+[ -z "$3" ] || { echo $$ >"$3/cgroup.procs"; } 2>/dev/null
 set --
 __kh_save() {
     {

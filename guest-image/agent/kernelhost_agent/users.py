@@ -3,11 +3,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
+import shutil
+import sys
 from collections.abc import Mapping
 from typing import Any
 
-from .accounts import Account, lookup
+from .accounts import ROOT, Account, lookup
 from .bash import Bash
 from .config import AgentConfig
 from .dispatch import Handler
@@ -15,6 +18,10 @@ from .kernel import Kernel
 from .shared import log, protocol
 
 __all__ = ["Users"]
+
+#: caches under root's home the image's build made (guest-image/build.py: warm_up), copied for
+#: a sandbox's user
+CACHES = ("matplotlib",)
 
 
 class Users:
@@ -49,12 +56,33 @@ class Users:
         for path in (self.config.kernel_cwd, self.config.bash_dir, account.home):
             if os.path.isdir(path):
                 account.own(path)
+        await asyncio.to_thread(_prepare_home, account)
         self.bash.renew_standby()  # the waiting bash is root's
         if self.config.start_kernel:
             await self.kernel.until_ready()
             await self.kernel.become(account)
         log(f"the sandbox's code runs as {account.name} (uid {account.uid}) from now on")
         return _describe(account)
+
+
+def _prepare_home(account: Account) -> None:
+    """What the image made for root, made for the user too: the site-packages directory a
+    Python started as the user puts on its path only if it exists then (``pip install`` as the
+    user fills it later), and the caches the image's build left in root's home (matplotlib's
+    font list: without it a kernel's first ``import matplotlib`` rebuilds it for seconds)."""
+    if not os.path.isdir(account.home):  # an account without a home (nobody's /nonexistent)
+        return
+    version = f"python{sys.version_info.major}.{sys.version_info.minor}"
+    os.makedirs(os.path.join(account.home, ".local", "lib", version, "site-packages"), exist_ok=True)
+    for name in CACHES:
+        source, target = os.path.join(ROOT.home, ".cache", name), os.path.join(account.home, ".cache", name)
+        if os.path.isdir(source) and not os.path.exists(target):
+            shutil.copytree(source, target, symlinks=True)
+    for top in {os.path.join(account.home, ".local"), os.path.join(account.home, ".cache")}:
+        for directory, _, files in os.walk(top):
+            account.own(directory)
+            for file in files:
+                account.own(os.path.join(directory, file))
 
 
 def _describe(account: Account) -> dict[str, Any]:

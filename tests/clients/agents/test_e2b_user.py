@@ -38,8 +38,10 @@ def test_17_code_runs_as_user_with_sudo_and_root_when_asked(sandbox: Any) -> Non
     that names ``root`` runs as root, in root's home; ``user`` cannot write where only root may."""
     from e2b import CommandExitException
 
-    shown = sandbox.commands.run("whoami; id -u; echo $HOME; pwd; sudo -n whoami").stdout.split()
+    ran = sandbox.commands.run("whoami; id -u; echo $HOME; pwd; sudo -n whoami")
+    shown = ran.stdout.split()
     assert shown == ["user", "1000", "/home/user", "/home/user", "root"], shown
+    assert ran.stderr == "", ran.stderr  # nothing of the service's own (its cgroup move) shows
     kernel = _printed(
         sandbox,
         "import getpass, os\n"
