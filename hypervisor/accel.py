@@ -4,7 +4,8 @@ On some hosts /dev/kvm exists but cannot run a normal guest (nested or PVM-style
 kernel hangs, or ``-cpu host`` aborts). The probe boots the template's own kernel and initramfs
 under KVM with ``kh.probe`` on the command line; the initramfs then prints a marker and powers
 off. Only a guest that gets that far proves KVM usable. The answer is cached per host kernel,
-QEMU and libvirt version, so the probe (at most ``timeout`` seconds) runs once per host.
+QEMU and libvirt version (in the host's image cache: ``Settings.accel_cache_file``), so the
+probe (at most ``timeout`` seconds) runs once per host, not once per service's state dir.
 """
 
 from __future__ import annotations
@@ -41,8 +42,11 @@ def choose_accel(
     if mode == "kvm" and not ok:
         raise RuntimeError(f"accel=kvm was configured but KVM cannot boot a guest here: {reason}")
     accel = "kvm" if ok else "tcg"
-    cache_file.parent.mkdir(parents=True, exist_ok=True)
-    cache_file.write_text(json.dumps({"fingerprint": fingerprint, "accel": accel, "reason": reason}))
+    try:  # a cache that cannot be written costs the next start a probe, nothing else
+        cache_file.parent.mkdir(parents=True, exist_ok=True)
+        cache_file.write_text(json.dumps({"fingerprint": fingerprint, "accel": accel, "reason": reason}))
+    except OSError:
+        pass
     return accel, reason
 
 

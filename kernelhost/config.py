@@ -187,6 +187,12 @@ class Settings:
         return self.image_dir
 
     @property
+    def accel_cache_file(self) -> Path:
+        """The KVM probe's verdict (hypervisor/accel.py): a fact of the host, not of one service's
+        state, so it sits in the host's image cache and every service on the host shares it."""
+        return self.image_dir / ".accel.json"
+
+    @property
     def checkpoint_dir(self) -> Path:
         return self.state_dir / "checkpoints"
 

@@ -48,6 +48,8 @@ class Service:
     launcher: list[str] = field(default_factory=list)
     #: the module run as ``kernelhost`` (tests/cluster/newer_node.py: the next release's schema)
     module: str = "kernelhost.cli"
+    #: why the last stop had to kill the service (it did not end within its deadline)
+    stop_error: str = ""
 
     def start(self, timeout: float = 60.0) -> None:
         with self.log_path.open("ab") as log:  # the child keeps its own copy of the descriptor
@@ -73,7 +75,10 @@ class Service:
                 time.sleep(0.2)
         raise RuntimeError(f"service did not answer within {timeout}s: {self.log_path.read_text()[-3000:]}")
 
-    def stop(self, sig: int = signal.SIGTERM, timeout: float = 30.0) -> None:
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 60.0) -> None:
+        """Signal the service and wait for it to end; one that does not end within ``timeout``
+        is killed, and ``cleanup`` then fails naming it (a stop that hangs is a defect: it leaves
+        the VMs it did not get to). Its log says what the stop waited for (api/server.py)."""
         if self.proc is None or self.proc.poll() is not None:
             return
         self.proc.send_signal(sig)
@@ -82,6 +87,7 @@ class Service:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait(10)
+            self.stop_error = f"the service did not stop within {timeout:.0f}s of signal {sig} and was killed"
 
     def kill(self) -> None:
         """The service killed outright (SIGKILL: a host that dies) and every VM of its prefix
@@ -177,7 +183,11 @@ class Service:
             hv.reconcile(set())
         finally:
             hv.close()
-        return leaked, leaked_dirs + self._drop_partitions()
+        leaked_dirs += self._drop_partitions()
+        if self.stop_error:
+            tail = self.log_path.read_text(errors="replace")[-6000:]
+            raise AssertionError(f"{self.stop_error}; left {leaked + leaked_dirs}; its log ends:\n{tail}")
+        return leaked, leaked_dirs
 
     def _drop_partitions(self) -> list[str]:
         """This service's CPU partitions left after its stop (hypervisor/cgroups.py: a key's

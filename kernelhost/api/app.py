@@ -66,7 +66,7 @@ async def _service(app: web.Application, settings: Settings) -> AsyncIterator[No
     if templates:
         try:
             accel, reason = await asyncio.to_thread(
-                choose_accel, hv, images.get(templates[0]), settings.accel, settings.state_dir / "accel.json"
+                choose_accel, hv, images.get(templates[0]), settings.accel, settings.accel_cache_file
             )
         except ImageNotFound:
             accel, reason = "tcg", "no image to probe with"

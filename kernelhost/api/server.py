@@ -12,11 +12,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import faulthandler
 import resource
 import signal
 import socket
 import ssl
-from collections.abc import Callable
+import sys
+import time
+from collections.abc import Callable, Iterator
 
 import structlog
 from aiohttp import web
@@ -146,5 +149,58 @@ async def serve(app: web.Application, settings: Settings, ready: Callable[[], No
             server.close()
             await server.wait_closed()
     finally:
-        await runner.cleanup()
-        sock.close()
+        with _stop_reported():
+            await runner.cleanup()
+            sock.close()
+
+
+STOP_SLOW = 20.0  # a stop still under way this long reports what it waits for
+
+
+@contextlib.contextmanager
+def _stop_reported() -> Iterator[None]:
+    """The stop's start and end in the log, and, if it takes longer than ``STOP_SLOW`` seconds,
+    what it waits for: the tasks still pending with their stacks, and (a loop blocked in a call)
+    every thread's stack on stderr. A stop that hangs is then diagnosed from its log alone."""
+    log.info("service.stopping")
+    t0 = time.monotonic()
+    report = asyncio.get_running_loop().call_later(STOP_SLOW, _report_pending)
+    with contextlib.suppress(ValueError, OSError, AttributeError):  # stderr without a descriptor
+        faulthandler.dump_traceback_later(STOP_SLOW + 5, file=sys.stderr)
+    try:
+        yield
+    finally:
+        report.cancel()
+        faulthandler.cancel_dump_traceback_later()
+        log.info("service.stopped", ms=round((time.monotonic() - t0) * 1000))
+
+
+def _report_pending() -> None:
+    for task in asyncio.all_tasks():
+        log.warning("service.stop_waits_for", task=task.get_name(), awaiting=_await_chain(task.get_coro()))
+
+
+def _await_chain(coro: object) -> list[str]:
+    """Where a suspended task is: each coroutine (or async generator) of its await chain,
+    innermost last, then what the innermost awaits (a future, a thread's result)."""
+    chain: list[str] = []
+    frame = None
+    while coro is not None and len(chain) < 40:
+        if type(coro).__name__ == "async_generator_asend" and frame is not None:
+            coro = getattr(frame.f_locals.get("self"), "gen", coro)  # contextlib's generator
+        inner = (
+            getattr(coro, "cr_frame", None)
+            or getattr(coro, "gi_frame", None)
+            or getattr(coro, "ag_frame", None)
+        )
+        if inner is None:
+            chain.append(repr(coro)[:200])
+            break
+        frame = inner
+        chain.append(f"{frame.f_code.co_filename}:{frame.f_lineno} {frame.f_code.co_name}")
+        coro = (
+            getattr(coro, "cr_await", None)
+            or getattr(coro, "gi_yieldfrom", None)
+            or getattr(coro, "ag_await", None)
+        )
+    return chain

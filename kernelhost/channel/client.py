@@ -218,10 +218,10 @@ class AgentClient:
         deadline = loop.time() + timeout
         while True:
             try:
-                self._reader, self._writer = await asyncio.wait_for(
-                    asyncio.open_unix_connection(str(self.socket_path), limit=READ_CHUNK),
-                    max(0.01, deadline - loop.time()),
-                )
+                async with asyncio.timeout(max(0.01, deadline - loop.time())):
+                    self._reader, self._writer = await asyncio.open_unix_connection(
+                        str(self.socket_path), limit=READ_CHUNK
+                    )
                 break
             except (FileNotFoundError, ConnectionRefusedError, TimeoutError):
                 if loop.time() >= deadline:
@@ -260,8 +260,9 @@ class AgentClient:
         self._pending[req_id] = fut
         try:
             await self._send({"op": str(op), "id": req_id, **fields}, deadline)
-            try:
-                reply = await asyncio.wait_for(fut, max(0.0, deadline - loop.time()))
+            try:  # not wait_for: before 3.12 it can return a reply that came as it was cancelled
+                async with asyncio.timeout_at(deadline):
+                    reply = await fut
             except TimeoutError:
                 raise ChannelTimeout(f"the agent did not answer {str(op)!r} within {timeout:g}s") from None
         finally:
@@ -334,7 +335,8 @@ class AgentClient:
         loop = asyncio.get_running_loop()
         left = None if deadline is None else max(0.0, deadline - loop.time())
         try:
-            await asyncio.wait_for(self._send_lock.acquire(), left)
+            async with asyncio.timeout(left):
+                await self._send_lock.acquire()
         except TimeoutError:
             raise ChannelTimeout(
                 "the guest is not reading its channel: an earlier frame is still being sent"
@@ -346,7 +348,8 @@ class AgentClient:
             writer.write(data)
             left = None if deadline is None else max(0.0, deadline - loop.time())
             try:
-                await asyncio.wait_for(writer.drain(), left)
+                async with asyncio.timeout(left):
+                    await writer.drain()
             except TimeoutError:
                 raise ChannelTimeout(
                     f"the guest did not take a {len(data)}-byte frame in time; it is not reading its channel"

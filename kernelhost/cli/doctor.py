@@ -96,7 +96,7 @@ def run_checks(settings: Settings, probe_timeout: float = 20.0) -> list[Check]:
                         hv,
                         images.get(templates[0]),
                         settings.accel,
-                        settings.state_dir / "accel.json",
+                        settings.accel_cache_file,
                         timeout=probe_timeout,
                     )
                 )

@@ -169,6 +169,17 @@ def test_accel_probe_result_is_cached(
     assert accel == "tcg" and reason.startswith("cached probe") and len(calls) == 1
     with pytest.raises(RuntimeError, match="accel=kvm"):
         choose_accel(hv, image, "kvm", cache)
+    blocked = tmp_path / "file" / "accel.json"  # its parent is a file: no cache can be written
+    (tmp_path / "file").write_text("")
+    assert choose_accel(hv, image, "auto", blocked) == ("tcg", "probe guest hung") and len(calls) == 3
+
+
+def test_the_probe_verdict_is_the_hosts_not_a_state_dirs(tmp_path: Path) -> None:
+    from kernelhost.config import Settings
+
+    one = Settings(state_dir=tmp_path / "a", image_dir=tmp_path / "images")
+    other = Settings(state_dir=tmp_path / "b", image_dir=tmp_path / "images")
+    assert one.accel_cache_file == other.accel_cache_file == tmp_path / "images" / ".accel.json"
 
 
 def test_unreachable_libvirt_names_the_uri(tmp_path: Path) -> None:

@@ -36,6 +36,7 @@ class Clone:
 
 
 REFILL_DELAY = 1.0
+STOP_TIMEOUT = 30.0  # a refill's own cleanup (a half-made clone destroyed) within this
 
 MakeClone = Callable[[str], Awaitable[Clone]]
 Discard = Callable[[Clone], Coroutine[Any, Any, None]]
@@ -70,13 +71,34 @@ class WarmPool:
     async def stop(self, template: str) -> None:
         """Stop keeping this template's pool and destroy its clones (a template deleted)."""
         task = self._tasks.pop(template, None)
-        self._wanted.pop(template, None)
+        wanted = self._wanted.pop(template, None)
         if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await self._end([task], wanted)
         for clone in self._ready.pop(template, []):
             await self._discard(clone)
+
+    async def _end(self, tasks: list[asyncio.Task[None]], *wanted: asyncio.Event | None) -> None:
+        """Cancel refill tasks and wait (bounded) for them to end. A refill no longer in
+        ``_tasks`` stops at its next step even if the cancellation is lost (``asyncio.wait_for``
+        before Python 3.12 returns an inner result that came as it was cancelled, seen under
+        load): its wait for demand is woken, and a clone it made meanwhile is discarded."""
+        for event in wanted:
+            if event is not None:
+                event.set()
+        for t in tasks:
+            t.cancel()
+        if not tasks:
+            return
+        done, pending = await asyncio.wait(tasks, timeout=STOP_TIMEOUT)
+        for t in done:
+            with contextlib.suppress(asyncio.CancelledError):
+                t.exception()  # retrieved: a refill's failures are logged where they happen
+        for t in pending:
+            log.error("pool.refill_did_not_stop", task=t.get_name(), timeout=STOP_TIMEOUT)
+
+    def _keeps(self, template: str) -> bool:
+        """Whether the running refill of ``template`` is still wanted (not stopped or closed)."""
+        return self._tasks.get(template) is asyncio.current_task()
 
     def take(self, template: str) -> Clone | None:
         ready = self._ready.get(template)
@@ -97,7 +119,7 @@ class WarmPool:
 
     async def _refill(self, template: str) -> None:
         failures = 0
-        while True:
+        while self._keeps(template):
             ready = self._ready[template]
             for lost in [c for c in ready if not c.agent.connected]:
                 ready.remove(lost)
@@ -122,6 +144,9 @@ class WarmPool:
                 await asyncio.sleep(min(60.0, 0.5 * 2 ** min(failures, 7)))
                 continue
             failures = 0
+            if not self._keeps(template):  # stopped while it was made: a lost cancellation
+                await self._discard(clone)
+                return
             ready.append(clone)
 
     def _drop(self, clone: Clone) -> None:
@@ -132,12 +157,8 @@ class WarmPool:
     async def close(self) -> None:
         """Stop refilling and destroy every pooled clone."""
         tasks = list(self._tasks.values())
-        for t in tasks:
-            t.cancel()
-        for t in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await t
         self._tasks.clear()
+        await self._end(tasks, *self._wanted.values())
         for clones in self._ready.values():
             while clones:
                 await self._discard(clones.pop())
