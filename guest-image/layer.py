@@ -222,6 +222,16 @@ def step_setup(root: BuildRoot, commands: list[str], env: dict[str, str]) -> Non
             raise StepFailed(f"setup[{n}] ({short!r}) failed with exit code {code}: {_last_error(tail)}")
 
 
+def step_home(root: BuildRoot) -> None:
+    """What the files, setup and warm-up left in ``/home/user`` becomes the account ``user``'s
+    (guest-image/account.py), where the image has it: an E2B sandbox runs its code as ``user``,
+    which must be able to change its own home. Symbolic links are changed, never followed."""
+    script = "if id -u user >/dev/null 2>&1; then chown -R -h user:user /home/user; fi"
+    code, tail = stream(root, ["/bin/sh", "-ec", script], {"PATH": PATH, "LANG": "C.UTF-8"})
+    if code:
+        raise StepFailed(f"setup: giving /home/user to user failed: {_last_error(tail)}")
+
+
 def step_kernel(root: BuildRoot, spec: dict[str, Any]) -> dict[str, Any]:
     """Find the kernelspec the template runs and write what the agent reads at start."""
     name = {"python": PYTHON_KERNELSPEC, "r": "ir", "bash": "bash"}.get(spec["kernel"], spec["kernel"])
@@ -329,6 +339,7 @@ def build(
         step_setup(root, [*kernel_packages.get("setup", []), *spec["setup"]], env)
         info = step_kernel(root, spec)
         step_warm_up(root, info, env)
+        step_home(root)
         versions = resolved(root, env, before)
     remove_build_litter(root.upper)
     emit(stage="pack", detail="erofs (lz4hc)")

@@ -147,7 +147,8 @@ def _lifetime(manager: Any) -> Callable[[web.Application], AsyncIterator[None]]:
         finally:
             stop.set()
             try:
-                await asyncio.wait_for(task, MANAGER_TIMEOUT)
+                async with asyncio.timeout(MANAGER_TIMEOUT):
+                    await task
             except TimeoutError:
                 log.warning("mcp.stop_timeout", seconds=MANAGER_TIMEOUT)
 

@@ -475,7 +475,8 @@ class AgentClient:
             else:
                 writer.close()
             with contextlib.suppress(ConnectionError, OSError, TimeoutError):
-                await asyncio.wait_for(writer.wait_closed(), CLOSE_TIMEOUT)
+                async with asyncio.timeout(CLOSE_TIMEOUT):
+                    await writer.wait_closed()
         if self._task is not None and not from_reader:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):

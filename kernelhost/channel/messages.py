@@ -129,7 +129,8 @@ class Subscription:
 
     async def get(self, timeout: float | None = None) -> JupyterMessage:
         """Next message; raises ChannelClosed if the channel closes, TimeoutError at the deadline."""
-        item = await asyncio.wait_for(self.queue.get(), timeout)
+        async with asyncio.timeout(timeout):
+            item = await self.queue.get()
         if item is None:
             raise ChannelClosed(self._client.closed_reason or "channel closed")
         self.queued_bytes = max(0, self.queued_bytes - item.size)

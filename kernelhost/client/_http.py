@@ -342,7 +342,8 @@ async def _drain(resp: aiohttp.ClientResponse) -> None:
             remaining = deadline - asyncio.get_running_loop().time()
             if remaining <= 0:
                 return
-            chunk = await asyncio.wait_for(resp.content.read(left), remaining)
+            async with asyncio.timeout(remaining):
+                chunk = await resp.content.read(left)
             if not chunk:
                 return
             left -= len(chunk)

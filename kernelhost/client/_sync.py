@@ -105,7 +105,7 @@ class _LoopThread:
             self._loop.call_soon(self._loop.stop)
             return
         with contextlib.suppress(Exception):  # at exit or in a collector: never raise there
-            self.call(asyncio.wait_for(sbx._release(), _STOP_TIMEOUT / 2))
+            self.call(_within(_STOP_TIMEOUT / 2, sbx._release()))
         self.stop()
 
     def stop(self) -> None:
@@ -372,3 +372,10 @@ class Template:
 
     # Defined last: inside the class body, the name ``list`` refers to this method afterwards.
     list = staticmethod(_sync_classmethod(AsyncTemplate.list))
+
+
+async def _within(seconds: float, aw: Coroutine[Any, Any, R]) -> R:
+    """``aw`` with a deadline (``asyncio.timeout``: ``wait_for`` before Python 3.12 can lose a
+    cancellation that comes as ``aw`` ends)."""
+    async with asyncio.timeout(seconds):
+        return await aw

@@ -273,7 +273,8 @@ class KernelhostProvisioner(KernelProvisionerBase):
         self.process.stdin.write(json.dumps(config).encode())
         self.process.stdin.close()
         try:
-            line = await asyncio.wait_for(in_thread(self.process.stdout.readline), self.launch_timeout)
+            async with asyncio.timeout(self.launch_timeout):
+                line = await in_thread(self.process.stdout.readline)
         except TimeoutError:
             self.process.kill()
             raise KernelhostError(

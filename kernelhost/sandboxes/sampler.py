@@ -94,7 +94,8 @@ class UsageSampler:
         while True:
             started = loop.time()
             try:
-                await asyncio.wait_for(self.sample(), timeout=HOST_TIMEOUT + GUEST_TIMEOUT)
+                async with asyncio.timeout(HOST_TIMEOUT + GUEST_TIMEOUT):
+                    await self.sample()
             except TimeoutError:
                 log.warning("sampler.pass_timeout", seconds=HOST_TIMEOUT + GUEST_TIMEOUT)
             except HypervisorError as exc:
@@ -112,7 +113,8 @@ class UsageSampler:
             self.ctx.metrics.sampled.set(0)
             return 0
         began = time.perf_counter()
-        stats = await asyncio.wait_for(self.ctx.vms.stats(list(running)), HOST_TIMEOUT)
+        async with asyncio.timeout(HOST_TIMEOUT):
+            stats = await self.ctx.vms.stats(list(running))
         mono, now = time.monotonic(), time.time()
         sampled = [(domain, running[domain]) for domain in stats]
         guests = await asyncio.gather(*(self._guest(sbx) for _, sbx in sampled))

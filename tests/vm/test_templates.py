@@ -121,7 +121,7 @@ async def _kit(tpl_service: Service, src: Path) -> AsyncIterator[TemplateInfo]:
             apt = ["jq"]
             pip = ["tomli-w==1.2.0"]
             preload = ["tomli_w"]
-            setup = ["echo built > /opt/kit-setup.txt"]
+            setup = ["echo built > /opt/kit-setup.txt", "mkdir -p project && echo x > project/a"]
             files = ["greeting.txt", {{ src = "conf", dest = "/etc/kit" }}]
             [env]
             KIT_MODE = "on"
@@ -163,6 +163,17 @@ async def test_a_sandbox_of_the_template_has_everything_it_names(
         assert facts.text == "('1.2.0', 'on', 'hello from the template\\n', 'kit', 'built')", facts
         jq = await sbx.run_code("echo '{\"a\": 41}' | jq '.a + 1'; echo $KIT_MODE", language="bash")
         assert jq.stdout == "42\non\n", jq
+        # what files and setup left in the home is the account user's (E2B's run as it)
+        owners = await sbx.run_code(
+            "stat -c '%U %n' /home/user /home/user/greeting.txt /home/user/project/a /opt/kit-setup.txt",
+            language="bash",
+        )
+        assert owners.stdout.split("\n")[:4] == [
+            "user /home/user",
+            "user /home/user/greeting.txt",
+            "user /home/user/project/a",
+            "root /opt/kit-setup.txt",
+        ], owners
 
 
 async def test_an_unchanged_spec_is_a_cache_hit(tpl_service: Service, kit: TemplateInfo) -> None:

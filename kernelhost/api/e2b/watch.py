@@ -156,7 +156,8 @@ async def watch_dir(request: web.Request) -> web.StreamResponse:
 async def started(lines: AsyncIterator[dict[str, Any]]) -> None:
     """The watcher's first line: ``ConnectError`` unless it says it is ready."""
     try:
-        first = await asyncio.wait_for(anext(lines, None), STARTUP_TIMEOUT)
+        async with asyncio.timeout(STARTUP_TIMEOUT):
+            first = await anext(lines, None)
     except TimeoutError:
         first = {"error": f"the watcher did not start within {STARTUP_TIMEOUT:g}s", "code": "unavailable"}
     if first is None or "error" in first:

@@ -114,7 +114,8 @@ async def _remove(request: web.Request, sbx: Sandbox, message: dict[str, Any]) -
     with contextlib.suppress(SandboxError, TimeoutError):
         await proc.signal("KILL")
         if proc.task is not None:  # gone from the sandbox's processes once this answers
-            await asyncio.wait_for(asyncio.shield(proc.task), REMOVE_TIMEOUT)
+            async with asyncio.timeout(REMOVE_TIMEOUT):
+                await asyncio.shield(proc.task)
     with contextlib.suppress(PathNotFound):
         await runtime(request).manager.files.remove_file(sbx, f"{STORE}/{watcher_id}", recursive=True)
     return {}

@@ -130,9 +130,11 @@ class Membership:
             await asyncio.sleep(interval)
             try:
                 beat = self._on_beat_thread(table.heartbeat, self.id, self.url, self.figures())
-                await asyncio.wait_for(beat, interval * 2)
+                async with asyncio.timeout(interval * 2):
+                    await beat
                 read_at = time.time()
-                peers = await asyncio.wait_for(self._on_beat_thread(table.all), interval * 2)
+                async with asyncio.timeout(interval * 2):
+                    peers = await self._on_beat_thread(table.all)
                 self._peers, self._peers_read_at = {n.id: n for n in peers}, read_at
             except Exception as exc:  # the store is away: the next beat tries again
                 log.warning("cluster.heartbeat_failed", node=self.id, error=str(exc))

@@ -109,7 +109,8 @@ class Process:
             except asyncio.QueueFull:
                 pass
             try:
-                await asyncio.wait_for(queue.put(event), LISTENER_PATIENCE)
+                async with asyncio.timeout(LISTENER_PATIENCE):
+                    await queue.put(event)
             except TimeoutError:
                 self._listeners.discard(queue)
                 with contextlib.suppress(asyncio.QueueEmpty):
@@ -141,7 +142,8 @@ class Process:
     async def _request(self, op: Op, **fields: Any) -> None:
         if self.end is not None:
             raise ProcessNotFound(self.sandbox_id, self.pid)
-        await asyncio.wait_for(self.running.started.wait(), self.agent_timeout)
+        async with asyncio.timeout(self.agent_timeout):
+            await self.running.started.wait()
         try:
             await self.agent.request(op, timeout=self.agent_timeout, run_id=self.running.run_id, **fields)
         except ChannelError as exc:

@@ -158,12 +158,10 @@ class HostNetwork:
         """The addresses of ``name``, resolved in the resolver's own threads."""
         loop = asyncio.get_running_loop()
         try:
-            infos = await asyncio.wait_for(
-                loop.run_in_executor(
+            async with asyncio.timeout(CONNECT_TIMEOUT):
+                infos = await loop.run_in_executor(
                     self.resolver, lambda: socket.getaddrinfo(name, port, type=socket.SOCK_STREAM)
-                ),
-                CONNECT_TIMEOUT,
-            )
+                )
         except (OSError, TimeoutError) as exc:
             raise Refused(
                 f"kernelhost: cannot resolve {name}: {exc or 'timed out'}", NetRefusal.UNREACHABLE

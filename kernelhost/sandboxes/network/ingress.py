@@ -61,7 +61,8 @@ class Ingress(Pumps, ChannelListener):
         answer = self.opening[tid] = asyncio.get_running_loop().create_future()
         try:
             await self._send(NetFrame.CONNECT, tid, port=port)
-            reply = await asyncio.wait_for(answer, CONNECT_TIMEOUT)
+            async with asyncio.timeout(CONNECT_TIMEOUT):
+                reply = await answer
         finally:
             self.opening.pop(tid, None)
         if not reply.get("ok"):

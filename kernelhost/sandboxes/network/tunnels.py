@@ -208,9 +208,8 @@ class Tunnels(Pumps, ChannelListener):
 
 async def _open_local(path: Path) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
     try:
-        return await asyncio.wait_for(
-            asyncio.open_unix_connection(str(path), limit=NET_CHUNK), CONNECT_TIMEOUT
-        )
+        async with asyncio.timeout(CONNECT_TIMEOUT):
+            return await asyncio.open_unix_connection(str(path), limit=NET_CHUNK)
     except (OSError, TimeoutError) as exc:
         raise Refused(
             f"kernelhost: the host's package index is not available: {exc or 'timed out'}",
@@ -229,7 +228,8 @@ async def _open_tcp(
         if left <= 0:
             break
         try:
-            return await asyncio.wait_for(asyncio.open_connection(str(addr), port, limit=NET_CHUNK), left)
+            async with asyncio.timeout(left):
+                return await asyncio.open_connection(str(addr), port, limit=NET_CHUNK)
         except (OSError, TimeoutError) as exc:
             errors.append(f"{addr}: {exc or 'timed out'}")
     raise Refused(

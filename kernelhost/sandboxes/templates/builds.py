@@ -163,7 +163,8 @@ class BuildQueue:
                 if build.state != BuildState.RUNNING:
                     build.state, build.started_at = BuildState.RUNNING, time.time()
                     await build.note({"state": str(BuildState.RUNNING)})
-                return await asyncio.wait_for(job(), self.timeout)
+                async with asyncio.timeout(self.timeout):
+                    return await job()
         except TimeoutError:
             raise BuildFailed(
                 f"the build took longer than {self.timeout:.0f} s (template_build_timeout)", build.stage
@@ -219,7 +220,8 @@ class BuildQueue:
                     offset = f.tell()
                 if not chunk and not finished:
                     with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(build.changed.wait(), 15.0)
+                        async with asyncio.timeout(15.0):
+                            await build.changed.wait()
                     continue
             for line in chunk.splitlines():
                 with contextlib.suppress(ValueError):
@@ -244,7 +246,8 @@ async def _stop(proc: asyncio.subprocess.Process) -> None:
     with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGTERM)
     try:
-        await asyncio.wait_for(proc.wait(), KILL_GRACE)
+        async with asyncio.timeout(KILL_GRACE):
+            await proc.wait()
     except TimeoutError:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)

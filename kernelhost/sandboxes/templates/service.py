@@ -332,7 +332,8 @@ class TemplateService:
         if build.task is not None and not build.task.done():
             build.task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await asyncio.wait_for(asyncio.shield(build.task), 60)
+                async with asyncio.timeout(60):
+                    await asyncio.shield(build.task)
         return build
 
     def build(self, owner: str, name: str, build_id: str | None = None) -> Build:
@@ -388,7 +389,8 @@ async def _script_output(argv: list[str]) -> str:
     proc = await asyncio.create_subprocess_exec(
         *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
     )
-    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    async with asyncio.timeout(60):
+        out, err = await proc.communicate()
     if proc.returncode:
         raise InvalidRequest(f"base: {err.decode(errors='replace').strip()[:300]}", field="base")
     return out.decode()
