@@ -105,11 +105,12 @@ class BuildRoot:
             return self._popen(argv, env, cwd, source)
 
     def _popen(self, argv: list[str], env: dict[str, str], cwd: str, source: Any) -> subprocess.Popen[str]:
+        # chroot(1) starts its command in the new root's "/": env's --chdir moves it to ``cwd``
+        chdir = ["--chdir", cwd] if (self.path / cwd.lstrip("/")).is_dir() else []
+        variables = [f"{k}={v}" for k, v in env.items()]
         return subprocess.Popen(
-            ["chroot", str(self.path), "/usr/bin/env", "-i", *[f"{k}={v}" for k, v in env.items()], *argv],
-            cwd=str(self.path / cwd.lstrip("/"))
-            if (self.path / cwd.lstrip("/")).is_dir()
-            else str(self.path),
+            ["chroot", str(self.path), "/usr/bin/env", "-i", *chdir, *variables, *argv],
+            cwd=str(self.path),
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             stdin=source,

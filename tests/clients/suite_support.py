@@ -113,6 +113,8 @@ class Counts:
     #: test name -> the first line of why it failed, erred or was skipped
     problems: dict[str, str] = field(default_factory=dict)
     skips: dict[str, str] = field(default_factory=dict)
+    #: the names of the cases that passed
+    passes: set[str] = field(default_factory=set)
     #: node id -> why it was left out (the runner's ``deselect``)
     left_out: dict[str, str] = field(default_factory=dict)
     output: str = ""
@@ -154,6 +156,7 @@ def _read_junit(path: Path, counts: Counts) -> None:
     for name, (kind, why) in outcomes.items():
         if kind == "passed":
             counts.passed += 1
+            counts.passes.add(name)
         elif kind == "skipped":
             counts.skipped += 1
             counts.skips[name] = why

@@ -127,10 +127,16 @@ def _local_kernelspec(home: Path) -> str:
     return str(home / "local")
 
 
-def _run(python: Path, suite: Path, env: dict[str, str], report: Path, deselect: dict[str, str]) -> Counts:
-    return run_pytest(
-        python, ["-v", SUITE], cwd=suite, env=env, report=report, deselect=deselect, timeout=1500
-    )
+def _run(
+    python: Path,
+    suite: Path,
+    env: dict[str, str],
+    report: Path,
+    deselect: dict[str, str],
+    nodes: list[str] | None = None,
+) -> Counts:
+    args = ["-v", *(nodes or [SUITE])]
+    return run_pytest(python, args, cwd=suite, env=env, report=report, deselect=deselect, timeout=1500)
 
 
 def _failing(counts: Counts) -> set[str]:
@@ -153,6 +159,7 @@ def test_nbclient_suite_runs_as_on_a_local_kernel(
     # kernels the suite never shut down (test_start_new_kernel_history_file_setting) went with
     # its process: their bridges saw their parent end and deleted them
     assert _kernels_left(jupyter_service, within=90) == [], "the suite's kernels outlived it"
+    _run_again_alone(python, suite, local_env, tmp_path, local)
     local.report(f"nbclient {NBCLIENT} {SUITE}, local ipykernel {GUEST_IPYKERNEL}")
     ours.report(f"nbclient {NBCLIENT} {SUITE}, kernelhost VMs ({TEMPLATE})")
     for name, why in GUEST_FAILS.items():
@@ -169,6 +176,27 @@ def test_nbclient_suite_runs_as_on_a_local_kernel(
         allowed |= set(EMULATED_TIMING) & _failing(ours)
     assert _failing(ours) == allowed, ours.problems  # every other case as locally
     assert ours.passed == CASES - len(DESELECTED) - len(allowed)
+
+
+def _run_again_alone(python: Path, suite: Path, env: dict[str, str], tmp_path: Path, local: Counts) -> None:
+    """The local reference's unexpected failures run once more, alone. A local kernel's ports
+    are chosen free, then bound by the kernel: a port taken in between (the VM run beside it
+    binds ports too) fails that case with ``ZMQError: Address already in use``. A case that
+    passes alone was that race, not ipykernel's behaviour: it counts as passed, and is noted."""
+    again = sorted(_failing(local) - set(GUEST_FAILS))
+    if not again:
+        return
+    rerun = _run(python, suite, env, tmp_path / "local-again.xml", {}, [f"{SUITE}::{name}" for name in again])
+    for name in again:
+        if name not in rerun.passes:
+            continue
+        why = local.problems.pop(name, "")
+        local.passed += 1
+        if local.failed:
+            local.failed -= 1
+        else:
+            local.errors -= 1
+        _note(f"  the local reference's {name} failed beside the VM run ({why[:120]}) and passed alone")
 
 
 def _note(line: str) -> None:
