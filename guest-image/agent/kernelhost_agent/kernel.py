@@ -160,7 +160,8 @@ class Kernel:
         """Wait for a ready kernel, at most ``request_ready_timeout`` seconds."""
         timeout = self.config.request_ready_timeout
         try:
-            await asyncio.wait_for(self.ready.wait(), timeout)
+            async with asyncio.timeout(timeout):
+                await self.ready.wait()
         except TimeoutError:
             raise KernelNotReady(
                 f"the kernel has not been ready for {timeout}s (a start or restart failed); "
@@ -181,7 +182,8 @@ class Kernel:
                     await self.until_standby(self.config.ready_timeout)
                 swapped = await self._swap_in_standby()
                 if not swapped:
-                    await asyncio.wait_for(self.km.restart_kernel(now=True), self.config.ready_timeout)
+                    async with asyncio.timeout(self.config.ready_timeout):
+                        await self.km.restart_kernel(now=True)
                 await self.wait_ready()
                 if swapped:
                     await self._freshen(swapped)
@@ -229,7 +231,8 @@ class Kernel:
         """Wait for the standby being started to be ready (before a freeze); False if none is."""
         if self._standby_task is not None:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(asyncio.shield(self._standby_task), timeout)
+                async with asyncio.timeout(timeout):
+                    await asyncio.shield(self._standby_task)
         return self.standby is not None and self.standby.ready.is_set()
 
     async def _swap_in_standby(self) -> Standby | None:
@@ -253,7 +256,8 @@ class Kernel:
         for sock in old_sockets.values():
             sock.close(linger=0)
         try:
-            await asyncio.wait_for(old_km.shutdown_kernel(now=True), self.config.ready_timeout)
+            async with asyncio.timeout(self.config.ready_timeout):
+                await old_km.shutdown_kernel(now=True)
         except Exception:  # the new kernel is in place; the old one is the monitor's no more
             log_exception("the replaced kernel did not shut down cleanly:")
         return standby
@@ -331,7 +335,8 @@ class Kernel:
         self.sockets.clear()
         try:
             if self.km.has_kernel:  # none in a build VM (``start_kernel`` off)
-                await asyncio.wait_for(self.km.shutdown_kernel(now=True), self.config.ready_timeout)
+                async with asyncio.timeout(self.config.ready_timeout):
+                    await self.km.shutdown_kernel(now=True)
         except Exception:  # stopping anyway: the rest must still be released
             log_exception("kernel shutdown failed:")
         self.context.destroy(linger=0)
@@ -360,9 +365,11 @@ class Kernel:
         self._internal[msg_id] = pending
         try:
             await self.sockets[channel].send_multipart(self.session.serialize(msg))
-            reply = await asyncio.wait_for(pending.reply, timeout)
+            async with asyncio.timeout(timeout):
+                reply = await pending.reply
             if iopub_timeout is not None:
-                await asyncio.wait_for(pending.iopub.wait(), iopub_timeout)
+                async with asyncio.timeout(iopub_timeout):
+                    await pending.iopub.wait()
             return reply
         finally:
             self._internal.pop(msg_id, None)

@@ -158,7 +158,8 @@ class NetProxy:
         tun: _Tunnel | None = None
         try:
             try:
-                head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), HEAD_TIMEOUT)
+                async with asyncio.timeout(HEAD_TIMEOUT):
+                    head = await reader.readuntil(b"\r\n\r\n")
             except (TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError):
                 return
             host, port, first = _parse_head(head)
@@ -210,7 +211,8 @@ class NetProxy:
         """Ask the host to connect; then send the request head, or answer CONNECT's 200."""
         self._net(protocol.NetFrame.OPEN, tun.id, host=host, port=port)
         try:
-            reply = await asyncio.wait_for(asyncio.shield(tun.opened), OPEN_TIMEOUT)
+            async with asyncio.timeout(OPEN_TIMEOUT):
+                reply = await asyncio.shield(tun.opened)
         except TimeoutError:
             raise _Refused(504, "kernelhost proxy: the host did not answer") from None
         if not reply.get("ok"):
@@ -259,13 +261,11 @@ async def _open_local_port(port: int) -> tuple[asyncio.StreamReader, asyncio.Str
     """A connection to a server on ``port`` of the loopback: IPv4, else IPv6 (a server that
     listens on "localhost" may have taken ::1 only)."""
     try:
-        return await asyncio.wait_for(
-            asyncio.open_connection("127.0.0.1", port, limit=protocol.NET_CHUNK), OPEN_TIMEOUT
-        )
+        async with asyncio.timeout(OPEN_TIMEOUT):
+            return await asyncio.open_connection("127.0.0.1", port, limit=protocol.NET_CHUNK)
     except ConnectionRefusedError:
-        return await asyncio.wait_for(
-            asyncio.open_connection("::1", port, limit=protocol.NET_CHUNK), OPEN_TIMEOUT
-        )
+        async with asyncio.timeout(OPEN_TIMEOUT):
+            return await asyncio.open_connection("::1", port, limit=protocol.NET_CHUNK)
 
 
 def _parse_head(head: bytes) -> tuple[str, int, bytes]:

@@ -65,7 +65,8 @@ async def readable(fd: int, timeout: float | None) -> bool:
 
     loop.add_reader(fd, on_readable)
     try:
-        await asyncio.wait_for(ready, timeout)
+        async with asyncio.timeout(timeout):
+            await ready
         return True
     except TimeoutError:
         return False

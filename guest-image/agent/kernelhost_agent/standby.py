@@ -126,6 +126,7 @@ class Standby:
         self.ready.clear()
         try:
             if self.km.has_kernel:
-                await asyncio.wait_for(self.km.shutdown_kernel(now=True), self.config.ready_timeout)
+                async with asyncio.timeout(self.config.ready_timeout):
+                    await self.km.shutdown_kernel(now=True)
         except Exception:
             log_exception("standby kernel shutdown failed:")
