@@ -76,15 +76,22 @@ class TaskSet:
 
     async def close(self, timeout: float = 10.0) -> None:
         """Cancel every task and wait for them to end, at most ``timeout`` seconds."""
-        tasks = self.cancel()
-        if not tasks:
-            return
-        done, pending = await asyncio.wait(tasks, timeout=timeout)
-        for task in done:
-            with contextlib.suppress(asyncio.CancelledError):
-                task.exception()  # retrieved (and already logged by _done)
-        for task in pending:
-            log.error("task.did_not_stop", owner=self.owner, task=task.get_name(), timeout=timeout)
+        await cancel_and_wait(list(self._tasks), timeout, self.owner)
+
+
+async def cancel_and_wait(tasks: list[asyncio.Task[Any]], timeout: float, owner: str) -> None:
+    """Cancel ``tasks`` and wait for them to end, at most ``timeout`` seconds; their exceptions
+    are retrieved (their owners log them), and each still running then is logged, named."""
+    for task in tasks:
+        task.cancel()
+    if not tasks:
+        return
+    done, pending = await asyncio.wait(tasks, timeout=timeout)
+    for task in done:
+        with contextlib.suppress(asyncio.CancelledError):
+            task.exception()
+    for task in pending:
+        log.error("task.did_not_stop", owner=owner, task=task.get_name(), timeout=timeout)
 
 
 async def to_thread_to_the_end(func: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:

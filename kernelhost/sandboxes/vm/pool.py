@@ -13,7 +13,6 @@ kernel warmed) takes a core: made at once, it slows that first call (bench/resul
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
@@ -23,7 +22,7 @@ import structlog
 from hypervisor import HypervisorError
 
 from ...channel import AgentClient, ChannelError
-from ...tasks import TaskSet
+from ...tasks import TaskSet, cancel_and_wait
 
 log = structlog.get_logger("kernelhost.pool")
 
@@ -85,16 +84,7 @@ class WarmPool:
         for event in wanted:
             if event is not None:
                 event.set()
-        for t in tasks:
-            t.cancel()
-        if not tasks:
-            return
-        done, pending = await asyncio.wait(tasks, timeout=STOP_TIMEOUT)
-        for t in done:
-            with contextlib.suppress(asyncio.CancelledError):
-                t.exception()  # retrieved: a refill's failures are logged where they happen
-        for t in pending:
-            log.error("pool.refill_did_not_stop", task=t.get_name(), timeout=STOP_TIMEOUT)
+        await cancel_and_wait(tasks, STOP_TIMEOUT, "pool")
 
     def _keeps(self, template: str) -> bool:
         """Whether the running refill of ``template`` is still wanted (not stopped or closed)."""
