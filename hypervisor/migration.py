@@ -75,15 +75,32 @@ def _hand_new_file(dom: libvirt.virDomain, path: Path, fdname: str) -> None:
         os.close(fd)  # QEMU holds its own copy now
 
 
+#: run states QEMU keeps while it ends a migration: ``cont`` then fails ("Migration is not
+#: finalized yet"), so a save or load is over only once the VM has left them
+_MIGRATING_RUN_STATES = frozenset({"finish-migrate", "inmigrate"})
+
+
 def _wait_migration(dom: libvirt.virDomain, timeout: float) -> dict[str, Any]:
+    """Wait until the domain's migration is over: completed, and its run state settled.
+
+    QEMU reports ``completed`` from its migration thread before the main loop moves the VM out
+    of ``finish-migrate`` (to ``postmigrate``; a load's ``inmigrate`` to ``paused``); a resume in
+    that window is refused, which CI met as a checkpoint's 503."""
     deadline = time.monotonic() + timeout
     delay = 0.002
+    done: dict[str, Any] | None = None
     while True:
-        info = qmp(dom, "query-migrate") or {}
-        status = info.get("status")
-        if status == "completed":
-            return dict(info)
-        if status in ("failed", "cancelled"):
+        if done is None:
+            info = qmp(dom, "query-migrate") or {}
+            status = info.get("status")
+            if status == "completed":
+                done = dict(info)
+        if done is not None:
+            status = (qmp(dom, "query-status") or {}).get("status")
+            if status not in _MIGRATING_RUN_STATES:
+                return done
+            status = f"completed, the VM still {status}"
+        elif status in ("failed", "cancelled"):
             raise MigrationFailed(dom.name(), f"migration {status}: {info.get('error-desc', '')}")
         if time.monotonic() > deadline:
             raise MigrationFailed(dom.name(), f"migration still {status!r} after {timeout:.0f}s")
