@@ -1,6 +1,7 @@
 """Whose an envd call is (``api/e2b/common.py:envd_user``): the E2B SDKs name a user with
 ``Authorization: Basic base64("<user>:")`` (``?username=`` on ``/files``), or none, which is the
-sandbox's own (``user``); and where a process of each starts (``api/e2b/process.py:script``)."""
+sandbox's own (``user``); where a process of each starts (``api/e2b/process.py:script``); and
+where a path of each lies (``envd_path``: envd's ``ExpandAndResolve``)."""
 
 from __future__ import annotations
 
@@ -13,9 +14,10 @@ from pathlib import Path
 import pytest
 from aiohttp.test_utils import make_mocked_request
 
-from kernelhost.api.e2b.common import UnknownUser, envd_user
+from kernelhost.api.e2b.common import envd_path, envd_user
 from kernelhost.api.e2b.files import make_dir_script
 from kernelhost.api.e2b.process import script
+from kernelhost.sandboxes import InvalidRequest
 
 pytestmark = pytest.mark.unit
 
@@ -50,9 +52,9 @@ def test_the_user_an_envd_call_names(path: str, headers: dict[str, str], expecte
     ],
 )
 def test_a_user_the_sandbox_lacks_is_named(headers: dict[str, str], message: str) -> None:
-    with pytest.raises(UnknownUser) as refused:
+    with pytest.raises(InvalidRequest) as refused:
         envd_user(make_mocked_request("POST", "/process.Process/Start", headers=headers))
-    assert message in str(refused.value)
+    assert message in refused.value.message and refused.value.details == {"field": "username"}
 
 
 def test_a_process_starts_in_its_users_home() -> None:
@@ -60,6 +62,29 @@ def test_a_process_starts_in_its_users_home() -> None:
     assert "export HOME=/home/user\ncd -- /home/user " in script(config)
     assert "export HOME=/root\ncd -- /root " in script(config, "root")
     assert "cd -- /srv " in script({**config, "cwd": "/srv"}, "root")
+    assert "cd -- /root/work " in script({**config, "cwd": "work"}, "root")
+    assert "cd -- /home/user/work " in script({**config, "cwd": "~/work"})
+
+
+@pytest.mark.parametrize(
+    ("path", "user", "expected"),
+    [
+        ("notes.txt", None, "/home/user/notes.txt"),
+        ("notes.txt", "user", "/home/user/notes.txt"),
+        ("notes.txt", "root", "/root/notes.txt"),
+        ("~", "root", "/root"),
+        ("~/a/b", None, "/home/user/a/b"),
+        ("a/../../etc/passwd", None, "/home/etc/passwd"),  # cleaned, as Go's filepath.Abs does
+        ("/srv/./x", "root", "/srv/./x"),  # an absolute path is taken as it is
+    ],
+)
+def test_a_path_lies_where_envd_puts_it_for_the_user(path: str, user: str | None, expected: str) -> None:
+    assert envd_path(path, user) == expected
+
+
+def test_another_users_home_is_refused_by_name() -> None:
+    with pytest.raises(InvalidRequest, match=r"path '~bob/x' names another user's home; use an absolute"):
+        envd_path("~bob/x", None)
 
 
 def test_make_dir_makes_what_is_missing_anywhere_and_gives_it_to_the_user(tmp_path: Path) -> None:

@@ -21,13 +21,14 @@ import asyncio
 import base64
 import functools
 import json
+import posixpath
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
 import structlog
 from aiohttp import web
 
-from ...sandboxes import Sandbox, SandboxError, SandboxNotFound, SandboxRecord, SandboxState
+from ...sandboxes import InvalidRequest, Sandbox, SandboxError, SandboxNotFound, SandboxRecord, SandboxState
 from ..errors import Handler, status_for
 from ..state import KEY_ID, KEYS, RUNTIME, SETTINGS, Runtime
 
@@ -139,30 +140,62 @@ def api_key_id(request: web.Request) -> str | None:
 
 #: the accounts an envd call may name (E2B's SDKs: ``user=``); every kernelhost image has both
 ENVD_USERS = ("user", "root")
-
-
-class UnknownUser(ValueError):
-    """An envd call names a user the sandbox does not have (the message names it and the fix)."""
+#: the home of the sandbox's own account, ``user``: its code's cwd, and where relative paths go
+HOME = "/home/user"
 
 
 def envd_user(request: web.Request) -> str | None:
     """The user an envd call runs as: the SDK's ``user`` (``Authorization: Basic <user>:``, or
-    ``?username=`` on ``/files``); None: the sandbox's own (``user``, E2B's default)."""
+    ``?username=`` on ``/files``); None: the sandbox's own (``user``, E2B's default).
+    ``InvalidRequest`` (naming the value and the users there are) for any other name."""
     name = request.query.get("username", "")
     scheme, _, rest = request.headers.get("Authorization", "").partition(" ")
     if not name and scheme.lower() == "basic":
         try:
             name = base64.b64decode(rest.strip(), validate=True).decode("utf-8").partition(":")[0]
         except (ValueError, UnicodeDecodeError):
-            raise UnknownUser("the Authorization header is not Basic base64('<user>:')") from None
+            raise InvalidRequest(
+                "the Authorization header is not Basic base64('<user>:')", field="username"
+            ) from None
     if not name:
         return None
     if name not in ENVD_USERS:
-        raise UnknownUser(
+        raise InvalidRequest(
             f"user {name!r:.40} does not exist in this sandbox; kernelhost's images have "
-            f"{' and '.join(repr(u) for u in ENVD_USERS)} (the default)"
+            f"{' and '.join(repr(u) for u in ENVD_USERS)} (the default)",
+            field="username",
         )
     return name
+
+
+def home_of(user: str | None) -> str:
+    """The home directory of an envd call's user (None: the sandbox's own, ``user``)."""
+    return "/root" if user == "root" else HOME
+
+
+def envd_path(path: str, user: str | None) -> str:
+    """A path as envd resolves it for ``user``: ``~`` is the user's home, and a relative path
+    lies under it (``/root/...`` for root, as on E2B); an absolute path is taken as it is.
+    ``InvalidRequest`` for ``~name`` (envd expands no other user's home either)."""
+    home = home_of(user)
+    if path == "~" or path.startswith("~/"):
+        return home + path[1:]
+    if path.startswith("~"):
+        raise InvalidRequest(
+            f"path {path!r:.100} names another user's home; use an absolute path or ~/...",
+            field="path",
+        )
+    if path.startswith("/"):
+        return path
+    return posixpath.normpath(posixpath.join(home, path))
+
+
+def message_path(request: web.Request, message: dict[str, Any], field: str = "path") -> str:
+    """A path field of an envd message, resolved for the call's user (``envd_path``)."""
+    value = message.get(field)
+    if not isinstance(value, str) or not value:
+        raise InvalidRequest(f"{field} must be a non-empty path", field=field)
+    return envd_path(value, envd_user(request))
 
 
 #: the one answer to an in-sandbox call that does not prove it may use the sandbox it names

@@ -20,10 +20,9 @@ from aiohttp import web
 
 from ...sandboxes import CodeContext, InvalidRequest, Sandbox, SandboxError, SandboxManager
 from ..errors import status_for
-from .common import runtime, sandbox_of
+from .common import HOME, runtime, sandbox_of
 from .envs import kernel_language
 
-HOME = "/home/user"
 BASH = "bash"
 SHELL_NAMES = frozenset({"bash", "sh", "shell"})
 ALIASES = {"js": "javascript", "ts": "typescript"}

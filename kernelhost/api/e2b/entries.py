@@ -26,10 +26,9 @@ import stat
 from typing import Any
 
 from ...sandboxes import End, InvalidRequest, PathNotFound, Process, Sandbox, Stream
-from .common import runtime
+from .common import HOME, runtime
 from .connect import ConnectError
 
-HOME = "/home/user"
 MAX_LINE = 16384  # characters of one entry's line (a path is at most 4096 bytes)
 LISTER_TIMEOUT = 60.0  # seconds the script may take
 KIND = {"file": "FILE_TYPE_FILE", "dir": "FILE_TYPE_DIRECTORY", "symlink": "FILE_TYPE_SYMLINK"}

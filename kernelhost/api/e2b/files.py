@@ -2,8 +2,10 @@
 multipart or octet-stream upload) and the ``filesystem.Filesystem`` Connect service (ListDir,
 Stat, MakeDir, Move, Remove), over the sandbox manager's file operations.
 
-Paths are the guest's: relative ones are under ``/home/user``. An upload's files belong to the
-SDK's ``user`` (``?username=`` or ``Authorization: Basic``: ``user`` by default, or ``root``).
+Every call is for the SDK's ``user`` (``?username=`` or ``Authorization: Basic``: ``user`` by
+default, or ``root``). Paths are the guest's, resolved as envd does: ``~`` and relative paths
+are under that user's home (``/home/user``, ``/root``). An upload's files, and the directories
+``MakeDir`` makes, belong to that user; reads, lists, moves and removes act as root, as envd's.
 """
 
 from __future__ import annotations
@@ -28,7 +30,16 @@ from ...sandboxes import (
     SandboxState,
 )
 from ..errors import status_for
-from .common import UnknownUser, body_too_slow, envd_user, not_running, runtime, sandbox_of
+from .common import (
+    HOME,
+    body_too_slow,
+    envd_path,
+    envd_user,
+    message_path,
+    not_running,
+    runtime,
+    sandbox_of,
+)
 from .connect import UNARY_CONTENT_TYPE, ConnectError, parse_message
 from .entries import read_entries
 
@@ -61,6 +72,7 @@ async def download(request: web.Request) -> web.StreamResponse:
     if not path:
         return web.json_response({"code": 400, "message": "path is required (?path=...)"}, status=400)
     try:
+        path = envd_path(path, envd_user(request))
         size, chunks = await runtime(request).manager.files.read_file(sbx, path)
     except SandboxError as exc:
         return _http_error(exc)
@@ -105,9 +117,6 @@ async def upload(request: web.Request) -> web.Response:
     written: list[dict[str, Any]] = []
     try:
         user = envd_user(request)
-    except UnknownUser as exc:
-        return _http_error(InvalidRequest(str(exc), field="username"))
-    try:
         if request.content_type.startswith("multipart/"):
             reader = await request.multipart()
             while (part := await _in_time(reader.next(), wait)) is not None:
@@ -116,12 +125,13 @@ async def upload(request: web.Request) -> web.Response:
                 path = query_path or part.filename
                 if not path:
                     raise InvalidRequest("a file part names no path: send ?path= or the part's filename")
+                path = envd_path(path, user)
                 written.append(await files.write_file(sbx, path, _part_chunks(part, wait), user=user))
         else:
             if not query_path:
                 raise InvalidRequest("path is required (?path=...) for an octet-stream upload")
-            chunks = _body_chunks(request, wait)
-            written.append(await files.write_file(sbx, query_path, chunks, request.content_length, user))
+            chunks, path = _body_chunks(request, wait), envd_path(query_path, user)
+            written.append(await files.write_file(sbx, path, chunks, request.content_length, user))
     except SandboxError as exc:
         return _http_error(exc)
     except _BodyTooSlow:
@@ -136,13 +146,6 @@ async def upload(request: web.Request) -> web.Response:
 
 
 # -- the filesystem.Filesystem Connect service --------------------------------------------------
-
-
-def _path_field(message: dict[str, Any], field: str = "path") -> str:
-    value = message.get(field)
-    if not isinstance(value, str) or not value:
-        raise ConnectError("invalid_argument", f"{field} must be a non-empty path")
-    return value
 
 
 def _connect_error(exc: SandboxError) -> ConnectError:
@@ -167,7 +170,7 @@ async def _list_dir(request: web.Request, sbx: Sandbox, message: dict[str, Any])
     depth = message.get("depth") or 1
     if not isinstance(depth, int) or isinstance(depth, bool) or not 1 <= depth <= 16:
         raise ConnectError("invalid_argument", f"depth={depth!r} must be 1 to 16")
-    found, truncated = await read_entries(request, sbx, "list", _path_field(message), depth)
+    found, truncated = await read_entries(request, sbx, "list", message_path(request, message), depth)
     if not truncated:
         return {"entries": found}
     log.info("e2b.list_truncated", sandbox_id=sbx.id, entries=len(found))
@@ -175,7 +178,7 @@ async def _list_dir(request: web.Request, sbx: Sandbox, message: dict[str, Any])
 
 
 async def _stat(request: web.Request, sbx: Sandbox, message: dict[str, Any]) -> dict[str, Any]:
-    found, _ = await read_entries(request, sbx, "stat", _path_field(message))
+    found, _ = await read_entries(request, sbx, "stat", message_path(request, message))
     return {"entry": found[0]}
 
 
@@ -187,18 +190,14 @@ def make_dir_script(path: str, user: str | None) -> str:
     quoted = shlex.quote(path)
     owner = shlex.quote(user) if user else '"$(id -un)"'
     return (
-        f"( cd /home/user && if [ -e {quoted} ]; then exit 17; fi; p={quoted}; set --; "
+        f"( cd {HOME} && if [ -e {quoted} ]; then exit 17; fi; p={quoted}; set --; "
         'while [ ! -e "$p" ]; do set -- "$p" "$@"; p=$(dirname -- "$p"); done; '
         f'sudo -n mkdir -p -- {quoted} && sudo -n chown -h -- {owner}: "$@" )'
     )
 
 
 async def _make_dir(request: web.Request, sbx: Sandbox, message: dict[str, Any]) -> dict[str, Any]:
-    path = _path_field(message)
-    try:
-        user = envd_user(request)
-    except UnknownUser as exc:
-        raise ConnectError("invalid_argument", str(exc)) from None
+    path, user = message_path(request, message), envd_user(request)
     # no guest op makes a directory: the shell does
     code = make_dir_script(path, user)
     manager = runtime(request).manager
@@ -219,7 +218,8 @@ async def _make_dir(request: web.Request, sbx: Sandbox, message: dict[str, Any])
 
 async def _move(request: web.Request, sbx: Sandbox, message: dict[str, Any]) -> dict[str, Any]:
     files = runtime(request).manager.files
-    dst = await files.move_file(sbx, _path_field(message, "source"), _path_field(message, "destination"))
+    source = message_path(request, message, "source")
+    dst = await files.move_file(sbx, source, message_path(request, message, "destination"))
     return await _stat(request, sbx, {"path": dst})
 
 
@@ -227,7 +227,7 @@ async def _remove(request: web.Request, sbx: Sandbox, message: dict[str, Any]) -
     """Remove a file or a directory and all it holds; a path that is not there is already
     removed (envd answers success, as ``os.RemoveAll`` does)."""
     with contextlib.suppress(PathNotFound):
-        await runtime(request).manager.files.remove_file(sbx, _path_field(message), recursive=True)
+        await runtime(request).manager.files.remove_file(sbx, message_path(request, message), recursive=True)
     return {}
 
 

@@ -37,10 +37,11 @@ from ...sandboxes import (
 )
 from .common import (
     SandboxGone,
-    UnknownUser,
     break_transport,
     check_not_gone,
+    envd_path,
     envd_user,
+    home_of,
     runtime,
     sandbox_of,
     with_keepalives,
@@ -56,7 +57,6 @@ from .connect import (
 )
 from .envs import bash_prefix, check_names
 
-HOME = "/home/user"
 KEEPALIVE_DEFAULT = 50.0  # seconds, when the client names no Keepalive-Ping-Interval
 
 
@@ -89,8 +89,9 @@ def script(config: dict[str, Any], user: str | None = None) -> str:
     if cwd is not None and not isinstance(cwd, str):
         raise ConnectError("invalid_argument", "process.cwd must be a path")
     # as an E2B process: in its user's home unless told, with HOME there
-    home = "/root" if user == "root" else HOME
-    enter = f"export HOME={home}\ncd -- {shlex.quote(cwd or home)} || exit 1\n"
+    home = home_of(user)
+    where = envd_path(cwd, user) if cwd else home
+    enter = f"export HOME={home}\ncd -- {shlex.quote(where)} || exit 1\n"
     return f"(\n{enter}{bash_prefix(envs)}{line}\n)"
 
 
@@ -164,10 +165,7 @@ async def start(request: web.Request) -> web.StreamResponse:
         stdin = message.get("stdin", False)
         if not isinstance(stdin, bool):
             raise ConnectError("invalid_argument", "stdin must be a boolean")
-        try:
-            user = envd_user(request)
-        except UnknownUser as exc:
-            raise ConnectError("invalid_argument", str(exc)) from None
+        user = envd_user(request)
         code = script(config, user)
         sbx = sandbox_of(request)
         tag = message.get("tag")

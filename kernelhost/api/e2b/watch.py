@@ -21,11 +21,10 @@ from typing import Any
 from aiohttp import web
 
 from ...sandboxes import End, Process, SandboxError, Stream
-from .common import runtime, sandbox_of, with_keepalives
+from .common import HOME, message_path, runtime, sandbox_of, with_keepalives
 from .connect import STREAM_CONTENT_TYPE, ConnectError, end_stream, envelope, parse_stream_request
 from .process import deadline, failure, keepalive_interval, shorten
 
-HOME = "/home/user"
 POLL_SECONDS = 0.2
 STARTUP_TIMEOUT = 60.0
 TYPES = {
@@ -135,9 +134,7 @@ async def lines_of(events: AsyncIterator[Any]) -> AsyncGenerator[dict[str, Any],
 async def watch_dir(request: web.Request) -> web.StreamResponse:
     try:
         message = parse_stream_request(await request.read())
-        path = message.get("path")
-        if not isinstance(path, str) or not path:
-            raise ConnectError("invalid_argument", "path must be a non-empty path")
+        path = message_path(request, message)
         sbx = sandbox_of(request)
         processes = runtime(request).manager.processes
         line = command(path, bool(message.get("recursive")))

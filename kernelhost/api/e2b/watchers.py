@@ -22,7 +22,7 @@ from typing import Any
 from aiohttp import web
 
 from ...sandboxes import PathNotFound, Process, Sandbox, SandboxError
-from .common import runtime, sandbox_of
+from .common import message_path, runtime, sandbox_of
 from .connect import UNARY_CONTENT_TYPE, ConnectError, parse_message
 from .process import failure, shorten
 from .watch import TYPES, command, lines_of, started
@@ -48,9 +48,7 @@ def _process(request: web.Request, sbx: Sandbox, watcher_id: str) -> Process:
 
 
 async def _create(request: web.Request, sbx: Sandbox, message: dict[str, Any]) -> dict[str, Any]:
-    path = message.get("path")
-    if not isinstance(path, str) or not path:
-        raise ConnectError("invalid_argument", "path must be a non-empty path")
+    path = message_path(request, message)
     if message.get("includeEntry") or message.get("include_entry"):
         raise ConnectError("unimplemented", "watch events with their entry (include_entry) are not supported")
     watcher_id = "w" + secrets.token_hex(8)

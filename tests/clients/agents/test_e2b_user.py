@@ -81,6 +81,13 @@ def test_17_the_kernel_commands_and_uploads_share_the_users_files(sandbox: Any) 
         "sudo stat -c %U /root/by-root.txt"
     ).stdout.split()
     assert owners == ["user", "user", "root"], owners
+    # a path resolves as envd's do: ``~`` and relative paths lie in the caller's home
+    sandbox.files.write("rel-by-root.txt", "root\n", user="root")
+    assert sandbox.files.read("/root/rel-by-root.txt", user="root") == "root\n"
+    assert "rel-by-root.txt" in [e.name for e in sandbox.files.list(".", user="root")]
+    assert not sandbox.files.exists("rel-by-root.txt")  # the user's is /home/user/rel-by-root.txt
+    assert sandbox.files.read("~/by-kernel.txt") == "kernel\ncommand\n"
+    assert sandbox.commands.run("pwd", cwd="uploads").stdout == "/home/user/uploads\n"
     sandbox.files.make_dir("/workspace/project")  # as envd: anywhere, and the user's to fill
     made = sandbox.commands.run("touch /workspace/project/f && stat -c %U /workspace /workspace/project/f")
     assert made.stdout.split() == ["user", "user"], made.stdout
