@@ -176,7 +176,8 @@ async def _lister(request: Any, sbx: Sandbox) -> Process:
         return running[0]
     argv = ["python3", "-c", LISTER]
     line = f"cd {HOME} && exec {shlex.join(argv)}"
-    return await processes.start(sbx, line, None, stdin=True, info={"lister": True}, own=True)
+    # as root, as envd reads: a listing of /root, or of a directory only root may read, works
+    return await processes.start(sbx, line, None, stdin=True, info={"lister": True}, own=True, user="root")
 
 
 async def read_entries(

@@ -138,7 +138,8 @@ async def watch_dir(request: web.Request) -> web.StreamResponse:
         sbx = sandbox_of(request)
         processes = runtime(request).manager.processes
         line = command(path, bool(message.get("recursive")))
-        proc = await processes.start(sbx, line, deadline(request), info={"watch": shorten(path)})
+        # as root, as envd's watches: any directory the call may name
+        proc = await processes.start(sbx, line, deadline(request), info={"watch": shorten(path)}, user="root")
     except ConnectError as exc:
         return web.json_response(exc.wire(), status=exc.status)
     except SandboxError as exc:

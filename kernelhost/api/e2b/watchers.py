@@ -54,7 +54,7 @@ async def _create(request: web.Request, sbx: Sandbox, message: dict[str, Any]) -
     watcher_id = "w" + secrets.token_hex(8)
     line = command(path, bool(message.get("recursive")), f"{STORE}/{watcher_id}")
     info = {"watch": shorten(path), "watcher": watcher_id}
-    proc = await runtime(request).manager.processes.start(sbx, line, None, info=info)
+    proc = await runtime(request).manager.processes.start(sbx, line, None, info=info, user="root")
     lines = lines_of(proc.listen())
     try:
         async with contextlib.aclosing(lines):

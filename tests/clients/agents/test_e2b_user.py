@@ -85,6 +85,9 @@ def test_17_the_kernel_commands_and_uploads_share_the_users_files(sandbox: Any) 
     sandbox.files.write("rel-by-root.txt", "root\n", user="root")
     assert sandbox.files.read("/root/rel-by-root.txt", user="root") == "root\n"
     assert "rel-by-root.txt" in [e.name for e in sandbox.files.list(".", user="root")]
+    # listings and stats act as root whatever the user, as envd's: /root is 0700 to ``user``
+    assert {"by-root.txt", "rel-by-root.txt"} <= {e.name for e in sandbox.files.list("/root")}
+    assert sandbox.files.get_info("/root/by-root.txt").owner == "root"
     assert not sandbox.files.exists("rel-by-root.txt")  # the user's is /home/user/rel-by-root.txt
     assert sandbox.files.read("~/by-kernel.txt") == "kernel\ncommand\n"
     assert sandbox.commands.run("pwd", cwd="uploads").stdout == "/home/user/uploads\n"
