@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import posixpath
 import shlex
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
@@ -196,17 +197,20 @@ def make_dir_script(path: str, user: str | None) -> str:
     )
 
 
-async def _make_dir(request: web.Request, sbx: Sandbox, message: dict[str, Any]) -> dict[str, Any]:
-    path, user = message_path(request, message), envd_user(request)
-    # no guest op makes a directory: the shell does
-    code = make_dir_script(path, user)
-    manager = runtime(request).manager
-    events = await manager.execute(sbx, code, "bash")
+async def _shell(request: web.Request, sbx: Sandbox, code: str) -> int | None:
+    """Run ``code`` in the sandbox's shell (no guest op makes a directory); its exit code."""
+    events = await runtime(request).manager.execute(sbx, code, "bash")
     exit_code = None
     async with contextlib.aclosing(events):
         async for event in events:
             if isinstance(event, End):
                 exit_code = event.exit_code
+    return exit_code
+
+
+async def _make_dir(request: web.Request, sbx: Sandbox, message: dict[str, Any]) -> dict[str, Any]:
+    path, user = message_path(request, message), envd_user(request)
+    exit_code = await _shell(request, sbx, make_dir_script(path, user))
     if exit_code == 17:
         raise ConnectError("already_exists", f"{path!r} already exists")
     if exit_code != 0:
@@ -217,9 +221,20 @@ async def _make_dir(request: web.Request, sbx: Sandbox, message: dict[str, Any])
 
 
 async def _move(request: web.Request, sbx: Sandbox, message: dict[str, Any]) -> dict[str, Any]:
+    """Rename; as envd, the destination's missing parents are made first, the caller's user's
+    (only when the rename finds them missing: a shell round trip on that path alone)."""
     files = runtime(request).manager.files
     source = message_path(request, message, "source")
-    dst = await files.move_file(sbx, source, message_path(request, message, "destination"))
+    destination = message_path(request, message, "destination")
+    try:
+        dst = await files.move_file(sbx, source, destination)
+    except PathNotFound:
+        parent = posixpath.dirname(destination)
+        # exit 0 only if the source is there and the parents were missing and are made now
+        make = make_dir_script(parent, envd_user(request))
+        if await _shell(request, sbx, f"sudo -n test -e {shlex.quote(source)} || exit 2\n{make}") != 0:
+            raise
+        dst = await files.move_file(sbx, source, destination)
     return await _stat(request, sbx, {"path": dst})
 
 

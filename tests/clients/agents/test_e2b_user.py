@@ -65,6 +65,8 @@ def test_17_the_kernel_commands_and_uploads_share_the_users_files(sandbox: Any) 
     the user's unless it names root; ``make_dir`` makes a directory anywhere and gives it to the
     user (as envd does: the OpenAI Agents SDK's /workspace); what a command puts in the user's
     site-packages (where ``pip install`` as the user puts packages) the running kernel imports."""
+    from e2b import NotFoundException
+
     _printed(sandbox, "open('by-kernel.txt', 'w').write('kernel\\n')")
     sandbox.commands.run("echo command >> by-kernel.txt && echo made > by-command.txt")
     assert sandbox.files.read("by-kernel.txt") == "kernel\ncommand\n"
@@ -81,6 +83,13 @@ def test_17_the_kernel_commands_and_uploads_share_the_users_files(sandbox: Any) 
         "sudo stat -c %U /root/by-root.txt"
     ).stdout.split()
     assert owners == ["user", "user", "root"], owners
+    # as envd's Move: the destination's missing parents are made, the user's
+    moved = sandbox.files.rename("by-command.txt", "moved/deeper/by-command.txt")
+    assert moved.path == "/home/user/moved/deeper/by-command.txt", moved
+    assert sandbox.commands.run("stat -c %U moved moved/deeper").stdout.split() == ["user", "user"]
+    assert sandbox.files.read("moved/deeper/by-command.txt") == "made\nkernel\n"
+    with pytest.raises(NotFoundException):
+        sandbox.files.rename("no-such-file.txt", "elsewhere/x.txt")
     # a path resolves as envd's do: ``~`` and relative paths lie in the caller's home
     sandbox.files.write("rel-by-root.txt", "root\n", user="root")
     assert sandbox.files.read("/root/rel-by-root.txt", user="root") == "root\n"
