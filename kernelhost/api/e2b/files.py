@@ -230,9 +230,10 @@ async def _move(request: web.Request, sbx: Sandbox, message: dict[str, Any]) -> 
         dst = await files.move_file(sbx, source, destination)
     except PathNotFound:
         parent = posixpath.dirname(destination)
-        # exit 0 only if the source is there and the parents were missing and are made now
+        # exit 0 only if the source is there and the parents were missing and are made now (in
+        # a subshell: an exit must not end the sandbox's shell)
         make = make_dir_script(parent, envd_user(request))
-        if await _shell(request, sbx, f"sudo -n test -e {shlex.quote(source)} || exit 2\n{make}") != 0:
+        if await _shell(request, sbx, f"( sudo -n test -e {shlex.quote(source)} || exit 2; {make} )") != 0:
             raise
         dst = await files.move_file(sbx, source, destination)
     return await _stat(request, sbx, {"path": dst})

@@ -88,8 +88,13 @@ def test_17_the_kernel_commands_and_uploads_share_the_users_files(sandbox: Any) 
     assert moved.path == "/home/user/moved/deeper/by-command.txt", moved
     assert sandbox.commands.run("stat -c %U moved moved/deeper").stdout.split() == ["user", "user"]
     assert sandbox.files.read("moved/deeper/by-command.txt") == "made\nkernel\n"
+    kept = sandbox.run_code("export KH_KEPT=still-here; cd /tmp", language="bash")
+    assert kept.error is None, kept.error
     with pytest.raises(NotFoundException):
         sandbox.files.rename("no-such-file.txt", "elsewhere/x.txt")
+    # the check for the source ran in the sandbox's shell, and left its exports and cwd as they were
+    shell = sandbox.run_code("echo $KH_KEPT; pwd; cd /home/user", language="bash")
+    assert "".join(shell.logs.stdout) == "still-here\n/tmp\n", shell
     # a path resolves as envd's do: ``~`` and relative paths lie in the caller's home
     sandbox.files.write("rel-by-root.txt", "root\n", user="root")
     assert sandbox.files.read("/root/rel-by-root.txt", user="root") == "root\n"
